@@ -1,0 +1,63 @@
+# Two entry points do all set-up on a fresh Debian machine: `make demo` and `make test`.
+# Every step is idempotent and skips itself when its stamp is newer than its inputs.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP_SYS := $(VENV)/.stamp-system
+STAMP_PY := $(VENV)/.stamp-python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ZK_JAR := /usr/share/java/zookeeper.jar
+
+.PHONY: all demo test lint typecheck proto proto-check unit bench clean system venv
+
+all: test
+
+# --- set-up -----------------------------------------------------------------
+
+system: $(STAMP_SYS)
+$(STAMP_SYS):
+	@if [ ! -f $(ZK_JAR) ] || ! command -v java >/dev/null 2>&1 || ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
+	  echo "installing Debian packages: zookeeper, a Java runtime, python3-venv"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    zookeeper default-jre-headless python3-venv >/dev/null; \
+	fi
+	@mkdir -p $(VENV)
+	@touch $@
+
+venv: $(STAMP_PY)
+$(STAMP_PY): $(STAMP_SYS) pyproject.toml
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+# --- the two commands ---------------------------------------------------------
+
+demo: $(STAMP_PY)
+	@$(VENV)/bin/bk-auditor demo
+
+test: $(STAMP_PY) lint typecheck proto-check unit
+
+lint: $(STAMP_PY)
+	@$(VENV)/bin/ruff check auditor tests bench
+	@$(VENV)/bin/ruff format --check auditor tests bench
+
+typecheck: $(STAMP_PY)
+	@$(VENV)/bin/mypy
+
+proto: $(STAMP_PY)
+	@PYTHON=$(PY) scripts/gen_proto.sh
+
+proto-check: $(STAMP_PY)
+	@PYTHON=$(PY) scripts/gen_proto.sh --check
+
+unit: $(STAMP_PY)
+	@$(PY) -m pytest -q
+
+bench: $(STAMP_PY)
+	@$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

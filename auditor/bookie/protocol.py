@@ -1,0 +1,474 @@
+"""BookKeeper's v3 bookie protocol: frames, requests, responses and entry bodies.
+
+A real bookie decides per connection whether it speaks v3 by parsing the
+first frame as a v3 `Request`; a malformed one silently switches that
+connection to the old binary protocol, after which nothing we send makes
+sense to it. So every request leaves here through builders that set each
+required field, and `encode_message` refuses anything not fully initialised.
+
+In the other direction a peer may send anything at all. Everything that turns
+bytes into values here (the frame parser, the message decoders, the entry body
+decoder) raises `BookieProtocolError` and nothing else for input it cannot
+use, so one broken bookie costs its own connection and never crashes a check.
+
+The Python protobuf runtime does not enforce `required` on parse, so the
+decoders check `IsInitialized()` themselves; that also rejects unknown enum
+values in required fields (proto2 parks them as unknown fields).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+import google_crc32c
+from google.protobuf.message import Message
+
+from auditor.errors import FormatError
+from auditor.metadata.model import DigestType
+from auditor.proto import bookkeeper_protocol_pb2 as pb
+
+__all__ = [
+    "AUTH_DISABLED_PLUGIN",
+    "ENTRY_HEADER_SIZE",
+    "LAST_ADD_CONFIRMED",
+    "LENGTH_PREFIX_SIZE",
+    "MAX_FRAME_SIZE",
+    "BookieInfoFlag",
+    "BookieProtocolError",
+    "DigestMismatchError",
+    "EntryBody",
+    "EntryHeader",
+    "FrameParser",
+    "Operation",
+    "Status",
+    "add_entry_request",
+    "auth_request",
+    "decode_entry_body",
+    "decode_entry_header",
+    "decode_frame",
+    "decode_request",
+    "decode_response",
+    "digest_size",
+    "effective_status",
+    "encode_entry_body",
+    "encode_frame",
+    "encode_message",
+    "entry_digest",
+    "get_bookie_info_request",
+    "get_list_of_entries_request",
+    "master_key",
+    "read_entry_request",
+    "read_lac_request",
+    "request_header",
+    "response_header",
+    "verify_entry_body",
+]
+
+#: Bytes of the big-endian length that precedes every frame's payload.
+LENGTH_PREFIX_SIZE: Final = 4
+#: Upstream `nettyMaxFrameSizeBytes` default; both sides drop a longer frame.
+MAX_FRAME_SIZE: Final = 5 * 1024 * 1024
+#: Entry id that asks READ_ENTRY for the bookie's last entry of the ledger.
+LAST_ADD_CONFIRMED: Final = -1
+#: Plugin name a bookie without authentication reports in its AUTH reply.
+AUTH_DISABLED_PLUGIN: Final = "AuthDisabledPlugin"
+#: ledgerId, entryId, lastAddConfirmed, length: four big-endian int64.
+ENTRY_HEADER_SIZE: Final = 32
+
+_UINT64_MAX: Final = (1 << 64) - 1
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
+_HEADER = struct.Struct(">qqqq")
+_LENGTH = struct.Struct(">I")
+
+
+class BookieProtocolError(FormatError):
+    """Bytes from a peer that are not a usable v3 frame, message or entry body."""
+
+
+class DigestMismatchError(BookieProtocolError):
+    """An entry body whose digest does not match its header and payload."""
+
+
+class Status(enum.IntEnum):
+    """`StatusCode`: what a bookie says about one request."""
+
+    EOK = 0
+    ENOLEDGER = 402
+    ENOENTRY = 403
+    EBADREQ = 404
+    EIO = 501
+    EUA = 502
+    EBADVERSION = 503
+    EFENCED = 504
+    EREADONLY = 505
+    ETOOMANYREQUESTS = 506
+    EUNKNOWNLEDGERSTATE = 507
+
+
+class Operation(enum.IntEnum):
+    """`OperationType`: half of the key that matches a response to its request."""
+
+    READ_ENTRY = 1
+    ADD_ENTRY = 2
+    RANGE_READ_ENTRY = 3
+    RANGE_ADD_ENTRY = 4
+    AUTH = 5
+    WRITE_LAC = 6
+    READ_LAC = 7
+    GET_BOOKIE_INFO = 8
+    START_TLS = 9
+    FORCE_LEDGER = 10
+    GET_LIST_OF_ENTRIES_OF_LEDGER = 11
+    BATCH_READ_ENTRY = 12
+
+
+class BookieInfoFlag(enum.IntFlag):
+    """Bits of `GetBookieInfoRequest.requested`."""
+
+    TOTAL_DISK_CAPACITY = 0x01
+    FREE_DISK_SPACE = 0x02
+
+
+# --- framing -----------------------------------------------------------------
+
+
+def encode_frame(payload: bytes, *, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+    """Prefixes `payload` with its 4-byte big-endian length."""
+    if len(payload) > max_frame_size:
+        raise BookieProtocolError(
+            f"frame payload of {len(payload)} bytes exceeds the {max_frame_size}-byte limit"
+        )
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def decode_frame(frame: bytes, *, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+    """The payload of exactly one complete frame (no bytes before or after it)."""
+    parser = FrameParser(max_frame_size=max_frame_size)
+    payloads = parser.feed(frame)
+    if len(payloads) != 1 or parser.buffered:
+        raise BookieProtocolError(
+            f"expected exactly one frame, got {len(payloads)} and {parser.buffered} spare bytes"
+        )
+    return payloads[0]
+
+
+class FrameParser:
+    """Splits a byte stream into frame payloads, however the stream is chunked.
+
+    A length above `max_frame_size` (which includes every length with the sign
+    bit set, negative to Java) poisons the parser: the stream has lost sync and
+    the only safe move is to close the connection, as Netty does.
+    """
+
+    __slots__ = ("_buf", "_error", "_max")
+
+    def __init__(self, *, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_size
+        self._error: BookieProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received that do not yet form a complete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """Adds `data` and returns the payloads of every frame it completes, in order."""
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= LENGTH_PREFIX_SIZE:
+            (length,) = _LENGTH.unpack_from(buf, pos)
+            if length > self._max:
+                self._error = BookieProtocolError(
+                    f"frame length {length} exceeds the {self._max}-byte limit"
+                )
+                buf.clear()
+                raise self._error
+            start = pos + LENGTH_PREFIX_SIZE
+            if end - start < length:
+                break
+            out.append(bytes(buf[start : start + length]))
+            pos = start + length
+        if pos:
+            del buf[:pos]
+        return out
+
+
+# --- messages ----------------------------------------------------------------
+
+_M = TypeVar("_M", bound=Message)
+
+
+def _parse(cls: Callable[[], _M], what: str, payload: bytes) -> _M:
+    msg = cls()
+    try:
+        msg.ParseFromString(payload)
+        complete = msg.IsInitialized()
+    except Exception as exc:  # DecodeError, RuntimeError or whatever the runtime throws
+        raise BookieProtocolError(f"payload is not a v3 {what}: {exc}") from exc
+    if not complete:
+        raise BookieProtocolError(f"v3 {what} lacks required fields")
+    return msg
+
+
+def decode_request(payload: bytes) -> pb.Request:
+    """Parses a frame payload as a `Request` with every required field present."""
+    return _parse(pb.Request, "Request", payload)
+
+
+def decode_response(payload: bytes) -> pb.Response:
+    """Parses a frame payload as a `Response` with every required field present."""
+    return _parse(pb.Response, "Response", payload)
+
+
+def encode_message(msg: pb.Request | pb.Response, *, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
+    """Serialises a complete message into one frame (length prefix included)."""
+    if not msg.IsInitialized():
+        raise ValueError(f"refusing to send an incomplete {type(msg).__name__}")
+    return encode_frame(msg.SerializeToString(), max_frame_size=max_frame_size)
+
+
+def _check_txn(txn_id: int) -> int:
+    if not 0 <= txn_id <= _UINT64_MAX:
+        raise ValueError(f"txnId {txn_id} is not a uint64")
+    return txn_id
+
+
+def _check_i64(name: str, value: int) -> int:
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"{name} {value} is not an int64")
+    return value
+
+
+def request_header(operation: Operation, txn_id: int) -> pb.BKPacketHeader:
+    """A v3 header as the Java client sends it (no priority)."""
+    return pb.BKPacketHeader(
+        version=pb.VERSION_THREE,
+        operation=pb.OperationType.ValueType(int(operation)),
+        txnId=_check_txn(txn_id),
+    )
+
+
+def response_header(operation: Operation | int, txn_id: int) -> pb.BKPacketHeader:
+    """The header a bookie puts on its answers: version 3, the request's op and txnId."""
+    return pb.BKPacketHeader(
+        version=pb.VERSION_THREE,
+        operation=pb.OperationType.ValueType(int(operation)),
+        txnId=_check_txn(txn_id),
+    )
+
+
+def read_entry_request(txn_id: int, ledger_id: int, entry_id: int) -> pb.Request:
+    """A plain READ_ENTRY: never fencing, never piggyback, never long-poll."""
+    return pb.Request(
+        header=request_header(Operation.READ_ENTRY, txn_id),
+        readRequest=pb.ReadRequest(
+            ledgerId=_check_i64("ledgerId", ledger_id),
+            entryId=_check_i64("entryId", entry_id),
+        ),
+    )
+
+
+def read_lac_request(txn_id: int, ledger_id: int) -> pb.Request:
+    return pb.Request(
+        header=request_header(Operation.READ_LAC, txn_id),
+        readLacRequest=pb.ReadLacRequest(ledgerId=_check_i64("ledgerId", ledger_id)),
+    )
+
+
+def get_bookie_info_request(txn_id: int, requested: int = 3) -> pb.Request:
+    return pb.Request(
+        header=request_header(Operation.GET_BOOKIE_INFO, txn_id),
+        getBookieInfoRequest=pb.GetBookieInfoRequest(requested=_check_i64("requested", requested)),
+    )
+
+
+def get_list_of_entries_request(txn_id: int, ledger_id: int) -> pb.Request:
+    return pb.Request(
+        header=request_header(Operation.GET_LIST_OF_ENTRIES_OF_LEDGER, txn_id),
+        getListOfEntriesOfLedgerRequest=pb.GetListOfEntriesOfLedgerRequest(
+            ledgerId=_check_i64("ledgerId", ledger_id)
+        ),
+    )
+
+
+def add_entry_request(
+    txn_id: int, ledger_id: int, entry_id: int, master_key: bytes, body: bytes
+) -> pb.Request:
+    """A plain ADD_ENTRY (no recovery flag, no write flags); `body` is the full entry body."""
+    return pb.Request(
+        header=request_header(Operation.ADD_ENTRY, txn_id),
+        addRequest=pb.AddRequest(
+            ledgerId=_check_i64("ledgerId", ledger_id),
+            entryId=_check_i64("entryId", entry_id),
+            masterKey=master_key,
+            body=body,
+        ),
+    )
+
+
+def auth_request(
+    txn_id: int, plugin: str = AUTH_DISABLED_PLUGIN, payload: bytes = b""
+) -> pb.Request:
+    return pb.Request(
+        header=request_header(Operation.AUTH, txn_id),
+        authRequest=pb.AuthMessage(authPluginName=plugin, payload=payload),
+    )
+
+
+def _inner_status(resp: pb.Response, op: int) -> int | None:
+    if op == Operation.READ_ENTRY and resp.HasField("readResponse"):
+        return resp.readResponse.status
+    if op == Operation.ADD_ENTRY and resp.HasField("addResponse"):
+        return resp.addResponse.status
+    if op == Operation.READ_LAC and resp.HasField("readLacResponse"):
+        return resp.readLacResponse.status
+    if op == Operation.GET_BOOKIE_INFO and resp.HasField("getBookieInfoResponse"):
+        return resp.getBookieInfoResponse.status
+    if op == Operation.GET_LIST_OF_ENTRIES_OF_LEDGER and resp.HasField(
+        "getListOfEntriesOfLedgerResponse"
+    ):
+        return resp.getListOfEntriesOfLedgerResponse.status
+    if op == Operation.WRITE_LAC and resp.HasField("writeLacResponse"):
+        return resp.writeLacResponse.status
+    if op == Operation.FORCE_LEDGER and resp.HasField("forceLedgerResponse"):
+        return resp.forceLedgerResponse.status
+    return None
+
+
+def effective_status(resp: pb.Response) -> Status:
+    """The status the Java client acts on: the top-level one, or the inner one if that is EOK."""
+    if int(resp.status) != Status.EOK:
+        return Status(resp.status)
+    inner = _inner_status(resp, resp.header.operation)
+    return Status.EOK if inner is None else Status(inner)
+
+
+# --- entry bodies --------------------------------------------------------------
+
+
+def master_key(password: bytes) -> bytes:
+    """The 20-byte key adds carry: SHA-1 of b"ledger" followed by the ledger password."""
+    return hashlib.sha1(b"ledger" + password).digest()
+
+
+_DIGEST_SIZES: Final = {
+    DigestType.DUMMY: 0,
+    DigestType.CRC32C: 4,
+    DigestType.CRC32: 8,
+    DigestType.HMAC: 20,
+}
+
+
+def digest_size(digest_type: DigestType) -> int:
+    return _DIGEST_SIZES[digest_type]
+
+
+def entry_digest(
+    digest_type: DigestType, header: bytes, payload: bytes, password: bytes = b""
+) -> bytes:
+    """The digest over the 32-byte header followed by the payload, as written on the wire."""
+    if digest_type is DigestType.CRC32C:
+        crc = google_crc32c.extend(google_crc32c.value(header), payload)
+        return int(crc).to_bytes(4, "big")
+    if digest_type is DigestType.CRC32:
+        return zlib.crc32(payload, zlib.crc32(header)).to_bytes(8, "big")
+    if digest_type is DigestType.HMAC:
+        key = hashlib.sha1(b"mac" + password).digest()
+        mac = hmac.new(key, header, hashlib.sha1)
+        mac.update(payload)
+        return mac.digest()
+    return b""
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    """The digest-independent first 32 bytes of an entry body."""
+
+    ledger_id: int
+    entry_id: int
+    last_add_confirmed: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntryBody:
+    ledger_id: int
+    entry_id: int
+    last_add_confirmed: int
+    length: int
+    digest: bytes
+    payload: bytes
+
+
+def encode_entry_body(
+    ledger_id: int,
+    entry_id: int,
+    last_add_confirmed: int,
+    length: int,
+    payload: bytes,
+    digest_type: DigestType = DigestType.CRC32C,
+    password: bytes = b"",
+) -> bytes:
+    """An entry as a writer sends it: header, digest of header + payload, payload.
+
+    `length` is the ledger's total payload length up to and including this entry.
+    """
+    header = _HEADER.pack(
+        _check_i64("ledgerId", ledger_id),
+        _check_i64("entryId", entry_id),
+        _check_i64("lastAddConfirmed", last_add_confirmed),
+        _check_i64("length", length),
+    )
+    return header + entry_digest(digest_type, header, payload, password) + payload
+
+
+def decode_entry_header(body: bytes) -> EntryHeader:
+    if len(body) < ENTRY_HEADER_SIZE:
+        raise BookieProtocolError(
+            f"entry body of {len(body)} bytes is shorter than the {ENTRY_HEADER_SIZE}-byte header"
+        )
+    return EntryHeader(*_HEADER.unpack_from(body))
+
+
+def decode_entry_body(body: bytes, digest_type: DigestType) -> EntryBody:
+    """Splits a body into its fields without checking the digest."""
+    h = decode_entry_header(body)
+    m = digest_size(digest_type)
+    if len(body) < ENTRY_HEADER_SIZE + m:
+        raise BookieProtocolError(
+            f"entry body of {len(body)} bytes has no room for a {m}-byte {digest_type.name} digest"
+        )
+    return EntryBody(
+        h.ledger_id,
+        h.entry_id,
+        h.last_add_confirmed,
+        h.length,
+        bytes(body[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + m]),
+        bytes(body[ENTRY_HEADER_SIZE + m :]),
+    )
+
+
+def verify_entry_body(body: bytes, digest_type: DigestType, password: bytes = b"") -> EntryBody:
+    """Decodes a body and checks its digest; raises `DigestMismatchError` when it is wrong."""
+    entry = decode_entry_body(body, digest_type)
+    expected = entry_digest(digest_type, body[:ENTRY_HEADER_SIZE], entry.payload, password)
+    if not hmac.compare_digest(expected, entry.digest):
+        raise DigestMismatchError(
+            f"{digest_type.name} digest mismatch for ledger {entry.ledger_id} "
+            f"entry {entry.entry_id}"
+        )
+    return entry

@@ -1,0 +1,1 @@
+"""The `bk-auditor` command line."""

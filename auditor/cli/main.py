@@ -1,0 +1,110 @@
+"""`bk-auditor`: argument parsing, and the one place errors become exit codes.
+
+Every failure an operator can cause or meet (bad flags, unreachable
+ZooKeeper, corrupt znodes) is an `AuditorError` and is printed as one line on
+stderr with a non-zero exit; a traceback would only be noise to them, so it is
+shown only with BK_AUDITOR_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+
+from auditor.cli.cluster import ClusterTarget, target_from_args
+from auditor.errors import AuditorError, ConfigError
+
+EXIT_INTERNAL = 70
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zk", metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
+    p.add_argument(
+        "--metadata-service-uri",
+        metavar="URI",
+        help="BookKeeper metadataServiceUri, e.g. zk+hierarchical://h1:2181;h2:2181/ledgers",
+    )
+    p.add_argument("--ledgers-root", metavar="PATH", help="ledgers root (default /ledgers)")
+    p.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds for connecting and for each call"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bk-auditor", description="Audits an Apache BookKeeper cluster.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, help_text in [
+        ("ledgers", "list ledgers with state, quorum sizes and ensembles"),
+        ("list-underreplicated", "list ledgers marked under-replicated"),
+        ("bookies", "list bookies: writable, read-only, down"),
+    ]:
+        _cluster_args(sub.add_parser(name, help=help_text))
+    emu = sub.add_parser("bookie-emulator", help="run one emulated bookie (tests, demos)")
+    emu.add_argument("--zk", required=True, metavar="HOST:PORT")
+    emu.add_argument("--port", type=int, required=True)
+    emu.add_argument("--host", default="127.0.0.1")
+    emu.add_argument("--ledgers-root", default="/ledgers")
+    emu.add_argument("--storage", choices=["sorted", "dbledger"], default="sorted")
+    emu.add_argument("--readonly", action="store_true")
+    sub.add_parser("demo", help="run against a throwaway ZooKeeper and emulated bookies")
+    return parser
+
+
+def _target(args: argparse.Namespace) -> ClusterTarget:
+    return target_from_args(args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout)
+
+
+async def _dispatch(args: argparse.Namespace) -> int:
+    from auditor.cli import inspect
+
+    commands: dict[str, Callable[[ClusterTarget, bool], Awaitable[int]]] = {
+        "ledgers": inspect.cmd_ledgers,
+        "list-underreplicated": inspect.cmd_list_underreplicated,
+        "bookies": inspect.cmd_bookies,
+    }
+    if args.command in commands:
+        return await commands[args.command](_target(args), args.json)
+    if args.command == "bookie-emulator":
+        from auditor.testing.bookie import run_emulator
+
+        if not 0 <= args.port < 65536:
+            raise ConfigError(f"--port must be 0..65535, got {args.port}")
+        await run_emulator(
+            args.zk, args.host, args.port, args.ledgers_root, args.storage, args.readonly
+        )
+        return 0
+    if args.command == "demo":
+        from auditor.cli.demo import run_demo
+
+        return int(await run_demo())
+    raise ConfigError(f"unknown command {args.command!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return asyncio.run(_dispatch(args))
+    except AuditorError as exc:
+        print(f"bk-auditor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug: still one line, unless asked for more
+        if os.environ.get("BK_AUDITOR_DEBUG"):
+            traceback.print_exc()
+        print(f"bk-auditor: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""The root of every error the auditor raises on purpose.
+
+The CLI turns any `AuditorError` into one readable line and a non-zero exit;
+anything else reaching the top is a bug. Modules subclass these near the code
+that raises them, so a caller can catch exactly the failure it can handle.
+"""
+
+from __future__ import annotations
+
+
+class AuditorError(Exception):
+    """Base class: a failure with a message fit for an operator."""
+
+    exit_code = 1
+
+
+class ConfigError(AuditorError):
+    """Bad configuration or command-line input."""
+
+    exit_code = 2
+
+
+class FormatError(AuditorError):
+    """Bytes that do not decode as the format they claim to be."""
+
+
+class ServiceUnavailableError(AuditorError):
+    """A service (ZooKeeper, a bookie) did not answer in time or refused."""
+
+    exit_code = 3

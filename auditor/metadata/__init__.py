@@ -1,0 +1,1 @@
+"""BookKeeper's metadata as stored in ZooKeeper: ledgers, bookies, under-replication."""

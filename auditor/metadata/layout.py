@@ -1,0 +1,120 @@
+"""Which ledger manager a cluster uses, and where its ledgers root is.
+
+Two sources say it: the ledgers-root `LAYOUT` znode (text
+`<layoutFormatVersion>\\n<factoryClass-or-name>:<managerVersion>`, versions 1
+and 2) and a metadata service URI such as `zk+hierarchical://h1:2181;h2:2181/ledgers`.
+Class names are matched by suffix so that shaded names (Pulsar's `dlshade.`
+prefix) resolve to the same manager.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from auditor.errors import ConfigError, FormatError
+
+DEFAULT_LEDGERS_ROOT = "/ledgers"
+LAYOUT_FORMAT_VERSION = 2
+
+
+class LedgerManager(enum.Enum):
+    FLAT = "flat"
+    LEGACY_HIERARCHICAL = "legacyhierarchical"
+    HIERARCHICAL = "hierarchical"
+    LONG_HIERARCHICAL = "longhierarchical"
+
+
+_CLASS_NAMES = {
+    LedgerManager.FLAT: "org.apache.bookkeeper.meta.FlatLedgerManagerFactory",
+    LedgerManager.LEGACY_HIERARCHICAL: (
+        "org.apache.bookkeeper.meta.LegacyHierarchicalLedgerManagerFactory"
+    ),
+    LedgerManager.HIERARCHICAL: "org.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory",
+    LedgerManager.LONG_HIERARCHICAL: (
+        "org.apache.bookkeeper.meta.LongHierarchicalLedgerManagerFactory"
+    ),
+}
+# Longest suffix first: "HierarchicalLedgerManagerFactory" is a suffix of the
+# legacy and long names too.
+_BY_SUFFIX = sorted(_CLASS_NAMES.items(), key=lambda kv: -len(kv[1]))
+
+
+class LayoutError(FormatError):
+    """The LAYOUT znode names no ledger manager we can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    manager: LedgerManager
+    manager_version: int = 1
+    layout_version: int = LAYOUT_FORMAT_VERSION
+
+    def encode(self) -> bytes:
+        """The LAYOUT bytes BookKeeper writes (format 2, no trailing newline)."""
+        return (
+            f"{self.layout_version}\n{_CLASS_NAMES[self.manager]}:{self.manager_version}".encode()
+        )
+
+
+def _manager_from_name(name: str) -> LedgerManager | None:
+    for manager, cls in _BY_SUFFIX:
+        short = cls.rsplit(".", 1)[1]
+        if name in (cls, short) or name.endswith("." + short):
+            return manager
+    for manager in LedgerManager:
+        if name == manager.value:
+            return manager
+    return None
+
+
+def parse_layout(data: bytes) -> Layout:
+    """Parses a ledgers-root LAYOUT znode."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LayoutError("LAYOUT is not UTF-8 text") from exc
+    lines = text.split("\n")
+    if len(lines) < 2 or not lines[0].strip().isdigit():
+        raise LayoutError(f"LAYOUT is not '<version>\\n<manager>:<version>': {text[:80]!r}")
+    version = int(lines[0].strip())
+    if not 1 <= version <= LAYOUT_FORMAT_VERSION:
+        raise LayoutError(f"unsupported LAYOUT format version {version}")
+    body = lines[1].strip()
+    name, sep, mver = body.rpartition(":")
+    if not sep or not mver.isdigit():
+        raise LayoutError(f"LAYOUT manager line is not '<manager>:<version>': {body[:80]!r}")
+    manager = _manager_from_name(name)
+    if manager is None:
+        raise LayoutError(f"unknown ledger manager in LAYOUT: {name!r}")
+    return Layout(manager, int(mver), version)
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataServiceUri:
+    """`zk[+type]://host:port[;host:port...]/ledgers/root`."""
+
+    hosts: str  # kazoo form: comma-separated
+    ledgers_root: str
+    manager: LedgerManager | None  # None: read LAYOUT
+
+
+_URI = re.compile(r"^(?P<scheme>[a-z]+)(?:\+(?P<type>[a-z]+))?://(?P<hosts>[^/]+)(?P<path>/.*)?$")
+
+
+def parse_metadata_service_uri(uri: str) -> MetadataServiceUri:
+    m = _URI.match(uri.strip())
+    if m is None:
+        raise ConfigError(f"not a metadata service URI: {uri!r}")
+    if m["scheme"] != "zk":
+        raise ConfigError(f"unsupported metadata service scheme {m['scheme']!r} in {uri!r}")
+    manager: LedgerManager | None = None
+    if m["type"] and m["type"] != "null":
+        try:
+            manager = LedgerManager(m["type"])
+        except ValueError as exc:
+            raise ConfigError(f"unsupported ledger manager type {m['type']!r} in {uri!r}") from exc
+    hosts = ",".join(h for h in m["hosts"].split(";") if h)
+    path = (m["path"] or DEFAULT_LEDGERS_ROOT).rstrip("/") or DEFAULT_LEDGERS_ROOT
+    return MetadataServiceUri(hosts, path, manager)

@@ -1,0 +1,175 @@
+"""The bookie registry: who is writable, who is read-only, who ever existed.
+
+Bookies announce themselves with ephemeral znodes `available/<id>` (writable)
+and `available/readonly/<id>` (read-only), whose data is a binary
+BookieServiceInfoFormat (empty for bookies older than 4.12), and leave a
+persistent cookie under `cookies/<id>`. The auditor counts writable plus
+read-only as available (a read-only bookie still serves reads, so it is never
+"lost"), and reads addresses from the registration, falling back to the id
+itself when it has the `host:port` form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from auditor.proto import data_formats_pb2 as df
+from auditor.zk import NodeExistsError, NoNodeError, ZkClient
+
+READONLY = "readonly"
+COOKIE_LAYOUT_VERSION = 5
+
+
+@dataclass(frozen=True, slots=True)
+class BookieSet:
+    writable: frozenset[str]
+    readonly: frozenset[str]
+
+    @property
+    def available(self) -> frozenset[str]:
+        return self.writable | self.readonly
+
+
+def available_path(root: str, bookie_id: str, *, readonly: bool = False) -> str:
+    return (
+        f"{root}/available/{READONLY}/{bookie_id}" if readonly else f"{root}/available/{bookie_id}"
+    )
+
+
+def cookie_path(root: str, bookie_id: str) -> str:
+    return f"{root}/cookies/{bookie_id}"
+
+
+def service_info_bytes(host: str, port: int) -> bytes:
+    """Registration data as a current bookie publishes it (one bookie-rpc endpoint)."""
+    info = df.BookieServiceInfoFormat()
+    ep = info.endpoints.add()
+    ep.id = "bookie"
+    ep.port = port
+    ep.host = host
+    ep.protocol = "bookie-rpc"
+    return info.SerializeToString()
+
+
+def cookie_bytes(bookie_id: str, instance_id: str | None = None) -> bytes:
+    """A version-5 cookie, as BookKeeper writes one (TextFormat after the version line)."""
+    from auditor.metadata.textformat import to_text
+
+    cookie = df.CookieFormat(
+        bookieHost=bookie_id,
+        journalDir="/data/bookkeeper/journal",
+        ledgerDirs="1\t/data/bookkeeper/ledgers",
+    )
+    if instance_id is not None:
+        cookie.instanceId = instance_id
+    return f"{COOKIE_LAYOUT_VERSION}\n".encode() + to_text(cookie)
+
+
+def address_from_service_info(data: bytes) -> tuple[str, int] | None:
+    """The bookie-rpc endpoint of a registration, or None (legacy empty data, or garbage)."""
+    if not data:
+        return None
+    info = df.BookieServiceInfoFormat()
+    try:
+        info.ParseFromString(data)
+    except Exception:  # protobuf raises DecodeError or RuntimeError; either is "no address"
+        return None
+    for ep in info.endpoints:
+        if ep.protocol == "bookie-rpc" and ep.host and 0 < ep.port < 65536:
+            return ep.host, int(ep.port)
+    return None
+
+
+def address_from_id(bookie_id: str) -> tuple[str, int] | None:
+    host, sep, port = bookie_id.rpartition(":")
+    if not sep or not host or not port.isdigit() or ":" in host:
+        return None
+    p = int(port)
+    return (host, p) if 0 < p < 65536 else None
+
+
+async def _children(zk: ZkClient, path: str) -> list[str]:
+    try:
+        return await zk.get_children(path)
+    except NoNodeError:
+        return []
+
+
+async def read_bookies(zk: ZkClient, root: str) -> BookieSet:
+    writable, readonly = await asyncio.gather(
+        _children(zk, f"{root}/available"), _children(zk, f"{root}/available/{READONLY}")
+    )
+    return BookieSet(frozenset(b for b in writable if b != READONLY), frozenset(readonly))
+
+
+async def all_known_bookies(zk: ZkClient, root: str) -> frozenset[str]:
+    """Every bookie that ever registered (its cookie survives it)."""
+    return frozenset(await _children(zk, f"{root}/cookies"))
+
+
+async def resolve_bookie(zk: ZkClient, root: str, bookie_id: str) -> tuple[str, int] | None:
+    for readonly in (False, True):
+        try:
+            data, _ = await zk.get(available_path(root, bookie_id, readonly=readonly))
+        except NoNodeError:
+            continue
+        addr = address_from_service_info(data)
+        if addr is not None:
+            return addr
+        break
+    return address_from_id(bookie_id)
+
+
+async def register_bookie(
+    zk: ZkClient, root: str, bookie_id: str, host: str, port: int, *, readonly: bool = False
+) -> None:
+    """Registers as a bookie does: cookie first (persistent), then the ephemeral node.
+
+    Going read-only creates the read-only node before deleting the writable
+    one, as BookKeeper does, so the bookie is never missing from both.
+    """
+    with contextlib.suppress(NodeExistsError):
+        await zk.create(cookie_path(root, bookie_id), cookie_bytes(bookie_id), makepath=True)
+    data = service_info_bytes(host, port)
+    await zk.ensure_path(f"{root}/available/{READONLY}")
+    try:
+        await zk.create(available_path(root, bookie_id, readonly=readonly), data, ephemeral=True)
+    except NodeExistsError:
+        await zk.set(available_path(root, bookie_id, readonly=readonly), data)
+    with contextlib.suppress(NoNodeError):
+        await zk.delete(available_path(root, bookie_id, readonly=not readonly))
+
+
+async def unregister_bookie(zk: ZkClient, root: str, bookie_id: str) -> None:
+    for readonly in (False, True):
+        with contextlib.suppress(NoNodeError):
+            await zk.delete(available_path(root, bookie_id, readonly=readonly))
+
+
+async def watch_bookies(zk: ZkClient, root: str) -> AsyncGenerator[BookieSet, None]:
+    """The current bookie set, then each changed set as bookies come and go.
+
+    Built on one-shot child watches re-armed after every change, so no change
+    between two reads is lost: a change that lands while we re-read simply
+    fires the freshly set watch.
+    """
+    await zk.ensure_path(f"{root}/available/{READONLY}")
+    last: BookieSet | None = None
+    while True:
+        (w, w_changed), (r, r_changed) = await asyncio.gather(
+            zk.get_children_watched(f"{root}/available"),
+            zk.get_children_watched(f"{root}/available/{READONLY}"),
+        )
+        current = BookieSet(frozenset(b for b in w if b != READONLY), frozenset(r))
+        if current != last:
+            last = current
+            yield current
+        waiters = [asyncio.ensure_future(w_changed.wait()), asyncio.ensure_future(r_changed.wait())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in waiters:
+                t.cancel()

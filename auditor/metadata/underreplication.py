@@ -1,0 +1,283 @@
+"""Under-replication state in ZooKeeper, shared with BookKeeper's own auditor and workers.
+
+Byte-compatible with `ZkLedgerUnderreplicationManager`: marks live at
+`underreplication/ledgers/<4 x 4 hex>/urL<%010d>` as TextFormat
+`UnderreplicatedLedgerFormat`; marking again merges missing replicas (exact
+string match) under a version check and refreshes ctime only when something
+was added, so replication workers that locked the ledger see the re-mark (their
+versioned delete fails) and nothing is lost. The check-ctime znodes are binary
+protobuf, the layout and lock data TextFormat, `lostBookieRecoveryDelay` a
+decimal string: each exactly as BookKeeper writes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from auditor.errors import FormatError
+from auditor.metadata.textformat import TextFormatError, from_text, to_text
+from auditor.proto import data_formats_pb2 as df
+from auditor.zk import BadVersionError, NodeExistsError, NoNodeError, ZkClient
+
+UNASSIGNED_CTIME = -1
+_UR_LEAF = re.compile(r"urL(\d+)$")
+_MAX_CAS_ATTEMPTS = 100
+
+
+class UnderreplicationFormatError(FormatError):
+    """An under-replication znode holds bytes BookKeeper would not have written."""
+
+
+class CheckCtime(enum.Enum):
+    """The three check-time znodes, with their binary record types."""
+
+    CHECK_ALL_LEDGERS = ("checkallledgersctime", df.CheckAllLedgersFormat, "checkAllLedgersCTime")
+    PLACEMENT_POLICY = (
+        "placementpolicycheckctime",
+        df.PlacementPolicyCheckFormat,
+        "placementPolicyCheckCTime",
+    )
+    REPLICAS = ("replicascheckctime", df.ReplicasCheckFormat, "replicasCheckCTime")
+
+
+class MarkOutcome(enum.Enum):
+    CREATED = "created"
+    MERGED = "merged"
+    UNCHANGED = "unchanged"
+
+
+@dataclass(frozen=True, slots=True)
+class UnderreplicatedLedger:
+    ledger_id: int
+    replicas: tuple[str, ...]
+    ctime: int  # ms since epoch, or -1 when the mark has none
+    znode_version: int = 0
+
+
+def ur_ledger_path(base: str, ledger_id: int) -> str:
+    """`<base>/ledgers/hhhh/hhhh/hhhh/hhhh/urL%010d` for a ledger id."""
+    parts = [f"{(ledger_id >> shift) & 0xFFFF:04x}" for shift in (48, 32, 16, 0)]
+    return f"{base}/ledgers/{'/'.join(parts)}/urL{ledger_id:010d}"
+
+
+def encode_mark(replicas: Sequence[str], ctime: int | None) -> bytes:
+    msg = df.UnderreplicatedLedgerFormat(replica=list(replicas))
+    if ctime is not None and ctime != UNASSIGNED_CTIME:
+        msg.ctime = ctime
+    return to_text(msg)
+
+
+def decode_mark(ledger_id: int, data: bytes, version: int = 0) -> UnderreplicatedLedger:
+    try:
+        msg = from_text(data, df.UnderreplicatedLedgerFormat)
+    except TextFormatError as exc:
+        raise UnderreplicationFormatError(
+            f"under-replication mark of ledger {ledger_id} is corrupt: {exc}"
+        ) from exc
+    ctime = int(msg.ctime) if msg.HasField("ctime") else UNASSIGNED_CTIME
+    return UnderreplicatedLedger(ledger_id, tuple(msg.replica), ctime, version)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class UnderreplicationManager:
+    """One ledgers root's `underreplication` subtree.
+
+    `store_ctime` mirrors BookKeeper's `storeSystemTimeAsLedgerUnderreplicatedMarkTime`
+    (default true).
+    """
+
+    LAYOUT_TEXT_TYPE = "BASIC"
+    LAYOUT_VERSION = 1
+
+    def __init__(self, zk: ZkClient, root: str, *, store_ctime: bool = True) -> None:
+        self.zk = zk
+        self.root = root.rstrip("/")
+        self.base = f"{self.root}/underreplication"
+        self.store_ctime = store_ctime
+
+    # --- layout ---------------------------------------------------------------
+
+    async def check_layout(self, *, create: bool = True) -> None:
+        """Creates `underreplication/LAYOUT` if missing, else insists it is BASIC v1."""
+        path = f"{self.base}/LAYOUT"
+        expected = to_text(
+            df.LedgerRereplicationLayoutFormat(
+                type=self.LAYOUT_TEXT_TYPE, version=self.LAYOUT_VERSION
+            )
+        )
+        if create:
+            try:
+                await self.zk.create(path, expected, makepath=True)
+                await self.zk.ensure_path(f"{self.base}/ledgers")
+                await self.zk.ensure_path(f"{self.base}/locks")
+                return
+            except NodeExistsError:
+                pass
+        data, _ = await self.zk.get(path)
+        try:
+            layout = from_text(data, df.LedgerRereplicationLayoutFormat)
+        except TextFormatError as exc:
+            raise UnderreplicationFormatError(f"{path} is corrupt: {exc}") from exc
+        if layout.type != self.LAYOUT_TEXT_TYPE or layout.version != self.LAYOUT_VERSION:
+            raise UnderreplicationFormatError(
+                f"{path} is type {layout.type!r} version {layout.version}; "
+                f"only {self.LAYOUT_TEXT_TYPE} version {self.LAYOUT_VERSION} is supported"
+            )
+        await self.zk.ensure_path(f"{self.base}/ledgers")
+        await self.zk.ensure_path(f"{self.base}/locks")
+
+    # --- marks ----------------------------------------------------------------
+
+    async def mark_underreplicated(
+        self, ledger_id: int, missing_replicas: Sequence[str], *, now_ms: int | None = None
+    ) -> MarkOutcome:
+        """Marks a ledger, merging with any existing mark; safe against concurrent markers."""
+        path = ur_ledger_path(self.base, ledger_id)
+        wanted = list(dict.fromkeys(missing_replicas))
+        for _ in range(_MAX_CAS_ATTEMPTS):
+            ctime = (now_ms if now_ms is not None else _now_ms()) if self.store_ctime else None
+            try:
+                await self.zk.create(path, encode_mark(wanted, ctime), makepath=True)
+                return MarkOutcome.CREATED
+            except NodeExistsError:
+                pass
+            try:
+                data, stat = await self.zk.get(path)
+            except NoNodeError:
+                continue  # removed meanwhile: create again
+            existing = decode_mark(ledger_id, data, int(stat.version))
+            new = [r for r in wanted if r not in existing.replicas]
+            if not new:
+                return MarkOutcome.UNCHANGED
+            merged_ctime = ctime if self.store_ctime else existing.ctime
+            data = encode_mark([*existing.replicas, *new], merged_ctime)
+            try:
+                await self.zk.set(path, data, version=int(stat.version))
+                return MarkOutcome.MERGED
+            except (BadVersionError, NoNodeError):
+                continue  # someone else changed or removed it: merge again
+        raise UnderreplicationFormatError(
+            f"could not mark ledger {ledger_id}: {_MAX_CAS_ATTEMPTS} concurrent updates in a row"
+        )
+
+    async def get(self, ledger_id: int) -> UnderreplicatedLedger | None:
+        try:
+            data, stat = await self.zk.get(ur_ledger_path(self.base, ledger_id))
+        except NoNodeError:
+            return None
+        return decode_mark(ledger_id, data, int(stat.version))
+
+    async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
+        """Breadth-first over the hex hierarchy, as BookKeeper lists it.
+
+        A mark removed while we list it is skipped (it is no longer a mark).
+        """
+        queue: deque[str] = deque([f"{self.base}/ledgers"])
+        while queue:
+            path = queue.popleft()
+            try:
+                children = sorted(await self.zk.get_children(path))
+            except NoNodeError:
+                continue
+            for child in children:
+                m = _UR_LEAF.match(child)
+                if child.startswith("urL") and m:
+                    ledger_id = int(m.group(1))
+                    try:
+                        data, stat = await self.zk.get(f"{path}/{child}")
+                    except NoNodeError:
+                        continue
+                    yield decode_mark(ledger_id, data, int(stat.version))
+                else:
+                    queue.append(f"{path}/{child}")
+
+    async def is_being_replicated(self, ledger_id: int) -> bool:
+        return await self.zk.exists(f"{self.base}/locks/urL{ledger_id:010d}") is not None
+
+    async def replication_worker(self, ledger_id: int) -> str | None:
+        """Who holds the replication lock of a ledger (LockDataFormat's bookieId)."""
+        try:
+            data, _ = await self.zk.get(f"{self.base}/locks/urL{ledger_id:010d}")
+        except NoNodeError:
+            return None
+        try:
+            return str(from_text(data, df.LockDataFormat).bookieId)
+        except TextFormatError as exc:
+            raise UnderreplicationFormatError(
+                f"replication lock of ledger {ledger_id} is corrupt: {exc}"
+            ) from exc
+
+    # --- the disable flag ---------------------------------------------------------
+
+    async def is_replication_enabled(self) -> bool:
+        return await self.zk.exists(f"{self.base}/disable") is None
+
+    async def disable_replication(self) -> None:
+        with contextlib.suppress(NodeExistsError):
+            await self.zk.create(f"{self.base}/disable", b"", makepath=True)
+
+    async def enable_replication(self) -> None:
+        with contextlib.suppress(NoNodeError):
+            await self.zk.delete(f"{self.base}/disable")
+
+    # --- lostBookieRecoveryDelay -------------------------------------------------
+
+    async def init_lost_bookie_recovery_delay(self, seconds: int) -> None:
+        """Creates the znode from config if absent (an existing value wins, as upstream)."""
+        with contextlib.suppress(NodeExistsError):
+            await self.zk.create(
+                f"{self.base}/lostBookieRecoveryDelay", str(seconds).encode(), makepath=True
+            )
+
+    async def get_lost_bookie_recovery_delay(self) -> int:
+        path = f"{self.base}/lostBookieRecoveryDelay"
+        data, _ = await self.zk.get(path)
+        text = data.decode("ascii", errors="replace").strip()
+        try:
+            return int(text)
+        except ValueError as exc:
+            raise UnderreplicationFormatError(f"{path} is not an integer: {text[:40]!r}") from exc
+
+    async def set_lost_bookie_recovery_delay(self, seconds: int) -> None:
+        path = f"{self.base}/lostBookieRecoveryDelay"
+        try:
+            await self.zk.set(path, str(seconds).encode())
+        except NoNodeError:
+            await self.init_lost_bookie_recovery_delay(seconds)
+
+    # --- check ctimes -------------------------------------------------------------
+
+    async def get_check_ctime(self, which: CheckCtime) -> int:
+        name, msg_type, field = which.value
+        path = f"{self.base}/{name}"
+        try:
+            data, _ = await self.zk.get(path)
+        except NoNodeError:
+            return UNASSIGNED_CTIME
+        msg = msg_type()
+        try:
+            msg.ParseFromString(data)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            raise UnderreplicationFormatError(f"{path} is not a {msg_type.__name__}") from exc
+        return int(getattr(msg, field)) if msg.HasField(field) else UNASSIGNED_CTIME
+
+    async def set_check_ctime(self, which: CheckCtime, ctime_ms: int) -> None:
+        name, msg_type, field = which.value
+        path = f"{self.base}/{name}"
+        data = msg_type(**{field: ctime_ms}).SerializeToString()
+        try:
+            await self.zk.set(path, data)
+        except NoNodeError:
+            try:
+                await self.zk.create(path, data, makepath=True)
+            except NodeExistsError:
+                await self.zk.set(path, data)

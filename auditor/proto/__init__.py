@@ -1,0 +1,1 @@
+"""Generated protobuf modules (see scripts/gen_proto.sh); do not edit by hand."""

@@ -1,0 +1,175 @@
+"""A throwaway standalone ZooKeeper server from Debian's `zookeeper` package.
+
+Tests and the demo run against a real server, never a fake: this starts
+`QuorumPeerMain` on a free loopback port with its own data directory, waits
+until it answers `ruok`/`srvr`, and removes everything on stop. The jar's
+manifest Class-Path pulls in its dependencies, so the class path is just the
+config directory and `zookeeper.jar` (what Debian's own `environment` file sets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from auditor.errors import ServiceUnavailableError
+
+ZK_JAR = Path(os.environ.get("BK_AUDITOR_ZK_JAR", "/usr/share/java/zookeeper.jar"))
+ZK_CONF_DIR = Path("/etc/zookeeper/conf")
+MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+
+
+class ZooKeeperServerError(ServiceUnavailableError):
+    """The throwaway ZooKeeper could not be started."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def four_letter(port: int, word: str, timeout: float = 1.0) -> str:
+    """Sends a ZooKeeper four-letter command; '' when the server does not answer."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(word.encode())
+            chunks = []
+            while True:
+                b = s.recv(4096)
+                if not b:
+                    break
+                chunks.append(b)
+            return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class ZooKeeperServer:
+    """One standalone server; `start()` blocks until it serves (or raises)."""
+
+    def __init__(self, base_dir: Path | None = None, port: int | None = None) -> None:
+        self._own_dir = base_dir is None
+        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-zk-"))
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _write_config(self) -> Path:
+        data = self.base_dir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        cfg = self.base_dir / "zoo.cfg"
+        cfg.write_text(
+            "\n".join(
+                [
+                    "tickTime=500",
+                    f"dataDir={data}",
+                    f"clientPort={self.port}",
+                    "clientPortAddress=127.0.0.1",
+                    "admin.enableServer=false",
+                    "4lw.commands.whitelist=ruok,srvr,mntr,cons",
+                    "minSessionTimeout=1000",
+                    "maxSessionTimeout=60000",
+                    "maxClientCnxns=0",
+                    # Large multi-ops from the cluster writer stay well below this.
+                    "jute.maxbuffer=8388608",
+                    "",
+                ]
+            )
+        )
+        return cfg
+
+    def start(self, timeout: float = 30.0) -> None:
+        if not ZK_JAR.exists():
+            raise ZooKeeperServerError(
+                f"{ZK_JAR} not found: install Debian's zookeeper package (make does this)"
+            )
+        java = shutil.which("java")
+        if java is None:
+            raise ZooKeeperServerError("no java on PATH: install a Java runtime (make does this)")
+        cfg = self._write_config()
+        classpath = f"{ZK_CONF_DIR}:{ZK_JAR}" if ZK_CONF_DIR.exists() else str(ZK_JAR)
+        log = open(self.base_dir / "zookeeper.log", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [
+                java,
+                "-Xmx256m",
+                "-Djute.maxbuffer=8388608",
+                "-Dzookeeper.admin.enableServer=false",
+                "-cp",
+                classpath,
+                MAIN_CLASS,
+                str(cfg),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ZooKeeperServerError(
+                    f"ZooKeeper exited with {self.proc.returncode}; "
+                    f"see {self.base_dir}/zookeeper.log"
+                )
+            if four_letter(self.port, "ruok") == "imok" and "Mode: standalone" in four_letter(
+                self.port, "srvr"
+            ):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise ZooKeeperServerError(f"ZooKeeper did not serve on {self.hosts} within {timeout:g}s")
+
+    def stop(self) -> None:
+        """Stops the server, keeping its data (a later start() serves it again)."""
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def restart(self, timeout: float = 30.0) -> None:
+        self.stop()
+        self.start(timeout)
+
+    def destroy(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> ZooKeeperServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+def expire_session(hosts: str, client_id: tuple[int, bytes], timeout: float = 10.0) -> None:
+    """Expires a session for real, on the server.
+
+    A second client attaches to the same session (id and password) and closes
+    it: the server ends the session at once and deletes its ephemeral znodes,
+    and the victim sees SUSPENDED then LOST when it next talks to the server.
+    """
+    from kazoo.client import KazooClient
+
+    twin = KazooClient(hosts=hosts, client_id=client_id)
+    twin.start(timeout=timeout)
+    with contextlib.suppress(Exception):
+        twin.stop()
+    with contextlib.suppress(Exception):
+        twin.close()

@@ -1,0 +1,305 @@
+"""An asyncio facade over one kazoo client.
+
+kazoo has no asyncio handler, so we keep its threading handler and bridge at
+the edges: every `*_async` call's result is handed to the event loop with
+`call_soon_threadsafe`, and every call is wrapped in a timeout because kazoo
+queues requests while the connection is SUSPENDED (a call made then can block
+until the session expires). One kazoo connection carries all calls, so many
+reads can be in flight without holding a thread each.
+
+The kazoo exceptions callers branch on (no node, node exists, bad version, not
+empty) are re-exported unchanged; connection-level failures become
+`ZkUnavailableError` and a missed deadline `ZkTimeoutError`, both operator
+errors with a readable message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
+    ZookeeperError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
+from kazoo.retry import KazooRetry
+
+from auditor.errors import ServiceUnavailableError
+
+T = TypeVar("T")
+
+ZkStat = ZnodeStat
+ZkError = ZookeeperError
+
+__all__ = [
+    "BadVersionError",
+    "KazooState",
+    "NoNodeError",
+    "NodeExistsError",
+    "NotEmptyError",
+    "ZkClient",
+    "ZkError",
+    "ZkStat",
+    "ZkTimeoutError",
+    "ZkUnavailableError",
+]
+
+_CONNECTION_ERRORS = (
+    ConnectionLoss,
+    ConnectionClosedError,
+    SessionExpiredError,
+    OperationTimeoutError,
+    KazooTimeoutError,
+)
+
+
+class ZkUnavailableError(ServiceUnavailableError):
+    """ZooKeeper could not be reached, or the session is gone."""
+
+
+class ZkTimeoutError(ZkUnavailableError):
+    """A ZooKeeper call did not complete within its deadline."""
+
+
+class ZkClient:
+    """One ZooKeeper session, used from asyncio.
+
+    `hosts` is a kazoo connect string (`h1:2181,h2:2181/chroot`). `timeout` bounds
+    every call and the initial connect; `session_timeout` is what we ask the
+    server for.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        *,
+        timeout: float = 10.0,
+        session_timeout: float = 30.0,
+        read_only: bool = False,
+        client_id: tuple[int, bytes] | None = None,
+    ) -> None:
+        self.hosts = hosts
+        self.timeout = timeout
+        # Fail fast while connecting (as Patroni does) instead of retrying forever
+        # inside kazoo: our own deadlines decide how long to wait.
+        self._kazoo = KazooClient(
+            hosts=hosts,
+            timeout=session_timeout,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
+            read_only=read_only,
+            client_id=client_id,
+        )
+        self._listeners: list[asyncio.Queue[KazooState]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._kazoo.add_listener(self._on_state)
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await asyncio.to_thread(self._kazoo.start, self.timeout)
+        except (KazooTimeoutError, *_CONNECTION_ERRORS) as exc:
+            await asyncio.to_thread(self._stop_quietly)
+            raise ZkUnavailableError(
+                f"cannot connect to ZooKeeper at {self.hosts} within {self.timeout:g}s"
+            ) from exc
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._stop_quietly)
+
+    def _stop_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            self._kazoo.stop()
+        with contextlib.suppress(Exception):
+            self._kazoo.close()
+
+    async def __aenter__(self) -> ZkClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def kazoo(self) -> KazooClient:
+        """The raw client, for kazoo recipes (Election) that have no async form."""
+        return self._kazoo
+
+    @property
+    def session_id(self) -> int | None:
+        cid = self._kazoo.client_id
+        return None if cid is None else int(cid[0])
+
+    @property
+    def client_id(self) -> tuple[int, bytes] | None:
+        cid = self._kazoo.client_id
+        return None if cid is None else (int(cid[0]), bytes(cid[1]))
+
+    @property
+    def state(self) -> str:
+        return str(self._kazoo.state)
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._kazoo.connected)
+
+    # --- connection state as an async stream ---------------------------------
+
+    def _on_state(self, state: KazooState) -> None:
+        # Runs on kazoo's thread and must not block.
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        for q in list(self._listeners):
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(q.put_nowait, state)
+
+    async def states(self) -> AsyncIterator[KazooState]:
+        """Yields every connection-state change (CONNECTED, SUSPENDED, LOST) from now on."""
+        q: asyncio.Queue[KazooState] = asyncio.Queue()
+        self._listeners.append(q)
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self._listeners.remove(q)
+
+    # --- the bridge ------------------------------------------------------------
+
+    async def _call(self, what: str, path: str, start: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def settle(ar: Any) -> None:
+            if fut.cancelled():
+                return
+            try:
+                fut.set_result(ar.get_nowait())
+            except BaseException as exc:  # handed to the awaiting task
+                fut.set_exception(exc)
+
+        def on_done(ar: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(settle, ar)
+
+        try:
+            start().rawlink(on_done)
+            return await asyncio.wait_for(fut, self.timeout)
+        except TimeoutError as exc:
+            raise ZkTimeoutError(
+                f"ZooKeeper {what} {path} did not complete within {self.timeout:g}s"
+            ) from exc
+        except _CONNECTION_ERRORS as exc:
+            raise ZkUnavailableError(
+                f"ZooKeeper {what} {path} failed: {type(exc).__name__}"
+            ) from exc
+
+    async def get(self, path: str) -> tuple[bytes, ZnodeStat]:
+        data, stat = await self._call("get", path, lambda: self._kazoo.get_async(path))
+        return bytes(data or b""), stat
+
+    async def get_children(self, path: str) -> list[str]:
+        return list(
+            await self._call("get_children", path, lambda: self._kazoo.get_children_async(path))
+        )
+
+    async def get_children_watched(self, path: str) -> tuple[list[str], asyncio.Event]:
+        """Children plus an event set once when they (or the node) next change.
+
+        A one-shot ZooKeeper watch, surfaced as an asyncio.Event so a watcher
+        loop can await the change instead of polling.
+        """
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def on_watch(_event: Any) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(changed.set)
+
+        children = await self._call(
+            "get_children", path, lambda: self._kazoo.get_children_async(path, watch=on_watch)
+        )
+        return list(children), changed
+
+    async def exists(self, path: str) -> ZnodeStat | None:
+        stat: ZnodeStat | None = await self._call(
+            "exists", path, lambda: self._kazoo.exists_async(path)
+        )
+        return stat
+
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequence: bool = False,
+        makepath: bool = False,
+    ) -> str:
+        created: str = await self._call(
+            "create",
+            path,
+            lambda: self._kazoo.create_async(
+                path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath
+            ),
+        )
+        return created
+
+    async def ensure_path(self, path: str) -> None:
+        await self._call("ensure_path", path, lambda: self._kazoo.ensure_path_async(path))
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> ZnodeStat:
+        stat: ZnodeStat = await self._call(
+            "set", path, lambda: self._kazoo.set_async(path, data, version)
+        )
+        return stat
+
+    async def delete(self, path: str, version: int = -1) -> None:
+        await self._call("delete", path, lambda: self._kazoo.delete_async(path, version))
+
+    async def sync(self, path: str) -> None:
+        await self._call("sync", path, lambda: self._kazoo.sync_async(path))
+
+    async def create_many(self, items: list[tuple[str, bytes]]) -> None:
+        """Creates many persistent znodes in one multi-op (all or nothing).
+
+        Used by the cluster writer to lay out large test clusters quickly; parents
+        must exist or be earlier in `items`.
+        """
+
+        def start() -> Any:
+            tx = self._kazoo.transaction()
+            for path, data in items:
+                tx.create(path, data)
+            return tx.commit_async()
+
+        results = await self._call("multi-create", items[0][0] if items else "", start)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+
+async def gather_limited(
+    limit: int, factories: list[Callable[[], Awaitable[T]]]
+) -> list[T | BaseException]:
+    """Runs coroutine factories with at most `limit` in flight; results in order."""
+    sem = asyncio.Semaphore(limit)
+
+    async def run(f: Callable[[], Awaitable[T]]) -> T:
+        async with sem:
+            return await f()
+
+    return list(await asyncio.gather(*(run(f) for f in factories), return_exceptions=True))

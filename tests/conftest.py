@@ -1,0 +1,40 @@
+"""Shared fixtures: one real ZooKeeper server per test session, a fresh chroot per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from auditor.testing.zkserver import ZooKeeperServer
+from auditor.zk import ZkClient
+
+
+@pytest.fixture(scope="session")
+def zk_server() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def zk_hosts(zk_server: ZooKeeperServer) -> str:
+    """A connect string rooted at a chroot of its own, so tests share a server, not state."""
+    return f"{zk_server.hosts}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def zk(zk_server: ZooKeeperServer, zk_hosts: str) -> AsyncIterator[ZkClient]:
+    chroot = zk_hosts[len(zk_server.hosts) :]
+    async with ZkClient(zk_server.hosts, timeout=10.0) as root:
+        await root.ensure_path(chroot)
+    client = ZkClient(zk_hosts, timeout=10.0, session_timeout=10.0)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()

@@ -1,0 +1,143 @@
+"""The streaming ledger walk against a real ZooKeeper."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import pytest
+from auditor.metadata.serde import decode_ledger_metadata
+
+from auditor.metadata.layout import LedgerManager
+from auditor.metadata.model import LedgerState
+from auditor.metadata.walk import LedgerWalker
+from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.zk import ZkClient
+
+ENSEMBLE = ["192.0.2.1:3181", "192.0.2.2:3181", "192.0.2.3:3181"]
+EDGE_IDS = [0, 1, 9999, 10000, 2147483646, 2147483647, 2147483648, 2**40 + 7, 2**63 - 1]
+
+
+@pytest.mark.parametrize("manager", [LedgerManager.HIERARCHICAL, LedgerManager.LONG_HIERARCHICAL])
+async def test_walk_is_in_id_order_across_both_trees(zk: ZkClient, manager: LedgerManager) -> None:
+    w = ClusterWriter(zk, "/ledgers", manager)
+    await w.init_cluster()
+    for i in reversed(EDGE_IDS):
+        await w.write_ledger(make_metadata(i, ENSEMBLE, write_quorum=2, last_entry_id=i % 50))
+    walker = LedgerWalker(zk, "/ledgers", manager)
+    records = [r async for r in walker.ledgers(concurrency=4)]
+    assert [r.ledger_id for r in records] == EDGE_IDS
+    assert all(r.metadata is not None and r.metadata.ledger_id == r.ledger_id for r in records)
+    assert walker.stats.ledgers == len(EDGE_IDS)
+    # Special znodes (LAYOUT, INSTANCEID, available, cookies, underreplication, idgen)
+    # are not ledgers and not reported as foreign either.
+    assert walker.stats.foreign_znodes == []
+
+
+@pytest.mark.parametrize(
+    ("manager", "ids"),
+    [
+        (LedgerManager.FLAT, [0, 5, 123, 9999999999]),
+        (LedgerManager.LEGACY_HIERARCHICAL, [3, 20000, 2147483646]),
+    ],
+)
+async def test_walk_other_managers(zk: ZkClient, manager: LedgerManager, ids: list[int]) -> None:
+    w = ClusterWriter(zk, "/ledgers", manager)
+    await w.init_cluster()
+    for i in ids:
+        await w.write_ledger(make_metadata(i, ENSEMBLE))
+    assert [i async for i in LedgerWalker(zk, "/ledgers", manager).ledger_ids()] == ids
+
+
+async def test_corrupt_ledger_is_reported_and_the_walk_goes_on(zk: ZkClient) -> None:
+    w = ClusterWriter(zk)
+    await w.init_cluster()
+    await w.write_ledger(make_metadata(1, ENSEMBLE))
+    bad_path = await w.write_raw(2, b"BookieMetadataFormatVersion\t3\n\xff\xff\xff")
+    await w.write_ledger(make_metadata(3, ENSEMBLE))
+    walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL)
+    records = [r async for r in walker.ledgers()]
+    assert [r.ledger_id for r in records] == [1, 2, 3]
+    bad = records[1]
+    assert bad.metadata is None and bad.error is not None
+    assert bad.path == bad_path == "/ledgers/00/0000/L0002"
+    assert "2" in str(bad.error)
+    assert walker.stats.corrupt == 1
+
+
+async def test_ledger_deleted_mid_walk_is_counted_not_fatal(zk: ZkClient) -> None:
+    w = ClusterWriter(zk)
+    await w.init_cluster()
+    for i in range(10):
+        await w.write_ledger(make_metadata(i, ENSEMBLE))
+    walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL)
+    seen = []
+    async for rec in walker.ledgers(concurrency=1):
+        seen.append(rec.ledger_id)
+        if rec.ledger_id == 3:
+            await zk.delete(w.path(7))
+    assert seen == [0, 1, 2, 3, 4, 5, 6, 8, 9]
+    assert walker.stats.deleted_during_walk == 1
+
+
+async def test_foreign_znodes_are_reported(zk: ZkClient) -> None:
+    w = ClusterWriter(zk)
+    await w.init_cluster()
+    await w.write_ledger(make_metadata(1, ENSEMBLE))
+    await zk.create("/ledgers/00/0000/notaledger", b"")
+    await zk.create("/ledgers/disableHealthCheck", b"")  # top level: skipped silently, as upstream
+    walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL)
+    assert [i async for i in walker.ledger_ids()] == [1]
+    assert walker.stats.foreign_znodes == ["/ledgers/00/0000/notaledger"]
+
+
+async def test_znode_ctime_is_the_fallback_creation_time(zk: ZkClient) -> None:
+    w = ClusterWriter(zk)
+    await w.init_cluster()
+    path = await w.write_ledger(make_metadata(1, ENSEMBLE))
+    await w.write_ledger(make_metadata(2, ENSEMBLE, ctime=123456))
+    _, stat = await zk.get(path)
+    recs = [r async for r in LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL).ledgers()]
+    assert recs[0].metadata is not None and recs[0].metadata.ctime == int(stat.ctime)
+    assert not recs[0].metadata.ctime_stored
+    assert recs[1].metadata is not None and recs[1].metadata.ctime == 123456
+
+
+async def test_walk_over_100k_ledgers_has_flat_memory(zk: ZkClient) -> None:
+    """Peak memory over all 100k ledgers stays at what the first 10k needed."""
+    n = 100_000
+    w = ClusterWriter(zk)
+    await w.init_cluster()
+    template = make_metadata(
+        0, ENSEMBLE, write_quorum=2, ack_quorum=2, last_entry_id=99, length=4096
+    )
+    from dataclasses import replace
+
+    # Ids spread over 10 legacy buckets (0..99,999).
+    assert await w.write_ledgers(replace(template, ledger_id=i) for i in range(n)) == n
+    walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        count = 0
+        first_peak = 0
+        last_id = -1
+        async for rec in walker.ledgers(concurrency=128):
+            assert rec.metadata is not None and rec.metadata.state is LedgerState.CLOSED
+            assert rec.ledger_id > last_id
+            last_id = rec.ledger_id
+            count += 1
+            if count == 10_000:
+                first_peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.reset_peak()
+        rest_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == n and last_id == n - 1
+    # Holding 100k decoded ledgers would take tens of MB; the walk holds one bucket
+    # listing and a bounded window.
+    assert rest_peak < first_peak * 1.5 + 2_000_000, (first_peak, rest_peak)
+    assert rest_peak < 20_000_000, rest_peak
+    # And decoding is the same as reading one directly.
+    data, _ = await zk.get(w.path(n - 1))
+    assert decode_ledger_metadata(data, n - 1).last_entry_id == 99
