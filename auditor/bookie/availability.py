@@ -294,6 +294,8 @@ class MissingEntries:
         return self.count > 0
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
+        if self._count == 0:
+            return
         for start, stop, stripe in self._queries:
             yield from self._availability._iter_missing(start, stop, stripe)
 
@@ -321,11 +323,11 @@ class Availability:
 
     __slots__ = ("_ends", "_firsts", "_lasts", "_periodic", "_periods", "_sizes", "_total")
 
-    _firsts: array[int]
+    _firsts: list[int]
     _lasts: array[int]
     _sizes: array[int]
     _periods: array[int]
-    _ends: array[int]
+    _ends: list[int]
     _periodic: list[int]
     _total: int
 
@@ -352,41 +354,47 @@ class Availability:
     def _setup(
         self, firsts: array[int], lasts: array[int], sizes: array[int], periods: array[int]
     ) -> None:
+        # firsts and ends are kept as lists: every query bisects and sums them, and
+        # iterating a list does not allocate an int per element as an array does.
         n = len(firsts)
-        ends = array("q")
+        first_list: list[int] = firsts.tolist()
+        size_list: list[int] = sizes.tolist()
+        end_list: list[int] = []
         periodic: list[int] = []
         total = 0
         if n:
-            end_values = list(map(add, lasts, sizes))
-            ok = (
-                min(firsts) >= 0
-                and min(sizes) > 0
-                and min(periods) >= 0
-                and max(end_values) <= MAX_ENTRY_END
-                # period 0 requires last == first
-                and all(map(or_, periods, map(int.__eq__, lasts, firsts)))
-                and all(map(le, islice(end_values, n - 1), islice(firsts, 1, None)))
-            )
-            if ok and any(periods):
+            if any(periods):
                 periodic = list(compress(range(n), periods))
-                ok = all(
-                    lasts[k] >= firsts[k]
-                    and sizes[k] < periods[k]
+            end_list = list(map(add, lasts.tolist() if periodic else first_list, size_list))
+            # Once every group has size > 0 and last >= first (checked below) and ends no
+            # later than the next one starts, firsts and ends both increase: so the
+            # first first is the least entry and the last end the greatest.
+            ok = (
+                min(size_list) > 0
+                and first_list[0] >= 0
+                and end_list[-1] <= MAX_ENTRY_END
+                and all(map(le, islice(end_list, n - 1), islice(first_list, 1, None)))
+            )
+            if not periodic:
+                ok = ok and lasts == firsts
+            elif ok:
+                ok = all(map(or_, periods, map(int.__eq__, lasts, firsts))) and all(
+                    periods[k] > sizes[k]
+                    and lasts[k] >= firsts[k]
                     and (lasts[k] - firsts[k]) % periods[k] == 0
                     for k in periodic
                 )
             if not ok:
                 _explain(firsts, lasts, sizes, periods)
-            ends = array("q", end_values)
-            total = sum(sizes) + sum(
+            total = sum(size_list) + sum(
                 (lasts[k] - firsts[k]) // periods[k] * sizes[k] for k in periodic
             )
         set_ = object.__setattr__
-        set_(self, "_firsts", firsts)
+        set_(self, "_firsts", first_list)
         set_(self, "_lasts", lasts)
         set_(self, "_sizes", sizes)
         set_(self, "_periods", periods)
-        set_(self, "_ends", ends)
+        set_(self, "_ends", end_list)
         set_(self, "_periodic", periodic)
         set_(self, "_total", total)
 
@@ -462,7 +470,8 @@ class Availability:
 
         The result equals :meth:`from_entries` of the same entries, without
         materialising them. A run longer than the int32 group size is split into
-        touching groups. Empty runs are ignored; negative values raise ValueError.
+        touching groups (so memory grows with length / 2**31 for absurdly long runs).
+        Empty runs are ignored; negative values raise ValueError.
         """
         items = sorted(runs)
         firsts: list[int] = []
@@ -521,7 +530,7 @@ class Availability:
         )
 
     def __hash__(self) -> int:
-        return hash((self._firsts.tobytes(), self._lasts.tobytes(), self._sizes.tobytes()))
+        return hash((self._lasts.tobytes(), self._sizes.tobytes(), self._periods.tobytes()))
 
     def __repr__(self) -> str:
         return f"Availability(total={self._total}, groups={len(self._firsts)})"
@@ -535,7 +544,7 @@ class Availability:
         if n == 0:
             return header
         wide = array("q", bytes(GROUP_SIZE * n))
-        wide[0::3] = self._firsts
+        wide[0::3] = array("q", self._firsts)
         wide[1::3] = self._lasts
         sizes = array(_I32, self._sizes)
         periods = array(_I32, self._periods)
@@ -657,7 +666,7 @@ class Availability:
                 if lo < hi:
                     blocks.append((lo, hi - lo, period, 1))
 
-        pass
+        partial(j_lo - 1)
         if j_lo <= j_hi:
             blocks.append((first + j_lo * period + size, period - size, period, j_hi - j_lo + 1))
         if j_hi + 1 != j_lo - 1:

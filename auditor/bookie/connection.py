@@ -128,7 +128,7 @@ class BookieConnection(asyncio.Protocol):
 
     # --- requests ----------------------------------------------------------------
 
-    async def call(self, request: pb.Request, timeout: float) -> pb.Response:
+    async def call(self, request: pb.Request, request_timeout: float) -> pb.Response:
         """Sends `request` and waits for its response; raises `CallFailed`."""
         if self._failure is not None:
             raise self._failure
@@ -141,7 +141,7 @@ class BookieConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[pb.Response] = loop.create_future()
         self._pending[key] = fut
-        timer = loop.call_later(timeout, self._expire, key, fut, timeout)
+        timer = loop.call_later(request_timeout, self._expire, key, fut, request_timeout)
         try:
             transport.write(frame)
             return await fut

@@ -40,7 +40,9 @@ def ledger_line(md: LedgerMetadata) -> str:
     )
 
 
-async def cmd_ledgers(target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout) -> int:
+async def cmd_ledgers(
+    target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+) -> int:
     """Streams every ledger; corrupt ones are reported on stderr and the walk goes on."""
     status = 0
     async with connect(target) as (zk, manager):
@@ -50,7 +52,7 @@ async def cmd_ledgers(target: ClusterTarget, as_json: bool, out: TextIO = sys.st
                 status = 1
                 print(
                     f"bk-auditor: error: ledger {rec.ledger_id} at {rec.path}: {rec.error}",
-                    file=sys.stderr,
+                    file=err,
                 )
                 continue
             if as_json:
@@ -65,12 +67,12 @@ async def cmd_ledgers(target: ClusterTarget, as_json: bool, out: TextIO = sys.st
         if stats.foreign_znodes:
             first = stats.foreign_znodes[0]
             summary += f", {len(stats.foreign_znodes)} unexpected znodes (first: {first})"
-        print(summary, file=sys.stderr)
+        print(summary, file=err)
     return status
 
 
 async def cmd_list_underreplicated(
-    target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout
+    target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr
 ) -> int:
     async with connect(target) as (zk, _):
         urm = UnderreplicationManager(zk, target.root)
@@ -96,7 +98,7 @@ async def cmd_list_underreplicated(
         print(
             f"{count} under-replicated ledgers; "
             f"auto-recovery {'enabled' if enabled else 'DISABLED'}",
-            file=sys.stderr,
+            file=err,
         )
     return 0
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -79,9 +82,17 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
         if not 0 <= args.port < 65536:
             raise ConfigError(f"--port must be 0..65535, got {args.port}")
-        await run_emulator(
-            args.zk, args.host, args.port, args.ledgers_root, args.storage, args.readonly
+        task = asyncio.ensure_future(
+            run_emulator(
+                args.zk, args.host, args.port, args.ledgers_root, args.storage, args.readonly
+            )
         )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        # Stopping by signal is the normal end: the emulator unregisters on the way out.
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         return 0
     if args.command == "demo":
         from auditor.cli.demo import run_demo
@@ -90,7 +101,23 @@ async def _dispatch(args: argparse.Namespace) -> int:
     raise ConfigError(f"unknown command {args.command!r}")
 
 
+def _configure_logging() -> None:
+    """Our own messages to stderr; kazoo's reconnect chatter only when debugging.
+
+    kazoo logs every refused connection attempt as a warning, which would bury
+    the one line that says what went wrong.
+    """
+    debug = bool(os.environ.get("BK_AUDITOR_DEBUG"))
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="bk-auditor: %(levelname)s: %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kazoo").setLevel(logging.DEBUG if debug else logging.CRITICAL + 1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _configure_logging()
     try:
         args = build_parser().parse_args(argv)
         return asyncio.run(_dispatch(args))

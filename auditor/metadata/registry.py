@@ -16,11 +16,19 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from auditor.proto import data_formats_pb2 as df
+from auditor.metadata.records import (
+    CURRENT_COOKIE_LAYOUT_VERSION,
+    BookieServiceInfo,
+    Cookie,
+    Endpoint,
+    RecordFormatError,
+    decode_bookie_service_info,
+    encode_bookie_service_info,
+    encode_cookie,
+)
 from auditor.zk import NodeExistsError, NoNodeError, ZkClient
 
 READONLY = "readonly"
-COOKIE_LAYOUT_VERSION = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,42 +53,35 @@ def cookie_path(root: str, bookie_id: str) -> str:
 
 def service_info_bytes(host: str, port: int) -> bytes:
     """Registration data as a current bookie publishes it (one bookie-rpc endpoint)."""
-    info = df.BookieServiceInfoFormat()
-    ep = info.endpoints.add()
-    ep.id = "bookie"
-    ep.port = port
-    ep.host = host
-    ep.protocol = "bookie-rpc"
-    return info.SerializeToString()
+    return encode_bookie_service_info(
+        BookieServiceInfo((Endpoint(id="bookie", port=port, host=host, protocol="bookie-rpc"),))
+    )
 
 
 def cookie_bytes(bookie_id: str, instance_id: str | None = None) -> bytes:
     """A version-5 cookie, as BookKeeper writes one (TextFormat after the version line)."""
-    from auditor.metadata.textformat import to_text
-
-    cookie = df.CookieFormat(
-        bookieHost=bookie_id,
-        journalDir="/data/bookkeeper/journal",
-        ledgerDirs="1\t/data/bookkeeper/ledgers",
+    return encode_cookie(
+        Cookie(
+            layout_version=CURRENT_COOKIE_LAYOUT_VERSION,
+            bookie_id=bookie_id,
+            journal_dirs="/data/bookkeeper/journal",
+            ledger_dirs="1\t/data/bookkeeper/ledgers",
+            instance_id=instance_id,
+        )
     )
-    if instance_id is not None:
-        cookie.instanceId = instance_id
-    return f"{COOKIE_LAYOUT_VERSION}\n".encode() + to_text(cookie)
 
 
 def address_from_service_info(data: bytes) -> tuple[str, int] | None:
     """The bookie-rpc endpoint of a registration, or None (legacy empty data, or garbage)."""
     if not data:
         return None
-    info = df.BookieServiceInfoFormat()
     try:
-        info.ParseFromString(data)
-    except Exception:  # protobuf raises DecodeError or RuntimeError; either is "no address"
+        ep = decode_bookie_service_info(data).endpoint("bookie-rpc")
+    except RecordFormatError:
         return None
-    for ep in info.endpoints:
-        if ep.protocol == "bookie-rpc" and ep.host and 0 < ep.port < 65536:
-            return ep.host, int(ep.port)
-    return None
+    if ep is None or not ep.host or not 0 < ep.port < 65536:
+        return None
+    return ep.host, ep.port
 
 
 def address_from_id(bookie_id: str) -> tuple[str, int] | None:

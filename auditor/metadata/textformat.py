@@ -38,7 +38,8 @@ parser works on bytes, as LightProto does. It follows the union of what the two
 Java readers accept:
 
 * escapes \\a \\b \\f \\n \\r \\t \\v \\\\ \\' \\" \\?, 1 to 3 digit octal,
-  \\x with 1 or 2 hex digits, \\u with 4 hex digits and \\U with 8;
+  \\x with 1 or 2 hex digits, \\u with 4 hex digits and \\U with 8 (never a
+  surrogate, which protobuf-java refuses too);
 * single or double quotes, and adjacent literals concatenated;
 * `#` comments, and `,` or `;` between fields;
 * `{}` or `<>` around sub-messages, with the colon before them optional;
@@ -57,7 +58,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -71,6 +72,7 @@ __all__ = [
     "TextFormatError",
     "escape_bytes",
     "from_text",
+    "missing_required_fields",
     "to_text",
     "unescape_bytes",
 ]
@@ -166,7 +168,7 @@ def _is_map(field: FieldDescriptor) -> bool:
 
 
 def _print_message(msg: Message, indent: int, style: EscapeStyle, out: list[str]) -> None:
-    for field in _fields_in_order(msg.DESCRIPTOR, style):
+    for field in _fields_in_order(cast(Descriptor, msg.DESCRIPTOR), style):
         value: Any = getattr(msg, field.name)
         if _is_map(field):
             mt = field.message_type
@@ -289,9 +291,34 @@ def from_text(
     parser = _Parser(raw, allow_unknown_fields)
     parser.parse_message(msg, None, 0)
     if check_required and not msg.IsInitialized():
-        missing = ", ".join(msg.FindInitializationErrors())
+        missing = ", ".join(missing_required_fields(msg))
         raise TextFormatError(f"{msg.DESCRIPTOR.name}: missing required fields: {missing}")
     return msg
+
+
+def missing_required_fields(msg: Message) -> list[str]:
+    """Dotted paths of the unset required fields of `msg` and of its sub-messages.
+
+    This is for error messages: `IsInitialized()` says whether something is
+    missing, and this says what.
+    """
+    missing: list[str] = []
+    _collect_missing(msg, "", missing)
+    return missing
+
+
+def _collect_missing(msg: Message, prefix: str, out: list[str]) -> None:
+    for field in cast(Descriptor, msg.DESCRIPTOR).fields:
+        if field.is_required and not msg.HasField(field.name):
+            out.append(prefix + field.name)
+        if field.type != FieldDescriptor.TYPE_MESSAGE or _is_map(field):
+            continue
+        value: Any = getattr(msg, field.name)
+        if field.is_repeated:
+            for i, item in enumerate(value):
+                _collect_missing(item, f"{prefix}{field.name}[{i}].", out)
+        elif msg.HasField(field.name):
+            _collect_missing(value, f"{prefix}{field.name}.", out)
 
 
 def unescape_bytes(text: bytes | str) -> bytes:
@@ -367,7 +394,7 @@ class _Parser:
     # -- messages -----------------------------------------------------------
 
     def parse_message(self, msg: Message, closer: int | None, depth: int) -> None:
-        desc = msg.DESCRIPTOR
+        desc = cast(Descriptor, msg.DESCRIPTOR)
         while True:
             b = self.peek()
             if b is None:
@@ -584,8 +611,7 @@ class _Parser:
             out.append(int(digits, 16))
         elif c in (ord("u"), ord("U")):
             code = int(self.hex_digits(4 if c == ord("u") else 8, exact=True, at=start), 16)
-            if 0xD800 <= code <= 0xDBFF and c == ord("u"):
-                code = self.low_surrogate(code, start)
+            # Surrogates are refused even in pairs, as protobuf-java refuses them.
             if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
                 raise self.error(f"escape refers to an invalid code point 0x{code:x}", start)
             out += chr(code).encode("utf-8")
@@ -603,17 +629,6 @@ class _Parser:
         digits = data[self.pos : end].decode("ascii")
         self.pos = end
         return digits
-
-    def low_surrogate(self, high: int, start: int) -> int:
-        """Combine `\\uD8xx\\uDCxx` into one code point, as protobuf-java does."""
-        data = self.data
-        if data[self.pos : self.pos + 2] != b"\\u":
-            raise self.error("unpaired surrogate in \\u escape", start)
-        self.pos += 2
-        low = int(self.hex_digits(4, exact=True, at=start), 16)
-        if not 0xDC00 <= low <= 0xDFFF:
-            raise self.error("unpaired surrogate in \\u escape", start)
-        return 0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)
 
     # -- unknown fields -----------------------------------------------------
 

@@ -21,29 +21,27 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from auditor.errors import FormatError
-from auditor.metadata.textformat import TextFormatError, from_text, to_text
-from auditor.proto import data_formats_pb2 as df
+from auditor.metadata.records import (
+    UNASSIGNED_CTIME,
+    CheckKind,
+    RecordFormatError,
+    UnderreplicatedLedgerRecord,
+    decode_check_ctime,
+    decode_lock_data,
+    decode_rereplication_layout,
+    decode_underreplicated_ledger,
+    encode_check_ctime,
+    encode_rereplication_layout,
+    encode_underreplicated_ledger,
+)
 from auditor.zk import BadVersionError, NodeExistsError, NoNodeError, ZkClient
 
-UNASSIGNED_CTIME = -1
 _UR_LEAF = re.compile(r"urL(\d+)$")
 _MAX_CAS_ATTEMPTS = 100
 
 
 class UnderreplicationFormatError(FormatError):
     """An under-replication znode holds bytes BookKeeper would not have written."""
-
-
-class CheckCtime(enum.Enum):
-    """The three check-time znodes, with their binary record types."""
-
-    CHECK_ALL_LEDGERS = ("checkallledgersctime", df.CheckAllLedgersFormat, "checkAllLedgersCTime")
-    PLACEMENT_POLICY = (
-        "placementpolicycheckctime",
-        df.PlacementPolicyCheckFormat,
-        "placementPolicyCheckCTime",
-    )
-    REPLICAS = ("replicascheckctime", df.ReplicasCheckFormat, "replicasCheckCTime")
 
 
 class MarkOutcome(enum.Enum):
@@ -67,21 +65,18 @@ def ur_ledger_path(base: str, ledger_id: int) -> str:
 
 
 def encode_mark(replicas: Sequence[str], ctime: int | None) -> bytes:
-    msg = df.UnderreplicatedLedgerFormat(replica=list(replicas))
-    if ctime is not None and ctime != UNASSIGNED_CTIME:
-        msg.ctime = ctime
-    return to_text(msg)
+    stored = None if ctime is None or ctime == UNASSIGNED_CTIME else ctime
+    return encode_underreplicated_ledger(UnderreplicatedLedgerRecord(tuple(replicas), stored))
 
 
 def decode_mark(ledger_id: int, data: bytes, version: int = 0) -> UnderreplicatedLedger:
     try:
-        msg = from_text(data, df.UnderreplicatedLedgerFormat)
-    except TextFormatError as exc:
+        rec = decode_underreplicated_ledger(data)
+    except RecordFormatError as exc:
         raise UnderreplicationFormatError(
             f"under-replication mark of ledger {ledger_id} is corrupt: {exc}"
         ) from exc
-    ctime = int(msg.ctime) if msg.HasField("ctime") else UNASSIGNED_CTIME
-    return UnderreplicatedLedger(ledger_id, tuple(msg.replica), ctime, version)
+    return UnderreplicatedLedger(ledger_id, rec.replicas, rec.ctime_or_unassigned, version)
 
 
 def _now_ms() -> int:
@@ -95,9 +90,6 @@ class UnderreplicationManager:
     (default true).
     """
 
-    LAYOUT_TEXT_TYPE = "BASIC"
-    LAYOUT_VERSION = 1
-
     def __init__(self, zk: ZkClient, root: str, *, store_ctime: bool = True) -> None:
         self.zk = zk
         self.root = root.rstrip("/")
@@ -109,28 +101,24 @@ class UnderreplicationManager:
     async def check_layout(self, *, create: bool = True) -> None:
         """Creates `underreplication/LAYOUT` if missing, else insists it is BASIC v1."""
         path = f"{self.base}/LAYOUT"
-        expected = to_text(
-            df.LedgerRereplicationLayoutFormat(
-                type=self.LAYOUT_TEXT_TYPE, version=self.LAYOUT_VERSION
-            )
-        )
         if create:
             try:
-                await self.zk.create(path, expected, makepath=True)
+                await self.zk.create(path, encode_rereplication_layout(), makepath=True)
+            except NodeExistsError:
+                pass
+            else:
                 await self.zk.ensure_path(f"{self.base}/ledgers")
                 await self.zk.ensure_path(f"{self.base}/locks")
                 return
-            except NodeExistsError:
-                pass
         data, _ = await self.zk.get(path)
         try:
-            layout = from_text(data, df.LedgerRereplicationLayoutFormat)
-        except TextFormatError as exc:
+            layout = decode_rereplication_layout(data)
+        except RecordFormatError as exc:
             raise UnderreplicationFormatError(f"{path} is corrupt: {exc}") from exc
-        if layout.type != self.LAYOUT_TEXT_TYPE or layout.version != self.LAYOUT_VERSION:
+        if not layout.supported:
             raise UnderreplicationFormatError(
                 f"{path} is type {layout.type!r} version {layout.version}; "
-                f"only {self.LAYOUT_TEXT_TYPE} version {self.LAYOUT_VERSION} is supported"
+                "only BASIC version 1 is supported"
             )
         await self.zk.ensure_path(f"{self.base}/ledgers")
         await self.zk.ensure_path(f"{self.base}/locks")
@@ -210,8 +198,8 @@ class UnderreplicationManager:
         except NoNodeError:
             return None
         try:
-            return str(from_text(data, df.LockDataFormat).bookieId)
-        except TextFormatError as exc:
+            return decode_lock_data(data)
+        except RecordFormatError as exc:
             raise UnderreplicationFormatError(
                 f"replication lock of ledger {ledger_id} is corrupt: {exc}"
             ) from exc
@@ -256,24 +244,20 @@ class UnderreplicationManager:
 
     # --- check ctimes -------------------------------------------------------------
 
-    async def get_check_ctime(self, which: CheckCtime) -> int:
-        name, msg_type, field = which.value
-        path = f"{self.base}/{name}"
+    async def get_check_ctime(self, which: CheckKind) -> int:
+        path = f"{self.base}/{which.znode}"
         try:
             data, _ = await self.zk.get(path)
         except NoNodeError:
             return UNASSIGNED_CTIME
-        msg = msg_type()
         try:
-            msg.ParseFromString(data)
-        except Exception as exc:  # protobuf's DecodeError and friends
-            raise UnderreplicationFormatError(f"{path} is not a {msg_type.__name__}") from exc
-        return int(getattr(msg, field)) if msg.HasField(field) else UNASSIGNED_CTIME
+            return decode_check_ctime(which, data)
+        except RecordFormatError as exc:
+            raise UnderreplicationFormatError(f"{path} is corrupt: {exc}") from exc
 
-    async def set_check_ctime(self, which: CheckCtime, ctime_ms: int) -> None:
-        name, msg_type, field = which.value
-        path = f"{self.base}/{name}"
-        data = msg_type(**{field: ctime_ms}).SerializeToString()
+    async def set_check_ctime(self, which: CheckKind, ctime_ms: int) -> None:
+        path = f"{self.base}/{which.znode}"
+        data = encode_check_ctime(which, ctime_ms)
         try:
             await self.zk.set(path, data)
         except NoNodeError:

@@ -28,10 +28,20 @@ from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.zk import NodeExistsError, ZkClient
 
+Ensembles = Sequence[str] | Sequence[tuple[int, Sequence[str]]]
+
+
+def normalize_segments(ensembles: Ensembles) -> tuple[Segment, ...]:
+    """One ensemble (bookie ids, from entry 0) or `(first_entry_id, bookies)` pairs."""
+    if all(isinstance(e, str) for e in ensembles):
+        return (Segment(0, tuple(cast(Sequence[str], ensembles))),)
+    pairs = cast(Sequence[tuple[int, Sequence[str]]], ensembles)
+    return tuple(Segment(int(first), tuple(bookies)) for first, bookies in pairs)
+
 
 def make_metadata(
     ledger_id: int,
-    ensembles: Sequence[str] | Sequence[tuple[int, Sequence[str]]],
+    ensembles: Ensembles,
     *,
     write_quorum: int | None = None,
     ack_quorum: int | None = None,
@@ -50,11 +60,7 @@ def make_metadata(
     `ensembles` is either one ensemble (a list of bookie ids starting at entry 0)
     or a list of `(first_entry_id, bookies)` segments.
     """
-    if all(isinstance(e, str) for e in ensembles):
-        segments: tuple[Segment, ...] = (Segment(0, tuple(cast(Sequence[str], ensembles))),)
-    else:
-        pairs = cast(Sequence[tuple[int, Sequence[str]]], ensembles)
-        segments = tuple(Segment(int(first), tuple(bookies)) for first, bookies in pairs)
+    segments = normalize_segments(ensembles)
     size = len(segments[0].bookies)
     wq = write_quorum if write_quorum is not None else size
     aq = ack_quorum if ack_quorum is not None else wq

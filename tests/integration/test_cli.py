@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
+from auditor.bookie.client import BookieClient
+from auditor.bookie.protocol import Status
+from auditor.bookie.results import ErrorStatus
 from auditor.metadata.model import LedgerState
-from auditor.metadata.registry import register_bookie
+from auditor.metadata.registry import address_from_service_info, register_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.zkserver import free_port
@@ -148,3 +153,54 @@ def test_bad_arguments_are_one_line_exit_2(args: list[str], needle: str) -> None
     proc = run(*args)
     assert_one_line_error(proc, needle)
     assert proc.returncode == 2
+
+
+async def test_bookie_emulator_command_registers_and_unregisters(zk: ZkClient) -> None:
+    await ClusterWriter(zk).init_cluster()
+    port = free_port()
+    bookie_id = f"127.0.0.1:{port}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "auditor", "bookie-emulator", "--zk", zk.hosts, "--port", str(port)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        while True:
+            children, changed = await zk.get_children_watched("/ledgers/available")
+            if bookie_id in children:
+                break
+            assert proc.returncode is None
+            await asyncio.wait_for(changed.wait(), 30)
+        data, _ = await zk.get(f"/ledgers/available/{bookie_id}")
+        assert address_from_service_info(data) == ("127.0.0.1", port)
+
+        async def resolve(b: str) -> tuple[str, int] | None:
+            return ("127.0.0.1", port)
+
+        async with BookieClient(resolve, request_timeout=5.0) as client:  # it speaks v3
+            listed = await client.get_list_of_entries(bookie_id, 1)
+            assert isinstance(listed, ErrorStatus) and listed.status is Status.ENOLEDGER
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert await zk.exists(f"/ledgers/available/{bookie_id}") is None
+        assert await zk.exists(f"/ledgers/cookies/{bookie_id}") is not None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.communicate()
+
+
+def test_demo_runs_end_to_end() -> None:
+    proc = run("demo", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in [
+        "== bk-auditor bookies",
+        "5 ledgers, 0 corrupt",
+        "1 under-replicated ledgers",
+        "cannot list entries (DbLedgerStorage)",
+        "Done; the throwaway ZooKeeper and bookies are gone.",
+    ]:
+        assert needle in out
+    assert len([line for line in out.splitlines() if " down " in line]) == 1

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from auditor.metadata.records import CheckKind
 from auditor.metadata.underreplication import (
-    CheckCtime,
     MarkOutcome,
     UnderreplicationFormatError,
     UnderreplicationManager,
@@ -159,13 +159,13 @@ async def test_disable_flag_and_recovery_delay(zk: ZkClient) -> None:
     assert await urm.get_lost_bookie_recovery_delay() == 5
 
 
-@pytest.mark.parametrize("which", list(CheckCtime))
-async def test_check_ctimes_are_binary_protobuf(zk: ZkClient, which: CheckCtime) -> None:
+@pytest.mark.parametrize("which", list(CheckKind))
+async def test_check_ctimes_are_binary_protobuf(zk: ZkClient, which: CheckKind) -> None:
     """Upstream S68-S70, plus the exact bytes."""
     urm = UnderreplicationManager(zk, ROOT)
     assert await urm.get_check_ctime(which) == -1
     await urm.set_check_ctime(which, 1700000000000)
-    data, _ = await zk.get(f"{BASE}/{which.value[0]}")
+    data, _ = await zk.get(f"{BASE}/{which.znode}")
     assert data == bytes.fromhex("0880d095ffbc31")
     async with ZkClient(zk.hosts) as other:
         assert await UnderreplicationManager(other, ROOT).get_check_ctime(which) == 1700000000000

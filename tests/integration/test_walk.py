@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import gc
-import tracemalloc
+import os
+from dataclasses import replace
 
 import pytest
-from auditor.metadata.serde import decode_ledger_metadata
 
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerState
@@ -103,41 +103,39 @@ async def test_znode_ctime_is_the_fallback_creation_time(zk: ZkClient) -> None:
     assert recs[1].metadata is not None and recs[1].metadata.ctime == 123456
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 async def test_walk_over_100k_ledgers_has_flat_memory(zk: ZkClient) -> None:
-    """Peak memory over all 100k ledgers stays at what the first 10k needed."""
+    """Resident memory after 100k ledgers is what it was after the first 10k.
+
+    Keeping the decoded ledgers (or their ids) would cost tens of MB at this
+    size; the walk holds one bucket listing and a bounded read window.
+    """
     n = 100_000
     w = ClusterWriter(zk)
     await w.init_cluster()
     template = make_metadata(
         0, ENSEMBLE, write_quorum=2, ack_quorum=2, last_entry_id=99, length=4096
     )
-    from dataclasses import replace
-
-    # Ids spread over 10 legacy buckets (0..99,999).
+    # Ids 0..99,999 fill ten legacy buckets of 10,000 ledgers each.
     assert await w.write_ledgers(replace(template, ledger_id=i) for i in range(n)) == n
     walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL)
     gc.collect()
-    tracemalloc.start()
-    try:
-        count = 0
-        first_peak = 0
-        last_id = -1
-        async for rec in walker.ledgers(concurrency=128):
-            assert rec.metadata is not None and rec.metadata.state is LedgerState.CLOSED
-            assert rec.ledger_id > last_id
-            last_id = rec.ledger_id
-            count += 1
-            if count == 10_000:
-                first_peak = tracemalloc.get_traced_memory()[1]
-                tracemalloc.reset_peak()
-        rest_peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert count == n and last_id == n - 1
-    # Holding 100k decoded ledgers would take tens of MB; the walk holds one bucket
-    # listing and a bounded window.
-    assert rest_peak < first_peak * 1.5 + 2_000_000, (first_peak, rest_peak)
-    assert rest_peak < 20_000_000, rest_peak
-    # And decoding is the same as reading one directly.
-    data, _ = await zk.get(w.path(n - 1))
-    assert decode_ledger_metadata(data, n - 1).last_entry_id == 99
+    count = 0
+    last_id = -1
+    baseline = 0
+    peak = 0
+    async for rec in walker.ledgers(concurrency=128):
+        assert rec.metadata is not None and rec.metadata.state is LedgerState.CLOSED
+        assert rec.ledger_id == last_id + 1
+        last_id = rec.ledger_id
+        count += 1
+        if count % 10_000 == 0:
+            rss = _rss_bytes()
+            baseline = baseline or rss
+            peak = max(peak, rss)
+    assert count == n and walker.stats.ledgers == n
+    assert peak - baseline < 12_000_000, (baseline, peak)

@@ -1,0 +1,532 @@
+"""A pooled asyncio client for the bookie operations the auditor needs.
+
+Checks fan out to every bookie of every ensemble, so the client is built so
+that a check can neither hurt a bookie nor be misled by one:
+
+* One connection per bookie, opened lazily, shared by every request to that
+  bookie (a bookie multiplexes them), and re-opened on the next request after
+  it drops. A failed connect starts an exponential backoff during which calls
+  fail at once instead of each paying a connect timeout.
+* A cap on requests in flight per bookie (a semaphore), so however many
+  ledgers a check walks, a bookie never sees more than `max_in_flight`
+  requests from us. Time spent waiting for a slot does not count against a
+  request's timeout; the timeout starts when the request is sent.
+* Every call returns an outcome (`auditor.bookie.results`) rather than
+  raising, keeping "the bookie answered ENOLEDGER" apart from "the bookie did
+  not answer".
+* DbLedgerStorage bookies never answer a list request for a ledger they hold
+  (the request dies inside the bookie). While a bookie's ability to list is
+  unknown, only one list request at a time goes to it (the probe); the others
+  wait for the probe's verdict. An EOK proves it can list; a timeout proves it
+  cannot, and from then on (until the verdict expires) every list request to
+  it returns `CannotList` at once without touching the network. So learning
+  costs one timeout per bookie, and a silent bookie is never reported as one
+  missing entries. ENOLEDGER proves nothing: the bookie checks that a ledger
+  exists before it tries (and, on DbLedgerStorage, fails) to list it.
+  Without read worker threads a DbLedgerStorage bookie closes the connection
+  instead of staying silent, so repeated disconnects on list probes also mean
+  "cannot list".
+
+Addresses come from a resolver callable (in production: ZooKeeper
+registration via `auditor.metadata.registry.resolve_bookie`), asked each time
+a connection is opened so a bookie that moved is found again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from auditor.bookie.availability import Availability
+from auditor.bookie.connection import BookieConnection, CallFailed
+from auditor.bookie.protocol import (
+    MAX_FRAME_SIZE,
+    Status,
+    add_entry_request,
+    effective_status,
+    get_bookie_info_request,
+    get_list_of_entries_request,
+    master_key,
+    read_entry_request,
+    read_lac_request,
+)
+from auditor.bookie.results import (
+    BookieInfo,
+    CannotList,
+    EntryRead,
+    ErrorStatus,
+    LacRead,
+    ListCapability,
+    ListOutcome,
+    NoAnswer,
+    Ok,
+    Outcome,
+    Unanswered,
+)
+from auditor.errors import FormatError
+from auditor.proto import bookkeeper_protocol_pb2 as pb
+
+__all__ = ["BookieClient", "Resolver"]
+
+#: Maps a bookie id to (host, port), or None when the bookie has no known address.
+Resolver = Callable[[str], Awaitable[tuple[str, int] | None]]
+
+_CLOSED: Final = NoAnswer(Unanswered.CLOSED, "bookie client closed")
+
+
+class _Bookie:
+    """Everything the pool keeps per bookie."""
+
+    __slots__ = (
+        "bookie_id",
+        "conn",
+        "connecting",
+        "connections_opened",
+        "failures",
+        "in_flight",
+        "last_failure",
+        "list_cap",
+        "list_cap_until",
+        "list_disconnects",
+        "probe",
+        "retry_at",
+        "slots",
+        "unmatched",
+        "waiting",
+    )
+
+    def __init__(self, bookie_id: str, max_in_flight: int) -> None:
+        self.bookie_id = bookie_id
+        self.slots = asyncio.Semaphore(max_in_flight)
+        self.waiting = 0
+        self.in_flight = 0
+        self.conn: BookieConnection | None = None
+        self.connecting: asyncio.Task[BookieConnection | NoAnswer] | None = None
+        self.connections_opened = 0
+        self.failures = 0
+        self.retry_at = 0.0
+        self.last_failure: NoAnswer | None = None
+        self.list_cap = ListCapability.UNKNOWN
+        self.list_cap_until = 0.0
+        self.list_disconnects = 0
+        self.probe: asyncio.Event | None = None
+        #: Unmatched responses seen on connections already replaced.
+        self.unmatched = 0
+
+    def replace_connection(self, conn: BookieConnection | None) -> None:
+        if self.conn is not None:
+            self.unmatched += self.conn.unmatched_responses
+        self.conn = conn
+
+
+class BookieClient:
+    """Talks to many bookies; one instance per auditor process is enough.
+
+    `request_timeout` bounds each request from the moment it is sent;
+    `list_timeout` (default: `request_timeout`) is used for list requests and
+    is what learning that a bookie cannot list costs. `connect_timeout` bounds
+    address resolution and the TCP connect each. After a failed connect the
+    bookie is not retried for `backoff_initial` seconds, doubling per further
+    failure up to `backoff_max`. A list-capability verdict is remembered for
+    `list_capability_ttl` seconds.
+    """
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        *,
+        request_timeout: float = 5.0,
+        list_timeout: float | None = None,
+        connect_timeout: float = 2.0,
+        max_in_flight: int = 64,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 10.0,
+        list_capability_ttl: float = 600.0,
+        list_disconnects_before_cannot_list: int = 2,
+        max_frame_size: int = MAX_FRAME_SIZE,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        for name, value in (
+            ("request_timeout", request_timeout),
+            ("connect_timeout", connect_timeout),
+            ("list_timeout", request_timeout if list_timeout is None else list_timeout),
+        ):
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        self._resolver = resolver
+        self.request_timeout = request_timeout
+        self.list_timeout = request_timeout if list_timeout is None else list_timeout
+        self.connect_timeout = connect_timeout
+        self.max_in_flight = max_in_flight
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.list_capability_ttl = list_capability_ttl
+        self.list_disconnects_before_cannot_list = max(1, list_disconnects_before_cannot_list)
+        self.max_frame_size = max_frame_size
+        self._bookies: dict[str, _Bookie] = {}
+        # txnIds are unique across the client, starting at 1 like the Java client's counter.
+        self._txn = itertools.count(1)
+        self._closed = False
+
+    async def __aenter__(self) -> BookieClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- introspection ----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def list_capability(self, bookie_id: str) -> ListCapability:
+        b = self._bookies.get(bookie_id)
+        return ListCapability.UNKNOWN if b is None else self._capability(b)
+
+    def forget_list_capability(self, bookie_id: str | None = None) -> None:
+        """Drops remembered list verdicts (of one bookie, or of all)."""
+        targets = self._bookies.values() if bookie_id is None else [self._bookies.get(bookie_id)]
+        for b in targets:
+            if b is not None:
+                b.list_cap = ListCapability.UNKNOWN
+                b.list_disconnects = 0
+
+    def in_flight(self, bookie_id: str) -> int:
+        """Requests to this bookie currently sent and unanswered (or being connected for)."""
+        b = self._bookies.get(bookie_id)
+        return 0 if b is None else b.in_flight
+
+    def is_connected(self, bookie_id: str) -> bool:
+        b = self._bookies.get(bookie_id)
+        return b is not None and b.conn is not None and b.conn.is_open
+
+    def unmatched_responses(self, bookie_id: str) -> int:
+        """Responses that matched no pending request (mostly late ones after a timeout)."""
+        b = self._bookies.get(bookie_id)
+        if b is None:
+            return 0
+        return b.unmatched + (0 if b.conn is None else b.conn.unmatched_responses)
+
+    def connections_opened(self, bookie_id: str) -> int:
+        b = self._bookies.get(bookie_id)
+        return 0 if b is None else b.connections_opened
+
+    # --- operations -----------------------------------------------------------------------
+
+    async def read_entry(
+        self, bookie_id: str, ledger_id: int, entry_id: int, *, request_timeout: float | None = None
+    ) -> Outcome[EntryRead]:
+        """Reads one entry as stored (never fencing); entry_id -1 asks for the last one."""
+        resp = await self._exchange(
+            bookie_id, read_entry_request(0, ledger_id, entry_id), request_timeout
+        )
+        if isinstance(resp, NoAnswer | ErrorStatus):
+            return resp
+        r = resp.readResponse
+        if not resp.HasField("readResponse") or not r.HasField("body"):
+            return _bad(bookie_id, "EOK read response without an entry body")
+        return Ok(
+            EntryRead(
+                r.ledgerId, r.entryId, bytes(r.body), r.maxLAC if r.HasField("maxLAC") else None
+            )
+        )
+
+    async def read_lac(
+        self, bookie_id: str, ledger_id: int, *, request_timeout: float | None = None
+    ) -> Outcome[LacRead]:
+        """READ_LAC. A bookie answers ENOENTRY, not ENOLEDGER, for a ledger it does not have."""
+        resp = await self._exchange(bookie_id, read_lac_request(0, ledger_id), request_timeout)
+        if isinstance(resp, NoAnswer | ErrorStatus):
+            return resp
+        if not resp.HasField("readLacResponse"):
+            return _bad(bookie_id, "EOK READ_LAC response without its body")
+        r = resp.readLacResponse
+        return Ok(
+            LacRead(
+                r.ledgerId,
+                bytes(r.lacBody) if r.HasField("lacBody") else None,
+                bytes(r.lastEntryBody) if r.HasField("lastEntryBody") else None,
+            )
+        )
+
+    async def get_bookie_info(
+        self, bookie_id: str, requested: int = 3, *, request_timeout: float | None = None
+    ) -> Outcome[BookieInfo]:
+        """Disk figures; `requested` is a `BookieInfoFlag` mask (3 = both)."""
+        resp = await self._exchange(
+            bookie_id, get_bookie_info_request(0, requested), request_timeout
+        )
+        if isinstance(resp, NoAnswer | ErrorStatus):
+            return resp
+        r = resp.getBookieInfoResponse
+        return Ok(
+            BookieInfo(
+                r.totalDiskCapacity if r.HasField("totalDiskCapacity") else None,
+                r.freeDiskSpace if r.HasField("freeDiskSpace") else None,
+            )
+        )
+
+    async def add_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        body: bytes,
+        *,
+        password: bytes = b"",
+        request_timeout: float | None = None,
+    ) -> Outcome[int]:
+        """Stores one entry body (see `encode_entry_body`); Ok carries the entry id.
+
+        For test clusters only: the auditor itself never writes to bookies.
+        """
+        key = master_key(password)
+        resp = await self._exchange(
+            bookie_id,
+            add_entry_request(0, ledger_id, entry_id, key, body),
+            request_timeout,
+        )
+        if isinstance(resp, NoAnswer | ErrorStatus):
+            return resp
+        if not resp.HasField("addResponse"):
+            return _bad(bookie_id, "EOK add response without its body")
+        return Ok(resp.addResponse.entryId)
+
+    async def get_list_of_entries(
+        self, bookie_id: str, ledger_id: int, *, request_timeout: float | None = None
+    ) -> ListOutcome:
+        """Which entries of the ledger the bookie holds.
+
+        `ErrorStatus(ENOLEDGER)` means the bookie answered that it has no such
+        ledger; `CannotList` means it is known not to answer this request.
+        """
+        request = get_list_of_entries_request(0, ledger_id)
+        if self._closed:
+            return _CLOSED
+        b = self._bookie(bookie_id)
+        while True:
+            cap = self._capability(b)
+            if cap is ListCapability.CANNOT_LIST:
+                return CannotList(bookie_id, b.list_cap_until)
+            if cap is ListCapability.CAN_LIST:
+                return await self._list(b, request, request_timeout)
+            if b.probe is None:
+                break
+            await b.probe.wait()
+            if self._closed:
+                return _CLOSED
+        probe = b.probe = asyncio.Event()
+        try:
+            outcome = await self._list(b, request, request_timeout)
+            self._learn(b, outcome)
+            if b.list_cap is ListCapability.CANNOT_LIST and isinstance(outcome, NoAnswer):
+                return CannotList(bookie_id, b.list_cap_until)
+            return outcome
+        finally:
+            if b.probe is probe:
+                b.probe = None
+            probe.set()
+
+    # --- list capability -----------------------------------------------------------------
+
+    def _capability(self, b: _Bookie) -> ListCapability:
+        if (
+            b.list_cap is not ListCapability.UNKNOWN
+            and asyncio.get_running_loop().time() >= b.list_cap_until
+        ):
+            b.list_cap = ListCapability.UNKNOWN
+            b.list_disconnects = 0
+        return b.list_cap
+
+    def _set_capability(self, b: _Bookie, cap: ListCapability) -> None:
+        b.list_cap = cap
+        b.list_cap_until = asyncio.get_running_loop().time() + self.list_capability_ttl
+
+    def _learn(self, b: _Bookie, outcome: ListOutcome) -> None:
+        if isinstance(outcome, Ok):
+            b.list_disconnects = 0
+            self._set_capability(b, ListCapability.CAN_LIST)
+        elif isinstance(outcome, NoAnswer):
+            if outcome.reason is Unanswered.TIMEOUT:
+                self._set_capability(b, ListCapability.CANNOT_LIST)
+            elif outcome.reason is Unanswered.DISCONNECTED:
+                b.list_disconnects += 1
+                if b.list_disconnects >= self.list_disconnects_before_cannot_list:
+                    self._set_capability(b, ListCapability.CANNOT_LIST)
+
+    async def _list(
+        self, b: _Bookie, request: pb.Request, request_timeout: float | None
+    ) -> ListOutcome:
+        ledger_id = request.getListOfEntriesOfLedgerRequest.ledgerId
+        resp = await self._exchange(
+            b.bookie_id,
+            request,
+            self.list_timeout if request_timeout is None else request_timeout,
+        )
+        if isinstance(resp, NoAnswer | ErrorStatus):
+            return resp
+        r = resp.getListOfEntriesOfLedgerResponse
+        if not resp.HasField("getListOfEntriesOfLedgerResponse") or not r.HasField(
+            "availabilityOfEntriesOfLedger"
+        ):
+            return _bad(b.bookie_id, "EOK list response without an availability")
+        try:
+            return Ok(Availability.decode(r.availabilityOfEntriesOfLedger))
+        except (FormatError, ValueError) as exc:
+            return _bad(b.bookie_id, f"undecodable availability for ledger {ledger_id}: {exc}")
+
+    # --- the request path ------------------------------------------------------------------
+
+    def _bookie(self, bookie_id: str) -> _Bookie:
+        b = self._bookies.get(bookie_id)
+        if b is None:
+            b = self._bookies[bookie_id] = _Bookie(bookie_id, self.max_in_flight)
+        return b
+
+    async def _exchange(
+        self, bookie_id: str, request: pb.Request, request_timeout: float | None
+    ) -> pb.Response | NoAnswer | ErrorStatus:
+        """One request/response under the bookie's in-flight cap; never raises for I/O.
+
+        `request` gets a fresh txnId just before it is sent (so a retried request
+        object never reuses one).
+        """
+        if self._closed:
+            return _CLOSED
+        b = self._bookie(bookie_id)
+        b.waiting += 1
+        try:
+            await b.slots.acquire()
+        finally:
+            b.waiting -= 1
+        b.in_flight += 1
+        try:
+            if self._closed:
+                return _CLOSED
+            conn = await self._connection(b)
+            if isinstance(conn, NoAnswer):
+                return conn
+            try:
+                limit = self.request_timeout if request_timeout is None else request_timeout
+                request.header.txnId = next(self._txn)
+                resp = await conn.call(request, limit)
+            except CallFailed as exc:
+                return NoAnswer(exc.reason, exc.detail)
+            status = effective_status(resp)
+            return resp if status is Status.EOK else ErrorStatus(status)
+        finally:
+            b.in_flight -= 1
+            b.slots.release()
+
+    async def _connection(self, b: _Bookie) -> BookieConnection | NoAnswer:
+        if b.conn is not None and b.conn.is_open:
+            return b.conn
+        task = b.connecting
+        if task is None:
+            loop = asyncio.get_running_loop()
+            wait = b.retry_at - loop.time()
+            if wait > 0 and b.last_failure is not None:
+                last = b.last_failure
+                return NoAnswer(last.reason, f"{last.detail} (next attempt in {wait:.2f}s)")
+            task = b.connecting = asyncio.create_task(
+                self._connect(b), name=f"bookie-connect {b.bookie_id}"
+            )
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._closed and task.cancelled() and (current is None or not current.cancelling()):
+                return _CLOSED
+            raise
+
+    async def _connect(self, b: _Bookie) -> BookieConnection | NoAnswer:
+        loop = asyncio.get_running_loop()
+        try:
+            failure: NoAnswer
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    address = await self._resolver(b.bookie_id)
+            except TimeoutError:
+                address = None
+                failure = NoAnswer(
+                    Unanswered.NOT_RESOLVED,
+                    f"resolving {b.bookie_id} took longer than {self.connect_timeout:g}s",
+                )
+            except Exception as exc:  # whatever the resolver raises: no address
+                address = None
+                failure = NoAnswer(
+                    Unanswered.NOT_RESOLVED, f"resolving {b.bookie_id} failed: {exc!r}"
+                )
+            else:
+                failure = NoAnswer(Unanswered.NOT_RESOLVED, f"no address known for {b.bookie_id}")
+            if address is not None:
+                host, port = address
+                try:
+                    conn = await BookieConnection.open(
+                        b.bookie_id,
+                        host,
+                        port,
+                        connect_timeout=self.connect_timeout,
+                        max_frame_size=self.max_frame_size,
+                    )
+                except TimeoutError:
+                    failure = NoAnswer(
+                        Unanswered.UNREACHABLE,
+                        f"connecting to {b.bookie_id} at {host}:{port} took longer than "
+                        f"{self.connect_timeout:g}s",
+                    )
+                except OSError as exc:
+                    failure = NoAnswer(
+                        Unanswered.UNREACHABLE,
+                        f"cannot connect to {b.bookie_id} at {host}:{port}: {exc.strerror or exc}",
+                    )
+                else:
+                    if self._closed:
+                        conn.close()
+                        return _CLOSED
+                    b.replace_connection(conn)
+                    b.connections_opened += 1
+                    b.failures = 0
+                    b.retry_at = 0.0
+                    b.last_failure = None
+                    return conn
+            b.failures += 1
+            b.last_failure = failure
+            b.retry_at = loop.time() + min(
+                self.backoff_max, self.backoff_initial * 2 ** (b.failures - 1)
+            )
+            return failure
+        finally:
+            b.connecting = None
+
+    # --- shutdown --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Fails everything pending or queued at once and closes every connection."""
+        self._closed = True
+        tasks: list[asyncio.Task[BookieConnection | NoAnswer]] = []
+        conns: list[BookieConnection] = []
+        for b in self._bookies.values():
+            if b.connecting is not None:
+                b.connecting.cancel()
+                tasks.append(b.connecting)
+            if b.conn is not None:
+                b.conn.close(Unanswered.CLOSED, "bookie client closed")
+                conns.append(b.conn)
+                b.replace_connection(None)
+            for _ in range(b.waiting):
+                b.slots.release()
+            if b.probe is not None:
+                b.probe.set()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in conns:
+            await conn.wait_closed()
+
+
+def _bad(bookie_id: str, detail: str) -> NoAnswer:
+    return NoAnswer(Unanswered.PROTOCOL_ERROR, f"{bookie_id}: {detail}")

@@ -1,0 +1,1 @@
+"""Micro-benchmarks: ``python -m bench`` runs every ``bench/bench_*.py`` module's ``main()``."""
