@@ -1,10 +1,13 @@
-"""The only place that talks to kazoo: an asyncio facade with a timeout on every call."""
+"""The only place that talks to kazoo: an asyncio facade with a timeout on every call.
+
+The kazoo exceptions callers branch on are re-exported here unchanged, so no
+other module imports kazoo.
+"""
+
+from kazoo.client import KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from auditor.zk.client import (
-    BadVersionError,
-    NodeExistsError,
-    NoNodeError,
-    NotEmptyError,
     ZkClient,
     ZkError,
     ZkStat,
@@ -14,6 +17,7 @@ from auditor.zk.client import (
 
 __all__ = [
     "BadVersionError",
+    "KazooState",
     "NoNodeError",
     "NodeExistsError",
     "NotEmptyError",

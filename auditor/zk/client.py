@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
-    BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
-    NodeExistsError,
-    NoNodeError,
-    NotEmptyError,
     OperationTimeoutError,
     SessionExpiredError,
     ZookeeperError,
@@ -38,23 +34,9 @@ from kazoo.retry import KazooRetry
 
 from auditor.errors import ServiceUnavailableError
 
-T = TypeVar("T")
-
 ZkStat = ZnodeStat
 ZkError = ZookeeperError
 
-__all__ = [
-    "BadVersionError",
-    "KazooState",
-    "NoNodeError",
-    "NodeExistsError",
-    "NotEmptyError",
-    "ZkClient",
-    "ZkError",
-    "ZkStat",
-    "ZkTimeoutError",
-    "ZkUnavailableError",
-]
 
 _CONNECTION_ERRORS = (
     ConnectionLoss,
@@ -290,16 +272,3 @@ class ZkClient:
         for r in results:
             if isinstance(r, BaseException):
                 raise r
-
-
-async def gather_limited(
-    limit: int, factories: list[Callable[[], Awaitable[T]]]
-) -> list[T | BaseException]:
-    """Runs coroutine factories with at most `limit` in flight; results in order."""
-    sem = asyncio.Semaphore(limit)
-
-    async def run(f: Callable[[], Awaitable[T]]) -> T:
-        async with sem:
-            return await f()
-
-    return list(await asyncio.gather(*(run(f) for f in factories), return_exceptions=True))

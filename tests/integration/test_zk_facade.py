@@ -6,10 +6,9 @@ import asyncio
 import time
 
 import pytest
-from kazoo.client import KazooState
 
 from auditor.testing.zkserver import ZooKeeperServer, expire_session, free_port
-from auditor.zk import NodeExistsError, NoNodeError, ZkClient, ZkUnavailableError
+from auditor.zk import KazooState, NodeExistsError, NoNodeError, ZkClient, ZkUnavailableError
 
 
 async def test_basic_calls_round_trip(zk: ZkClient) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,10 +22,9 @@ from auditor.bookie.availability import (
     replica_shortfall,
 )
 from auditor.errors import FormatError
+from tests.vectors import load
 
-VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).parent.parent / "vectors" / "availability.json").read_text()
-)
+VECTORS: dict[str, Any] = load("availability.json")
 
 Group = tuple[int, int, int, int]
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import struct
 import zlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,10 +47,9 @@ from auditor.bookie.protocol import (
 from auditor.errors import FormatError
 from auditor.metadata.model import DigestType
 from auditor.proto import bookkeeper_protocol_pb2 as pb
+from tests.vectors import load
 
-VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).parent.parent / "vectors" / "frames.json").read_text()
-)
+VECTORS: dict[str, Any] = load("frames.json")
 FRAMES: dict[str, bytes] = {f["name"]: bytes.fromhex(f["hex"]) for f in VECTORS["frames"]}
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,10 +55,9 @@ from auditor.metadata.serde import (
 )
 from auditor.metadata.textformat import EscapeStyle
 from auditor.proto.data_formats_pb2 import LedgerMetadataFormat
+from tests.vectors import load
 
-VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).resolve().parent.parent / "vectors" / "ledger-metadata.json").read_text()
-)
+VECTORS: dict[str, Any] = load("ledger-metadata.json")
 GOLDEN = {v["name"]: v for v in VECTORS["vectors"]}
 
 FAST = settings(
