@@ -1,0 +1,93 @@
+"""The I/O a check driver needs, bundled: ZooKeeper, the bookie client, config, marking.
+
+Analysis cores never see this; drivers take it, gather inputs, call the core,
+and record what it found. Marking goes through `mark_underreplicated` so that
+`--mark` (or the daemon's leadership) is the single switch for writes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from auditor.bookie.client import BookieClient
+from auditor.checks.findings import CheckReport
+from auditor.config import AuditorConfig
+from auditor.logs import get_logger
+from auditor.metadata.layout import LedgerManager
+from auditor.metadata.registry import BookieSet, read_bookies, resolve_bookie
+from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.metadata.walk import LedgerWalker
+from auditor.zk import ZkClient
+
+
+@dataclass
+class CheckContext:
+    zk: ZkClient
+    root: str
+    manager: LedgerManager
+    bookies: BookieClient
+    config: AuditorConfig
+    #: Whether this run may write under-replication marks.
+    mark: bool = False
+    clock: Callable[[], float] = time.time
+    log: Any = field(default_factory=get_logger)
+
+    def __post_init__(self) -> None:
+        self.urm = UnderreplicationManager(
+            self.zk,
+            self.root,
+            store_ctime=self.config.bookkeeper.storeSystemTimeAsLedgerUnderreplicatedMarkTime,
+        )
+
+    def walker(self) -> LedgerWalker:
+        return LedgerWalker(self.zk, self.root, self.manager)
+
+    async def registered(self) -> BookieSet:
+        return await read_bookies(self.zk, self.root)
+
+    async def mark_underreplicated(
+        self, report: CheckReport, ledger_id: int, missing: Sequence[str]
+    ) -> bool:
+        """Marks a ledger if this run may write; returns whether it did."""
+        if not self.mark:
+            return False
+        outcome = await self.urm.mark_underreplicated(ledger_id, list(missing))
+        report.marked_underreplicated.append(ledger_id)
+        self.log.info(
+            "marked under-replicated",
+            ledger_id=ledger_id,
+            missing_replicas=list(missing),
+            outcome=outcome.value,
+            check=str(report.check),
+        )
+        return True
+
+
+@asynccontextmanager
+async def open_context(
+    zk: ZkClient,
+    root: str,
+    manager: LedgerManager,
+    config: AuditorConfig,
+    *,
+    mark: bool = False,
+) -> AsyncIterator[CheckContext]:
+    """A context whose bookie client resolves ids through the cluster's registry."""
+
+    async def resolve(bookie_id: str) -> tuple[str, int] | None:
+        return await resolve_bookie(zk, root, bookie_id)
+
+    client = BookieClient(
+        resolve,
+        request_timeout=config.read_timeout,
+        max_in_flight=config.checks.bookie_max_in_flight,
+        list_capability_ttl=config.checks.list_capability_ttl,
+    )
+    try:
+        yield CheckContext(zk, root, manager, client, config, mark=mark)
+    finally:
+        await client.close()

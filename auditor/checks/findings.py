@@ -1,0 +1,157 @@
+"""What a check finds, in one shape for the CLI, the daemon and the Spark job.
+
+A check produces one `CheckReport`: how many ledgers it analysed and skipped
+(and why), one `Violation` per (ledger, category) with the evidence an operator
+needs to act on it, and what it marked. The JSON form is the `check --json`
+contract documented in the README; every category of a check is present in
+`counts`, zeros included, so dashboards never see a missing series.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+
+class Check(enum.StrEnum):
+    BOOKIES = "bookies"
+    LEDGERS = "ledgers"
+    PLACEMENT = "placement"
+    REPLICAS = "replicas"
+    GRACE = "grace"
+
+
+class Category(enum.StrEnum):
+    # replicas (BP-34 durability contract)
+    NO_REPLICA = "no_replica"
+    BELOW_ACK_QUORUM = "below_ack_quorum"
+    BELOW_WRITE_QUORUM = "below_write_quorum"
+    BOOKIE_UNAVAILABLE_REGISTERED = "bookie_unavailable_registered"
+    # progress of under-replication
+    UNDERREPLICATED_PAST_GRACE_PERIOD = "underreplicated_past_grace_period"
+    # placement policy
+    PLACEMENT_NOT_ADHERING = "placement_not_adhering"
+    PLACEMENT_SOFTLY_ADHERING = "placement_softly_adhering"
+    # bookie check
+    LEDGERS_ON_LOST_BOOKIES = "ledgers_on_lost_bookies"
+    # ledger check
+    UNREADABLE_FRAGMENTS = "unreadable_fragments"
+    # every check
+    METADATA_INVALID = "metadata_invalid"
+
+
+CATEGORIES: dict[Check, tuple[Category, ...]] = {
+    Check.REPLICAS: (
+        Category.NO_REPLICA,
+        Category.BELOW_ACK_QUORUM,
+        Category.BELOW_WRITE_QUORUM,
+        Category.BOOKIE_UNAVAILABLE_REGISTERED,
+        Category.UNDERREPLICATED_PAST_GRACE_PERIOD,
+        Category.METADATA_INVALID,
+    ),
+    Check.PLACEMENT: (
+        Category.PLACEMENT_NOT_ADHERING,
+        Category.PLACEMENT_SOFTLY_ADHERING,
+        Category.METADATA_INVALID,
+    ),
+    Check.GRACE: (Category.UNDERREPLICATED_PAST_GRACE_PERIOD, Category.METADATA_INVALID),
+    Check.BOOKIES: (Category.LEDGERS_ON_LOST_BOOKIES, Category.METADATA_INVALID),
+    Check.LEDGERS: (Category.UNREADABLE_FRAGMENTS, Category.METADATA_INVALID),
+}
+
+
+class SkipReason(enum.StrEnum):
+    OPEN = "open"
+    IN_RECOVERY = "in_recovery"
+    EMPTY = "empty"
+    UNDERREPLICATED = "underreplicated"
+    DELETED = "deleted"
+    BOOKIES_UNREGISTERED = "bookies_unregistered"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    ledger_id: int
+    category: Category
+    bookie: str | None
+    detail: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ledger_id": self.ledger_id,
+            "category": str(self.category),
+            "bookie": self.bookie,
+            "detail": self.detail,
+        }
+
+
+@dataclass(slots=True)
+class Coverage:
+    """(ledger, bookie) pairs of the replicas check, by how they were verified."""
+
+    listed: int = 0
+    probed: int = 0
+    unverified: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"listed": self.listed, "probed": self.probed, "unverified": self.unverified}
+
+
+def _order(v: Violation) -> tuple[int, str, str]:
+    return (v.ledger_id, str(v.category), v.bookie or "")
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class CheckReport:
+    check: Check
+    started_at: float
+    finished_at: float = 0.0
+    ledgers_checked: int = 0
+    ledgers_skipped: Counter[str] = field(default_factory=Counter)
+    violations: list[Violation] = field(default_factory=list)
+    marked_underreplicated: list[int] = field(default_factory=list)
+    lost_bookies: list[str] = field(default_factory=list)
+    coverage: Coverage | None = None
+
+    def counts(self) -> dict[str, int]:
+        """Ledgers per category (a ledger counts once per category)."""
+        seen: dict[Category, set[int]] = {c: set() for c in CATEGORIES[self.check]}
+        for v in self.violations:
+            seen.setdefault(v.category, set()).add(v.ledger_id)
+        return {str(c): len(ids) for c, ids in seen.items()}
+
+    @property
+    def has_violations(self) -> bool:
+        return bool(self.violations)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "check": str(self.check),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "ledgers_checked": self.ledgers_checked,
+            "ledgers_skipped": dict(sorted(self.ledgers_skipped.items())),
+            "counts": self.counts(),
+            "violations": [
+                v.to_json()
+                for v in sorted(self.violations, key=lambda v: (v.ledger_id, v.category))
+            ],
+            "marked_underreplicated": sorted(set(self.marked_underreplicated)),
+        }
+        if self.check is Check.BOOKIES:
+            out["lost_bookies"] = sorted(self.lost_bookies)
+        if self.check is Check.REPLICAS:
+            out["coverage"] = (self.coverage or Coverage()).to_json()
+        return out
+
+
+def ranges_json(ranges: list[tuple[int, int]], limit: int = 100) -> list[list[int]]:
+    """Inclusive entry ranges for evidence, capped so one ledger cannot flood a report."""
+    return [[a, b] for a, b in ranges[:limit]]
