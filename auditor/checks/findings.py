@@ -70,6 +70,10 @@ class SkipReason(enum.StrEnum):
     UNDERREPLICATED = "underreplicated"
     DELETED = "deleted"
     BOOKIES_UNREGISTERED = "bookies_unregistered"
+    METADATA_CHANGING = "metadata_changing"
+    REPLICATION_DISABLED = "replication_disabled"
+    NO_CTIME = "no_ctime"
+    GRACE_PERIOD_DISABLED = "grace_period_disabled"
 
 
 @dataclass(frozen=True, slots=True)

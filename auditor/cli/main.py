@@ -52,6 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("bookies", "list bookies: writable, read-only, down"),
     ]:
         _cluster_args(sub.add_parser(name, help=help_text))
+    chk = sub.add_parser("check", help="run checks once; exit 0 clean, 1 violations, 2 error")
+    chk.add_argument(
+        "which", choices=["bookies", "ledgers", "placement", "replicas", "grace", "all"]
+    )
+    _cluster_args(chk)
+    chk.add_argument("--config", metavar="FILE", help="TOML config ([bookkeeper], [checks])")
+    chk.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key (a BookKeeper key, or checks.KEY)",
+    )
+    chk.add_argument("--mark", action="store_true", help="write under-replication marks")
     emu = sub.add_parser("bookie-emulator", help="run one emulated bookie (tests, demos)")
     emu.add_argument("--zk", required=True, metavar="HOST:PORT")
     emu.add_argument("--port", type=int, required=True)
@@ -77,6 +92,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
     }
     if args.command in commands:
         return await commands[args.command](_target(args), args.json)
+    if args.command == "check":
+        return await _check(args)
     if args.command == "bookie-emulator":
         from auditor.testing.bookie import run_emulator
 
@@ -114,6 +131,21 @@ def _configure_logging() -> None:
         stream=sys.stderr,
     )
     logging.getLogger("kazoo").setLevel(logging.DEBUG if debug else logging.CRITICAL + 1)
+
+
+async def _check(args: argparse.Namespace) -> int:
+    """Any failure to run is exit 2 here: 1 means "violations found" for this command."""
+    from auditor.cli.check import cmd_check
+    from auditor.config import load_config
+    from auditor.logs import configure_logging
+
+    configure_logging()
+    try:
+        config = load_config(args.config, args.overrides)
+        return await cmd_check(_target(args), args.which, config, as_json=args.json, mark=args.mark)
+    except AuditorError as exc:
+        print(f"bk-auditor: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

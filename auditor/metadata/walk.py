@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerMetadata
-from auditor.metadata.paths import INT_MAX, is_special_znode, ledger_id_from_path
+from auditor.metadata.paths import INT_MAX, is_special_znode, ledger_id_from_path, ledger_path
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.zk import NoNodeError, ZkClient
 
@@ -179,7 +179,10 @@ class LedgerWalker:
         async for ledger_id, _ in self.ledger_paths():
             yield ledger_id
 
-    async def _read(self, ledger_id: int, path: str) -> LedgerRecord | None:
+    async def read(self, ledger_id: int, path: str | None = None) -> LedgerRecord | None:
+        """One ledger's record now (None if it does not exist); for re-reads outside the walk."""
+        if path is None:
+            path = ledger_path(self.manager, self.root, ledger_id)
         try:
             data, stat = await self.zk.get(path)
         except NoNodeError:
@@ -196,7 +199,7 @@ class LedgerWalker:
         paths = self.ledger_paths()
         try:
             async for ledger_id, path in paths:
-                window.append(asyncio.ensure_future(self._read(ledger_id, path)))
+                window.append(asyncio.ensure_future(self.read(ledger_id, path)))
                 if len(window) >= concurrency:
                     rec = await window.popleft()
                     if (out := self._account(rec)) is not None:

@@ -88,3 +88,7 @@ async def test_cluster(
         for e in emus:
             if e.running:
                 await e.stop()
+
+
+# Its name starts with test_; pytest must not collect it from modules that import it.
+test_cluster.__test__ = False  # type: ignore[attr-defined]

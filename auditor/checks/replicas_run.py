@@ -1,0 +1,328 @@
+"""Driving the replicas check: bookie answers in, BP-34's re-checks before any report.
+
+Per closed ledger: skip it if it is already marked under-replicated (unless the
+mark is older than the grace period, which is its own violation), ask each
+distinct ensemble bookie once for what it holds (or probe by reads when it
+cannot list), and analyse. Nothing is reported on a first impression:
+- a ledger with a bookie that did not answer is "potentially faulty" and is
+  checked again after `checks.retry_delay`, up to `checks.retry_attempts`
+  times; only then is a still-silent, still-registered bookie reported
+  (`bookie_unavailable_registered`); an unregistered one is the bookie
+  check's business;
+- before a violation is reported, the mark is looked up again and the
+  metadata re-read; if the ledger changed (ensemble replaced, re-replicated),
+  it is analysed again instead.
+
+Ledgers flow through a bounded window (`checks.ledger_concurrency`); only the
+ids of ledgers waiting for a retry are kept, packed, so memory stays flat in
+the number of ledgers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from array import array
+from typing import Any
+
+from auditor.bookie.availability import EMPTY
+from auditor.bookie.protocol import Status
+from auditor.bookie.results import CannotList, ErrorStatus, Ok
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import (
+    Category,
+    Check,
+    CheckReport,
+    Coverage,
+    SkipReason,
+    Violation,
+)
+from auditor.checks.grace import past_grace
+from auditor.checks.progress import Progress
+from auditor.checks.replicas import (
+    BookieAnswer,
+    Listed,
+    Probed,
+    ReplicasVerdict,
+    Unanswered,
+    Unverified,
+    Verified,
+    analyse,
+    expectations,
+    probe_entries,
+)
+from auditor.metadata.model import LedgerMetadata, LedgerState
+from auditor.metadata.registry import BookieSet
+from auditor.metadata.underreplication import UnderreplicatedLedger
+from auditor.metadata.walk import LedgerRecord, LedgerWalker
+
+#: How often a ledger whose metadata keeps changing under us is analysed again.
+MAX_REANALYSES = 3
+_ABSENT = (Status.ENOENTRY, Status.ENOLEDGER)
+
+
+def metadata_invalid(rec: LedgerRecord) -> Violation:
+    return Violation(
+        rec.ledger_id,
+        Category.METADATA_INVALID,
+        None,
+        {"path": rec.path, "reason": str(rec.error), "metadata_version": rec.znode_version},
+    )
+
+
+class ReplicasRun:
+    def __init__(self, ctx: CheckContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.report = CheckReport(Check.REPLICAS, started_at=ctx.clock(), coverage=Coverage())
+        self.walker: LedgerWalker = ctx.walker()
+        self.retry: array[int] = array("q")
+        self.registered = BookieSet(frozenset(), frozenset())
+        self.log = ctx.log.bind(check="replicas")
+        self.marks: dict[int, UnderreplicatedLedger] = {}
+
+    # --- asking the bookies -------------------------------------------------
+
+    async def _probe(self, md: LedgerMetadata, bookie: str) -> BookieAnswer:
+        entries = probe_entries(md, bookie)
+        outcomes = await asyncio.gather(
+            *(self.ctx.bookies.read_entry(bookie, md.ledger_id, e) for e in entries)
+        )
+        found: dict[int, bool] = {}
+        for entry, out in zip(entries, outcomes, strict=True):
+            if isinstance(out, Ok):
+                found[entry] = True
+            elif isinstance(out, ErrorStatus) and out.status in _ABSENT:
+                found[entry] = False
+            else:
+                return Unanswered(f"probe read of entry {entry}: {out}")
+        return Probed(found)
+
+    async def _ask(self, md: LedgerMetadata, bookie: str) -> BookieAnswer:
+        out = await self.ctx.bookies.get_list_of_entries(bookie, md.ledger_id)
+        if isinstance(out, Ok):
+            return Listed(out.value)
+        if isinstance(out, ErrorStatus) and out.status is Status.ENOLEDGER:
+            return Listed(EMPTY)
+        if isinstance(out, CannotList):
+            if self.cfg.checks.probe_unlistable:
+                return await self._probe(md, bookie)
+            return Unverified()
+        return Unanswered(str(out))
+
+    async def answers(self, md: LedgerMetadata) -> dict[str, BookieAnswer]:
+        bookies = sorted({exp.bookie for exp in expectations(md)})
+        got = await asyncio.gather(*(self._ask(md, b) for b in bookies))
+        return dict(zip(bookies, got, strict=True))
+
+    # --- one ledger ------------------------------------------------------------
+
+    def _skip(self, reason: SkipReason) -> None:
+        self.report.ledgers_skipped[str(reason)] += 1
+
+    async def check(self, rec: LedgerRecord, final: bool) -> None:
+        report = self.report
+        for _ in range(MAX_REANALYSES):
+            if rec.metadata is None:
+                report.ledgers_checked += 1
+                self._violation(metadata_invalid(rec))
+                return
+            md = rec.metadata
+            if md.state is LedgerState.OPEN:
+                return self._skip(SkipReason.OPEN)
+            if md.state is LedgerState.IN_RECOVERY:
+                return self._skip(SkipReason.IN_RECOVERY)
+            if md.last_entry_id < 0:
+                return self._skip(SkipReason.EMPTY)
+            if await self._already_marked(md.ledger_id, fresh=False):
+                return
+            verdict = analyse(md, await self.answers(md))
+            if verdict.unanswered and not final:
+                self.retry.append(md.ledger_id)
+                return
+            if verdict.category is None and not verdict.unanswered:
+                self._account(verdict)
+                return
+            # BP-34: before reporting, look at the mark and the metadata again.
+            if await self._already_marked(md.ledger_id, fresh=True):
+                return
+            fresh = await self.walker.read(md.ledger_id, rec.path)
+            if fresh is None:
+                return self._skip(SkipReason.DELETED)
+            if fresh.znode_version != rec.znode_version:
+                self.log.info(
+                    "metadata changed during the check; analysing again",
+                    ledger_id=md.ledger_id,
+                    old_version=rec.znode_version,
+                    new_version=fresh.znode_version,
+                )
+                rec = fresh
+                continue
+            await self._report(md, rec.znode_version, verdict)
+            return
+        # Still changing after several looks: the next run will see it settled.
+        self.log.warning("metadata kept changing; not judged this run", ledger_id=rec.ledger_id)
+        self._skip(SkipReason.METADATA_CHANGING)
+
+    async def _already_marked(self, ledger_id: int, *, fresh: bool) -> bool:
+        """Marked ledgers are skipped (or, past the grace period, reported as such).
+
+        The first look uses the marks listed at the start of the run (one
+        listing instead of a read per ledger); the look before reporting is fresh.
+        """
+        ur = await self.ctx.urm.get(ledger_id) if fresh else self.marks.get(ledger_id)
+        if ur is None:
+            return False
+        grace = self.cfg.bookkeeper.underreplicatedLedgerRecoveryGracePeriod
+        now_ms = int(self.ctx.clock() * 1000)
+        v = past_grace(ledger_id, now_ms, ur.ctime, grace, ur.replicas)
+        if v is not None:
+            self.report.ledgers_checked += 1
+            self._violation(v)
+        else:
+            self._skip(SkipReason.UNDERREPLICATED)
+        return True
+
+    def _account(self, verdict: ReplicasVerdict) -> None:
+        self.report.ledgers_checked += 1
+        cov = self.report.coverage
+        assert cov is not None
+        for how in verdict.verified.values():
+            if how is Verified.LISTED:
+                cov.listed += 1
+            elif how is Verified.PROBED:
+                cov.probed += 1
+            else:
+                cov.unverified += 1
+
+    async def _report(self, md: LedgerMetadata, version: int, verdict: ReplicasVerdict) -> None:
+        self._account(verdict)
+        evidence = verdict.evidence(md, version)
+        if verdict.category is not None:
+            self._violation(Violation(md.ledger_id, verdict.category, None, evidence))
+            missing = verdict.bookies_missing_entries
+            if missing:
+                await self.ctx.mark_underreplicated(self.report, md.ledger_id, missing)
+        for bookie, reason in sorted(verdict.unanswered.items()):
+            if bookie in self.registered.available:
+                self._violation(
+                    Violation(
+                        md.ledger_id,
+                        Category.BOOKIE_UNAVAILABLE_REGISTERED,
+                        bookie,
+                        {
+                            "reason": reason,
+                            "attempts": self.cfg.checks.retry_attempts + 1,
+                            "segments": [
+                                [s.first, s.last]
+                                for s in md.segment_ranges()
+                                if bookie in s.bookies
+                            ],
+                            "metadata_version": version,
+                        },
+                    )
+                )
+            else:
+                self.log.info(
+                    "unanswering bookie is not registered; left to the bookie check",
+                    ledger_id=md.ledger_id,
+                    bookie=bookie,
+                )
+
+    def _violation(self, v: Violation) -> None:
+        self.report.violations.append(v)
+        self.log.warning(
+            "violation",
+            ledger_id=v.ledger_id,
+            category=str(v.category),
+            bookie=v.bookie,
+            **v.detail,
+        )
+
+    # --- the run -----------------------------------------------------------------
+
+    async def _pool(self, records: Any, final: bool) -> None:
+        limit = asyncio.Semaphore(self.cfg.checks.ledger_concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+        failure: list[BaseException] = []
+
+        def done(t: asyncio.Task[None]) -> None:
+            tasks.discard(t)
+            limit.release()
+            if not t.cancelled() and t.exception() is not None:
+                failure.append(t.exception())  # type: ignore[arg-type]
+
+        try:
+            async for rec in records:
+                if failure:
+                    break
+                await limit.acquire()
+                t = asyncio.ensure_future(self.check(rec, final))
+                tasks.add(t)
+                t.add_done_callback(done)
+            if tasks:
+                await asyncio.wait(set(tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+        if failure:
+            raise failure[0]
+
+    async def _walk(self, final: bool) -> Any:
+        progress = Progress(
+            self.log,
+            "replicas",
+            interval=self.cfg.checks.progress_interval,
+            max_ledger_id=await self.walker.max_ledger_id(),
+        )
+        async for rec in self.walker.ledgers(concurrency=self.cfg.checks.ledger_concurrency):
+            progress.tick(rec.ledger_id)
+            yield rec
+
+    async def _reread(self, ids: array[int]) -> Any:
+        for ledger_id in ids:
+            rec = await self.walker.read(ledger_id)
+            if rec is None:
+                self._skip(SkipReason.DELETED)
+                continue
+            yield rec
+
+    async def run(self) -> CheckReport:
+        attempts = self.cfg.checks.retry_attempts
+        self.registered = await self.ctx.registered()
+        self.marks = {ur.ledger_id: ur async for ur in self.ctx.urm.list_underreplicated()}
+        await self._pool(self._walk(final=attempts == 0), final=attempts == 0)
+        for attempt in range(1, attempts + 1):
+            if not self.retry:
+                break
+            pending, self.retry = self.retry, array("q")
+            self.log.info(
+                "re-checking potentially faulty ledgers after a delay",
+                ledgers=len(pending),
+                delay_s=self.cfg.checks.retry_delay,
+                attempt=attempt,
+            )
+            # The delay is the point (BP-34): give a slow or restarting bookie time.
+            await asyncio.sleep(self.cfg.checks.retry_delay)
+            self.registered = await self.ctx.registered()
+            final = attempt == attempts
+            await self._pool(self._reread(pending), final=final)
+        self.report.ledgers_skipped[str(SkipReason.DELETED)] += (
+            self.walker.stats.deleted_during_walk
+        )
+        if not self.report.ledgers_skipped[str(SkipReason.DELETED)]:
+            del self.report.ledgers_skipped[str(SkipReason.DELETED)]
+        self.report.finished_at = self.ctx.clock()
+        return self.report
+
+
+async def run_replicas_check(ctx: CheckContext) -> CheckReport:
+    started = time.monotonic()
+    report = await ReplicasRun(ctx).run()
+    ctx.log.info(
+        "replicas check finished",
+        ledgers_checked=report.ledgers_checked,
+        violations=len(report.violations),
+        seconds=round(time.monotonic() - started, 3),
+    )
+    return report

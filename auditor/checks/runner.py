@@ -1,0 +1,36 @@
+"""Which driver runs which check; the one table the CLI, the daemon and Spark share."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import Check, CheckReport
+
+Driver = Callable[[CheckContext], Awaitable[CheckReport]]
+
+#: The order `check all` runs them in.
+ALL_CHECKS = (Check.BOOKIES, Check.LEDGERS, Check.PLACEMENT, Check.REPLICAS, Check.GRACE)
+
+
+def driver(check: Check) -> Driver:
+    """The driver of a check (imported on demand: each pulls in only what it needs)."""
+    if check is Check.REPLICAS:
+        from auditor.checks.replicas_run import run_replicas_check
+
+        return run_replicas_check
+    if check is Check.GRACE:
+        from auditor.checks.grace import run_grace_check
+
+        return run_grace_check
+    if check is Check.PLACEMENT:
+        from auditor.checks.placement_run import run_placement_check
+
+        return run_placement_check
+    if check is Check.LEDGERS:
+        from auditor.checks.ledger_check_run import run_ledger_check
+
+        return run_ledger_check
+    from auditor.checks.bookie_check_run import run_bookie_check
+
+    return run_bookie_check

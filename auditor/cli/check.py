@@ -1,0 +1,90 @@
+"""`bk-auditor check ...`: run checks once, print a report, exit 0 / 1 / 2.
+
+Exit codes are part of the contract (scripts and cron jobs branch on them):
+0 no violation, 1 violations found, 2 the check could not run. With `--json`
+stdout carries exactly one JSON object (schema in the README); logs go to
+stderr either way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from auditor.checks.context import open_context
+from auditor.checks.findings import Check, CheckReport
+from auditor.checks.runner import ALL_CHECKS, driver
+from auditor.cli.cluster import ClusterTarget, connect
+from auditor.config import AuditorConfig
+
+
+def _summary(v: Any) -> str:
+    d = v.detail
+    if "copies_found" in d:
+        worst = ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in d["worst_entries"][:3])
+        return f"{d['copies_found']}/{d['write_quorum']} copies of entries {worst}"
+    if "age_s" in d:
+        return f"marked {d['age_s']}s ago (grace {d['grace_period_s']}s)"
+    if "reason" in d:
+        return str(d["reason"])[:80]
+    return ", ".join(f"{k}={val}" for k, val in list(d.items())[:3])[:80]
+
+
+def render_text(report: CheckReport, out: TextIO) -> None:
+    data = report.to_json()
+    out.write(f"check {data['check']}: {data['ledgers_checked']} ledgers checked")
+    if data["ledgers_skipped"]:
+        skipped = ", ".join(f"{k} {n}" for k, n in data["ledgers_skipped"].items())
+        out.write(f"; skipped: {skipped}")
+    out.write("\n")
+    for cat, n in data["counts"].items():
+        out.write(f"  {cat:<36} {n}\n")
+    if "coverage" in data:
+        c = data["coverage"]
+        out.write(
+            f"  coverage: {c['listed']} listed, {c['probed']} probed, "
+            f"{c['unverified']} unverified\n"
+        )
+    if data.get("lost_bookies"):
+        out.write(f"  lost bookies: {', '.join(data['lost_bookies'])}\n")
+    if report.violations:
+        out.write(f"  {'ledger':>12}  {'category':<34} {'bookie':<22} detail\n")
+        for v in sorted(report.violations, key=lambda v: (v.ledger_id, str(v.category))):
+            out.write(
+                f"  {v.ledger_id:>12}  {v.category!s:<34} {v.bookie or '-':<22} {_summary(v)}\n"
+            )
+    if data["marked_underreplicated"]:
+        out.write(f"  marked under-replicated: {data['marked_underreplicated']}\n")
+
+
+async def cmd_check(
+    target: ClusterTarget,
+    which: str,
+    config: AuditorConfig,
+    *,
+    as_json: bool,
+    mark: bool,
+    out: TextIO = sys.stdout,
+) -> int:
+    checks = list(ALL_CHECKS) if which == "all" else [Check(which)]
+    reports: list[CheckReport] = []
+    async with (
+        connect(target) as (zk, manager),
+        open_context(zk, target.root, manager, config, mark=mark) as ctx,
+    ):
+        for check in checks:
+            reports.append(await driver(check)(ctx))
+    if as_json:
+        if which == "all":
+            doc: dict[str, Any] = {
+                "check": "all",
+                "reports": {str(r.check): r.to_json() for r in reports},
+            }
+        else:
+            doc = reports[0].to_json()
+        out.write(json.dumps(doc, sort_keys=False) + "\n")
+    else:
+        for r in reports:
+            render_text(r, out)
+    return 1 if any(r.has_violations for r in reports) else 0

@@ -1,0 +1,147 @@
+"""`bk-auditor check` as an operator runs it: exit codes, one JSON object, config errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.testing.harness import test_cluster
+from auditor.testing.zkserver import free_port
+from auditor.zk import ZkClient
+
+FAST = ["--set", "checks.retry_delay=0.1", "--set", "readEntryTimeout=1"]
+
+
+async def bk(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "auditor",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout
+    doc: dict[str, Any] = json.loads(lines[0])
+    return doc
+
+
+async def test_replicas_json_schema_and_exit_codes(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=12)
+        await tc.writer.write_ledger(2, tc.ids, write_quorum=3, ack_quorum=2, num_entries=12)
+        code, out, err = await bk("check", "replicas", "--zk", zk.hosts, "--json", *FAST)
+        assert code == 0, err
+        doc = one_json(out)
+        assert set(doc) == {
+            "check",
+            "started_at",
+            "finished_at",
+            "ledgers_checked",
+            "ledgers_skipped",
+            "counts",
+            "violations",
+            "marked_underreplicated",
+            "coverage",
+        }
+        assert doc["check"] == "replicas"
+        assert doc["started_at"].endswith("Z") and doc["finished_at"] >= doc["started_at"]
+        assert doc["ledgers_checked"] == 2
+        assert doc["counts"] == {
+            "no_replica": 0,
+            "below_ack_quorum": 0,
+            "below_write_quorum": 0,
+            "bookie_unavailable_registered": 0,
+            "underreplicated_past_grace_period": 0,
+            "metadata_invalid": 0,
+        }
+        assert doc["coverage"] == {"listed": 6, "probed": 0, "unverified": 0}
+
+        tc.bookies[2].drop_entries(2, [5])
+        code, out, err = await bk("check", "replicas", "--zk", zk.hosts, "--json", *FAST)
+        assert code == 1, err
+        doc = one_json(out)
+        assert doc["counts"]["below_write_quorum"] == 1
+        assert [(v["ledger_id"], v["category"], v["bookie"]) for v in doc["violations"]] == [
+            (2, "below_write_quorum", None)
+        ]
+        assert doc["violations"][0]["detail"]["worst_entries"] == [[5, 5]]
+        assert doc["marked_underreplicated"] == []
+        # Without --mark nothing was written.
+        assert await zk.get_children("/ledgers/underreplication/ledgers") == []
+
+        code, out, err = await bk("check", "replicas", "--zk", zk.hosts, "--mark", *FAST)
+        assert code == 1
+        assert "below_write_quorum" in out and "marked under-replicated: [2]" in out
+        ur = await UnderreplicationManager(zk, "/ledgers").get(2)
+        assert ur is not None and ur.replicas == (tc.ids[2],)
+
+
+async def test_grace_check_and_all(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=4)
+        urm = UnderreplicationManager(zk, "/ledgers")
+        await urm.mark_underreplicated(1, ["gone:3181"], now_ms=1_000_000)  # long ago
+        await urm.mark_underreplicated(9, ["gone:3181"])  # just now
+        code, out, _ = await bk(
+            "check", "grace", "--zk", zk.hosts, "--json",
+            "--set", "underreplicatedLedgerRecoveryGracePeriod=3600",
+        )  # fmt: skip
+        assert code == 1
+        doc = one_json(out)
+        assert doc["ledgers_checked"] == 2
+        assert [(v["ledger_id"], v["category"]) for v in doc["violations"]] == [
+            (1, "underreplicated_past_grace_period")
+        ]
+        assert doc["violations"][0]["detail"]["replicas"] == ["gone:3181"]
+        # Grace period 0 (BookKeeper's default): the check is off.
+        code, out, _ = await bk("check", "grace", "--zk", zk.hosts, "--json")
+        assert code == 0
+        assert one_json(out)["ledgers_skipped"] == {"grace_period_disabled": 2}
+
+
+async def test_config_file_and_bad_config(zk: ZkClient, tmp_path: Path) -> None:
+    async with test_cluster(zk, 3) as tc:
+        await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=4)
+        cfg = tmp_path / "auditor.toml"
+        cfg.write_text(
+            "[bookkeeper]\nunderreplicatedLedgerRecoveryGracePeriod = 1\n"
+            "[checks]\nretry_delay = 0.1\n"
+        )
+        code, out, err = await bk("check", "grace", "--zk", zk.hosts, "--config", str(cfg))
+        assert code == 0, err
+        assert "check grace: 0 ledgers checked" in out
+        for bad, needle in [
+            ("[bookkeeper]\nauditorLedgerVerificationPercentage = 150\n", "0..100"),
+            ("[bookkeeper]\nnoSuchKey = 1\n", "unknown key bookkeeper.noSuchKey"),
+            ("[bookkeeper\n", "not valid TOML"),
+            ("[checks]\nretry_attempts = 'many'\n", "checks.retry_attempts must be an integer"),
+        ]:
+            cfg.write_text(bad)
+            code, out, err = await bk("check", "grace", "--zk", zk.hosts, "--config", str(cfg))
+            assert code == 2
+            assert out == ""
+            assert needle in err and "Traceback" not in err
+            assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("which", ["replicas", "grace"])
+async def test_unreachable_zookeeper_is_exit_2(which: str) -> None:
+    code, out, err = await bk(
+        "check", which, "--zk", f"127.0.0.1:{free_port()}", "--timeout", "1", "--json"
+    )
+    assert code == 2 and out == ""
+    assert "cannot connect to ZooKeeper" in err and "Traceback" not in err
