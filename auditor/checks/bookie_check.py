@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass
 
-from auditor.checks.findings import Category, Violation
+from auditor.checks.findings import Category, Violation, metadata_invalid
 from auditor.metadata.model import LedgerMetadata, LedgerState
 
 #: What a `metadata_invalid` violation of this check says about the ledger's bookies.
@@ -148,14 +148,4 @@ def invalid_metadata_violation(
     ledger_id: int, reason: str, path: str, znode_version: int
 ) -> Violation:
     """`metadata_invalid` for a ledger whose metadata does not decode: its bookies are unknown."""
-    return Violation(
-        ledger_id,
-        Category.METADATA_INVALID,
-        None,
-        {
-            "reason": reason,
-            "path": path,
-            "metadata_version": znode_version,
-            "bookies": BOOKIES_UNKNOWN,
-        },
-    )
+    return metadata_invalid(ledger_id, path, znode_version, reason, bookies=BOOKIES_UNKNOWN)

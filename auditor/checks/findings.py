@@ -141,7 +141,7 @@ class CheckReport:
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
             "ledgers_checked": self.ledgers_checked,
-            "ledgers_skipped": dict(sorted(self.ledgers_skipped.items())),
+            "ledgers_skipped": {k: n for k, n in sorted(self.ledgers_skipped.items()) if n},
             "counts": self.counts(),
             "violations": [
                 v.to_json()
@@ -154,6 +154,18 @@ class CheckReport:
         if self.check is Check.REPLICAS:
             out["coverage"] = (self.coverage or Coverage()).to_json()
         return out
+
+
+def metadata_invalid(
+    ledger_id: int, path: str, version: int, reason: str, **extra: Any
+) -> Violation:
+    """`metadata_invalid`, the same evidence in every check: where, which version, why."""
+    return Violation(
+        ledger_id,
+        Category.METADATA_INVALID,
+        None,
+        {"reason": reason, "path": path, "metadata_version": version, **extra},
+    )
 
 
 def ranges_json(ranges: list[tuple[int, int]], limit: int = 100) -> list[list[int]]:

@@ -6,8 +6,8 @@ sampled entry reads) and records what it finds. How it behaves, and where it
 chooses differently from upstream:
 
 * **Replication disabled** at the start: nothing is read and nothing marked;
-  the report carries `ledgers_skipped = {"replication_disabled": 0}` so the
-  output says why it is empty. Disabled during the run (the flag is looked at
+  the ledger ids are listed (no metadata reads) so the report counts every
+  ledger as skipped for that reason. Disabled during the run (the flag is looked at
   about once a second, and again before every mark): no new ledger is
   started, every remaining ledger of the walk is counted as skipped for that
   reason, ledgers already in progress finish and are reported, but none is
@@ -38,8 +38,9 @@ chooses differently from upstream:
 * **Before reporting** a ledger with bad fragments its metadata is read
   again: deleted meanwhile, it is counted as skipped (`deleted`); changed
   (an ensemble replaced, the ledger closed), it is checked again with the new
-  metadata, up to three times in all. Then the violation `unreadable_fragments`
-  is reported (bookie: the first bad bookie) and, with marking on, the ledger
+  metadata, up to three times in all, and skipped (`metadata_changing`) if it
+  is still changing then. Otherwise the violation `unreadable_fragments` is
+  reported (bookie: the first bad bookie) and, with marking on, the ledger
   is marked under-replicated with every bad bookie as a missing replica.
 * Undecodable metadata is `metadata_invalid`; ledgers deleted during the
   walk are counted as skipped (`deleted`). Nothing is dropped silently.
@@ -57,7 +58,14 @@ from typing import Any, Final
 
 from auditor.bookie.results import EntryRead, LacRead, NoAnswer, Outcome, Unanswered
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Category, Check, CheckReport, SkipReason, Violation
+from auditor.checks.findings import (
+    Category,
+    Check,
+    CheckReport,
+    SkipReason,
+    Violation,
+    metadata_invalid,
+)
 from auditor.checks.ledger_check import (
     BadFragment,
     LacAnswer,
@@ -83,10 +91,8 @@ from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_meta
 from auditor.metadata.walk import LedgerRecord
 from auditor.zk import NoNodeError
 
-__all__ = ["REPLICATION_DISABLED", "run_ledger_check"]
+__all__ = ["run_ledger_check"]
 
-#: Skip reason when replication is disabled (BookKeeper's `underreplication/disable`).
-REPLICATION_DISABLED: Final = "replication_disabled"
 #: Analyses of one ledger when its metadata keeps changing under us.
 _ATTEMPTS: Final = 3
 #: Seconds a look at the replication flag (or at the registered bookies) stays fresh.
@@ -151,7 +157,8 @@ class _Run:
     async def run(self) -> CheckReport:
         report = self.report
         if not await self._replication_enabled(fresh=True):
-            report.ledgers_skipped[REPLICATION_DISABLED] = 0
+            async for _ in self.ctx.walker().ledger_ids():
+                report.ledgers_skipped[SkipReason.REPLICATION_DISABLED] += 1
             report.finished_at = self.ctx.clock()
             self.log.warning(
                 "ledger check not run: replication is disabled", check=str(Check.LEDGERS)
@@ -189,7 +196,7 @@ class _Run:
                             check=str(Check.LEDGERS),
                             next_ledger_id=rec.ledger_id,
                         )
-                    report.ledgers_skipped[REPLICATION_DISABLED] += 1
+                    report.ledgers_skipped[SkipReason.REPLICATION_DISABLED] += 1
                     continue
                 progress.tick(rec.ledger_id)
                 await self._acquire(slots, rec.ledger_id)
@@ -208,6 +215,9 @@ class _Run:
             raise errors[0]
         if walker.stats.deleted_during_walk:
             report.ledgers_skipped[SkipReason.DELETED] += walker.stats.deleted_during_walk
+        # Ledgers finish out of order; the report lists them in id order.
+        report.violations.sort(key=lambda v: (v.ledger_id, str(v.category)))
+        report.marked_underreplicated.sort()
         report.finished_at = self.ctx.clock()
         self.log.info(
             "ledger check finished",
@@ -267,9 +277,11 @@ class _Run:
                 )
                 return
             fresh_version = int(stat.version)
-            if fresh_version == version or attempt == _ATTEMPTS:
-                await self._report(analysis, changing=fresh_version != version)
+            if fresh_version == version:
+                await self._report(analysis)
                 return
+            if attempt == _ATTEMPTS:
+                break
             self.log.info(
                 "ledger metadata changed while being checked; checking again",
                 check=str(Check.LEDGERS),
@@ -283,24 +295,25 @@ class _Run:
                 self._invalid(rec.ledger_id, rec.path, fresh_version, exc.reason)
                 return
             version = fresh_version
+        # Still changing after several looks: the next run will see it settled.
+        self.report.ledgers_skipped[SkipReason.METADATA_CHANGING] += 1
+        self.log.warning(
+            "ledger metadata kept changing; not judged this run",
+            check=str(Check.LEDGERS),
+            ledger_id=rec.ledger_id,
+            attempts=_ATTEMPTS,
+        )
 
     def _invalid(self, ledger_id: int, path: str, version: int, reason: str) -> None:
         self.report.ledgers_checked += 1
-        v = Violation(
-            ledger_id,
-            Category.METADATA_INVALID,
-            None,
-            {"reason": reason, "path": path, "metadata_version": version},
-        )
+        v = metadata_invalid(ledger_id, path, version, reason)
         self.report.violations.append(v)
         self.log.warning(
             "violation",
             check=str(Check.LEDGERS),
             ledger_id=ledger_id,
             category=str(v.category),
-            reason=reason,
-            path=path,
-            metadata_version=version,
+            **v.detail,
         )
 
     async def _analyse(self, md: LedgerMetadata, version: int) -> _Analysis:
@@ -394,15 +407,14 @@ class _Run:
         await asyncio.gather(*(worker() for _ in range(max(1, min(width, bound)))))
         return failures, reads
 
-    async def _report(self, a: _Analysis, *, changing: bool) -> None:
+    async def _report(self, a: _Analysis) -> None:
         md = a.md
         bad = bad_bookie_ids(a.bad)
         detail = violation_detail(md, a.version, a.plan, a.bad, lac=a.lac, reads=a.reads)
-        if changing:
-            detail["metadata_changing"] = True
         v = Violation(md.ledger_id, Category.UNREADABLE_FRAGMENTS, bad[0] if bad else None, detail)
         self.report.ledgers_checked += 1
         self.report.violations.append(v)
+        evidence: dict[str, Any] = {"lac": detail["lac"]} if "lac" in detail else {}
         self.log.warning(
             "violation",
             check=str(Check.LEDGERS),
@@ -412,7 +424,7 @@ class _Run:
             bad_bookies=bad,
             fragments=_fragment_evidence(a.bad),
             metadata_version=a.version,
-            lac=detail.get("lac"),
+            **evidence,
         )
         if not self.ctx.mark:
             return

@@ -12,7 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Category, Check, CheckReport, SkipReason, Violation
+from auditor.checks.findings import (
+    Category,
+    Check,
+    CheckReport,
+    SkipReason,
+    Violation,
+    metadata_invalid,
+)
 from auditor.checks.placement import (
     LedgerPlacement,
     PlacementPolicy,
@@ -49,12 +56,7 @@ def cluster_regions(
 
 def _invalid(rec: LedgerRecord) -> Violation:
     reason = rec.error.reason if rec.error is not None else "metadata missing"
-    return Violation(
-        rec.ledger_id,
-        Category.METADATA_INVALID,
-        None,
-        {"reason": reason, "path": rec.path, "metadata_version": rec.znode_version},
-    )
+    return metadata_invalid(rec.ledger_id, rec.path, rec.znode_version, reason)
 
 
 def _log_placement(

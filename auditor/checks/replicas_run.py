@@ -36,6 +36,7 @@ from auditor.checks.findings import (
     Coverage,
     SkipReason,
     Violation,
+    metadata_invalid,
 )
 from auditor.checks.grace import past_grace
 from auditor.checks.progress import Progress
@@ -61,13 +62,9 @@ MAX_REANALYSES = 3
 _ABSENT = (Status.ENOENTRY, Status.ENOLEDGER)
 
 
-def metadata_invalid(rec: LedgerRecord) -> Violation:
-    return Violation(
-        rec.ledger_id,
-        Category.METADATA_INVALID,
-        None,
-        {"path": rec.path, "reason": str(rec.error), "metadata_version": rec.znode_version},
-    )
+def _invalid(rec: LedgerRecord) -> Violation:
+    reason = rec.error.reason if rec.error is not None else "metadata missing"
+    return metadata_invalid(rec.ledger_id, rec.path, rec.znode_version, reason)
 
 
 class ReplicasRun:
@@ -125,7 +122,7 @@ class ReplicasRun:
         for _ in range(MAX_REANALYSES):
             if rec.metadata is None:
                 report.ledgers_checked += 1
-                self._violation(metadata_invalid(rec))
+                self._violation(_invalid(rec))
                 return
             md = rec.metadata
             if md.state is LedgerState.OPEN:

@@ -13,19 +13,30 @@ import sys
 from typing import Any, TextIO
 
 from auditor.checks.context import open_context
-from auditor.checks.findings import Check, CheckReport
+from auditor.checks.findings import Category, Check, CheckReport, Violation
 from auditor.checks.runner import ALL_CHECKS, driver
 from auditor.cli.cluster import ClusterTarget, connect
 from auditor.config import AuditorConfig
 
 
-def _summary(v: Any) -> str:
+def _summary(v: Violation) -> str:
+    """One line of the evidence for the table; `--json` has all of it."""
     d = v.detail
     if "copies_found" in d:
         worst = ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in d["worst_entries"][:3])
         return f"{d['copies_found']}/{d['write_quorum']} copies of entries {worst}"
     if "age_s" in d:
         return f"marked {d['age_s']}s ago (grace {d['grace_period_s']}s)"
+    if d.get("fragments"):
+        f = d["fragments"][0]
+        bad = ", ".join(f"{b['bookie']} {b['reason']}" for b in f["bad_bookies"])
+        return f"entries {f['first_entry']}-{f['last_entry']}: {bad}"
+    if v.category in (Category.PLACEMENT_NOT_ADHERING, Category.PLACEMENT_SOFTLY_ADHERING):
+        seg = d["segments"][0]
+        locations = ",".join(seg["window"]["locations"])
+        return f"segment at {seg['first_entry']}: {seg['reason']} [{locations}]"
+    if "segments" in d and "ledger_state" in d:
+        return f"{d['ledger_state']} ledger, segments from entry {d['segments']}"
     if "reason" in d:
         return str(d["reason"])[:80]
     return ", ".join(f"{k}={val}" for k, val in list(d.items())[:3])[:80]

@@ -2,21 +2,28 @@
 
 A throwaway ZooKeeper (Debian's package) on a free loopback port, five
 emulated bookies speaking the real v3 protocol (one a DbLedgerStorage bookie
-that cannot list entries), ledgers written through that protocol in metadata
-formats v1-v3 and every state, then one bookie crashed. The auditor's
-commands then report on it exactly as they would on a production cluster.
-Everything is torn down at the end.
+that cannot list entries), racks in Pulsar's `/bookies` znode, ledgers written
+through that protocol in metadata formats v1-v3 and every state. Then
+trouble: one bookie crashes, another loses an entry, and an old
+under-replication mark has sat there for two hours. The auditor's listings
+and every check (`check all --mark`) then report on it exactly as they would
+on a production cluster. Everything is torn down at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
+import time
 
 from auditor.bookie.client import BookieClient
 from auditor.bookie.results import CannotList, ErrorStatus, Ok
+from auditor.cli.check import cmd_check
 from auditor.cli.cluster import ClusterTarget
 from auditor.cli.inspect import cmd_bookies, cmd_ledgers, cmd_list_underreplicated
+from auditor.config import load_config
+from auditor.logs import configure_logging
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerState
 from auditor.metadata.registry import resolve_bookie
@@ -75,6 +82,16 @@ async def _build(
     ]
 
 
+async def _racks(zk: ZkClient, bookies: list[BookieEmulator]) -> None:
+    """Pulsar's rack znode: bookies 0 and 1 share a rack, the rest have one each."""
+    racks = ["/rack-a", "/rack-a", "/rack-b", "/rack-c", "/rack-d"]
+    group = {
+        b.bookie_id: {"rack": rack, "hostname": b.host}
+        for b, rack in zip(bookies, racks, strict=True)
+    }
+    await zk.create("/bookies", json.dumps({"default": group}).encode())
+
+
 async def _show_holdings(client: BookieClient, ledgers: list[WrittenLedger]) -> None:
     """What each ensemble bookie says it holds of each closed ledger (GET_LIST_OF_ENTRIES)."""
     for led in ledgers:
@@ -95,6 +112,8 @@ async def _show_holdings(client: BookieClient, ledgers: list[WrittenLedger]) -> 
 
 
 async def run_demo() -> int:
+    # The demo's story is on stdout; the checks' evidence logs only above warnings.
+    configure_logging(level=40)
     print("Starting a throwaway ZooKeeper and five emulated bookies ...", flush=True)
     server = ZooKeeperServer()
     await asyncio.to_thread(server.start)
@@ -105,6 +124,7 @@ async def run_demo() -> int:
             bookies.append(BookieEmulator(zk, ledgers_root=ROOT, storage=Storage.DBLEDGER))
             for bk in bookies:
                 await bk.start()
+            await _racks(zk, bookies)
 
             async def resolve(bookie_id: str) -> tuple[str, int] | None:
                 return await resolve_bookie(zk, ROOT, bookie_id)
@@ -119,19 +139,32 @@ async def run_demo() -> int:
                     f"crashed bookie {lost.bookie_id}.\nZooKeeper: {server.hosts}{ROOT}",
                     flush=True,
                 )
-                # What BookKeeper's auditor writes for a ledger that lost a bookie.
+                bookies[0].drop_entries(1, [3])  # bookie 0 silently loses entry 3 of ledger 1
+                # A mark BookKeeper's auditor left two hours ago that no worker acted on.
                 urm = UnderreplicationManager(zk, ROOT)
-                await urm.mark_underreplicated(2, [lost.bookie_id])
+                two_hours_ago = int((time.time() - 7200) * 1000)
+                await urm.mark_underreplicated(2147483647, [lost.bookie_id], now_ms=two_hours_ago)
 
                 target = ClusterTarget(server.hosts, ROOT, None, 10.0)
                 _section("bk-auditor bookies")
                 await cmd_bookies(target, False)
                 _section("bk-auditor ledgers")
                 await cmd_ledgers(target, False, err=sys.stdout)
-                _section("bk-auditor list-underreplicated")
-                await cmd_list_underreplicated(target, False, err=sys.stdout)
                 _section("what the ensemble bookies of closed ledgers hold")
                 await _show_holdings(client, ledgers)
+                _section("bk-auditor check all --mark")
+                config = load_config(
+                    None,
+                    [
+                        "underreplicatedLedgerRecoveryGracePeriod=3600",
+                        "readEntryTimeout=1",
+                        "checks.retry_delay=1",
+                    ],
+                )
+                code = await cmd_check(target, "all", config, as_json=False, mark=True)
+                print(f"(exit code {code}: {'violations found' if code else 'clean'})")
+                _section("bk-auditor list-underreplicated (after the checks marked)")
+                await cmd_list_underreplicated(target, False, err=sys.stdout)
             finally:
                 await client.close()
                 for bk in bookies:

@@ -145,3 +145,40 @@ async def test_unreachable_zookeeper_is_exit_2(which: str) -> None:
     )
     assert code == 2 and out == ""
     assert "cannot connect to ZooKeeper" in err and "Traceback" not in err
+
+
+async def test_check_all_json_and_every_single_check(zk: ZkClient) -> None:
+    async with test_cluster(zk, 4) as tc:
+        b = tc.ids
+        await tc.writer.write_ledger(1, b[0:3], write_quorum=2, num_entries=10)
+        await tc.writer.write_ledger(2, b[1:4], write_quorum=2, num_entries=10)
+        racks = {b[0]: "/r1", b[1]: "/r1", b[2]: "/r2", b[3]: "/r3"}
+        group = {bid: {"rack": rack, "hostname": "127.0.0.1"} for bid, rack in racks.items()}
+        await zk.create("/bookies", json.dumps({"default": group}).encode())
+        await tc.bookies[3].crash()  # ledger 2 loses a bookie
+        code, out, err = await bk("check", "all", "--zk", zk.hosts, "--json", *FAST)
+        assert code == 1, err
+        doc = one_json(out)
+        assert doc["check"] == "all"
+        reports = doc["reports"]
+        assert list(reports) == ["bookies", "ledgers", "placement", "replicas", "grace"]
+        assert reports["bookies"]["lost_bookies"] == [b[3]]
+        assert reports["bookies"]["counts"]["ledgers_on_lost_bookies"] == 1
+        assert reports["ledgers"]["counts"]["unreadable_fragments"] == 1
+        assert [v["ledger_id"] for v in reports["ledgers"]["violations"]] == [2]
+        # Ledger 1: write set {b0,b1} sits in one rack, not adhering; ledger 2 spans 3 racks.
+        assert reports["placement"]["counts"]["placement_not_adhering"] == 1
+        assert [v["ledger_id"] for v in reports["placement"]["violations"]] == [1]
+        # The crashed bookie is unregistered: the replicas check leaves it to the bookie check.
+        assert reports["replicas"]["violations"] == []
+        assert reports["grace"]["ledgers_checked"] == 0
+        for which in ("bookies", "ledgers", "placement"):
+            code, out, _ = await bk("check", which, "--zk", zk.hosts, "--json", *FAST)
+            assert code == 1
+            assert one_json(out) == {
+                **reports[which],
+                "started_at": one_json(out)["started_at"],
+                "finished_at": one_json(out)["finished_at"],
+            }
+        # Nothing was written without --mark.
+        assert await zk.get_children("/ledgers/underreplication/ledgers") == []

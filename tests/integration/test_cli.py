@@ -198,9 +198,17 @@ def test_demo_runs_end_to_end() -> None:
     for needle in [
         "== bk-auditor bookies",
         "5 ledgers, 0 corrupt",
-        "1 under-replicated ledgers",
         "cannot list entries (DbLedgerStorage)",
+        "== bk-auditor check all --mark",
+        "check bookies: 5 ledgers checked",
+        "  ledgers_on_lost_bookies              4",
+        "  unreadable_fragments                 4",
+        "  placement_not_adhering               2",
+        "  below_ack_quorum                     1",
+        "  underreplicated_past_grace_period    1",
+        "(exit code 1: violations found)",
+        "5 under-replicated ledgers; auto-recovery enabled",
         "Done; the throwaway ZooKeeper and bookies are gone.",
     ]:
-        assert needle in out
+        assert needle in out, needle
     assert len([line for line in out.splitlines() if " down " in line]) == 1
