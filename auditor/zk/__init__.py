@@ -8,6 +8,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from auditor.zk.client import (
+    FencedOutError,
     ZkClient,
     ZkError,
     ZkStat,
@@ -17,6 +18,7 @@ from auditor.zk.client import (
 
 __all__ = [
     "BadVersionError",
+    "FencedOutError",
     "KazooState",
     "NoNodeError",
     "NodeExistsError",

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import copy
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
+    NoNodeError,
     OperationTimeoutError,
+    RolledBackError,
     SessionExpiredError,
     ZookeeperError,
 )
@@ -53,6 +56,15 @@ class ZkUnavailableError(ServiceUnavailableError):
 
 class ZkTimeoutError(ZkUnavailableError):
     """A ZooKeeper call did not complete within its deadline."""
+
+
+class FencedOutError(ZkUnavailableError):
+    """A fenced write was refused: the fencing node (our vote) is gone or changed.
+
+    This is how a leader that lost its session, or its leadership, is kept
+    from writing anything: the write and the check of its own vote node go
+    to ZooKeeper as one multi-op, so either both happen or neither does.
+    """
 
 
 class ZkClient:
@@ -85,7 +97,24 @@ class ZkClient:
         )
         self._listeners: list[asyncio.Queue[KazooState]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        try:
+            self._creation_loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._creation_loop = None
         self._kazoo.add_listener(self._on_state)
+        #: (path, version) every write of this view must find unchanged.
+        self._fence: tuple[str, int] | None = None
+
+    def fenced(self, path: str, version: int) -> ZkClient:
+        """A view of this session whose writes only happen while `path` is at `version`.
+
+        Reads are unaffected. Creates with makepath create missing parents
+        unfenced first (empty persistent parents are harmless), then the node
+        itself fenced.
+        """
+        view = copy.copy(self)
+        view._fence = (path, version)
+        return view
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -142,22 +171,31 @@ class ZkClient:
 
     def _on_state(self, state: KazooState) -> None:
         # Runs on kazoo's thread and must not block.
-        loop = self._loop
+        loop = self._loop or self._creation_loop
         if loop is None or loop.is_closed():
             return
         for q in list(self._listeners):
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(q.put_nowait, state)
 
-    async def states(self) -> AsyncIterator[KazooState]:
-        """Yields every connection-state change (CONNECTED, SUSPENDED, LOST) from now on."""
+    def states(self) -> AsyncGenerator[KazooState, None]:
+        """Every connection-state change (CONNECTED, SUSPENDED, LOST) from this call on.
+
+        The subscription starts here, not at the first `anext`, so no change
+        between this call and the first read is missed.
+        """
         q: asyncio.Queue[KazooState] = asyncio.Queue()
         self._listeners.append(q)
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._listeners.remove(q)
+
+        async def stream() -> AsyncGenerator[KazooState, None]:
+            try:
+                while True:
+                    yield await q.get()
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._listeners.remove(q)
+
+        return stream()
 
     # --- the bridge ------------------------------------------------------------
 
@@ -216,6 +254,32 @@ class ZkClient:
         )
         return list(children), changed
 
+    def _watch_event(self) -> tuple[asyncio.Event, Callable[[Any], None]]:
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def on_watch(_event: Any) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(changed.set)
+
+        return changed, on_watch
+
+    async def exists_watched(self, path: str) -> tuple[ZnodeStat | None, asyncio.Event]:
+        """Whether a node exists, plus an event set when it is created, changed or deleted."""
+        changed, on_watch = self._watch_event()
+        stat = await self._call(
+            "exists", path, lambda: self._kazoo.exists_async(path, watch=on_watch)
+        )
+        return stat, changed
+
+    async def get_watched(self, path: str) -> tuple[bytes, ZnodeStat, asyncio.Event]:
+        """A node's data, plus an event set when it next changes or goes away."""
+        changed, on_watch = self._watch_event()
+        data, stat = await self._call(
+            "get", path, lambda: self._kazoo.get_async(path, watch=on_watch)
+        )
+        return bytes(data or b""), stat, changed
+
     async def exists(self, path: str) -> ZnodeStat | None:
         stat: ZnodeStat | None = await self._call(
             "exists", path, lambda: self._kazoo.exists_async(path)
@@ -231,6 +295,17 @@ class ZkClient:
         sequence: bool = False,
         makepath: bool = False,
     ) -> str:
+        if self._fence is not None:
+            if makepath:
+                parent = path.rsplit("/", 1)[0]
+                if parent:
+                    await self.ensure_path(parent)
+            results = await self._fenced(
+                "create",
+                path,
+                lambda tx: tx.create(path, data, ephemeral=ephemeral, sequence=sequence),
+            )
+            return str(results[1])
         created: str = await self._call(
             "create",
             path,
@@ -240,16 +315,46 @@ class ZkClient:
         )
         return created
 
+    async def _fenced(self, what: str, path: str, op: Callable[[Any], None]) -> list[Any]:
+        assert self._fence is not None
+        fence_path, fence_version = self._fence
+
+        def start() -> Any:
+            tx = self._kazoo.transaction()
+            tx.check(fence_path, fence_version)
+            op(tx)
+            return tx.commit_async()
+
+        results: list[Any] = list(await self._call(f"fenced {what}", path, start))
+        check, outcome = results[0], results[1]
+        # In a failed multi the ops that did not fail report RolledBackError.
+        if isinstance(check, BaseException) and not isinstance(check, RolledBackError):
+            raise FencedOutError(
+                f"refused to {what} {path}: {fence_path} is gone or changed (leadership lost)"
+            )
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return results
+
     async def ensure_path(self, path: str) -> None:
         await self._call("ensure_path", path, lambda: self._kazoo.ensure_path_async(path))
 
     async def set(self, path: str, data: bytes, version: int = -1) -> ZnodeStat:
+        if self._fence is not None:
+            await self._fenced("set", path, lambda tx: tx.set_data(path, data, version))
+            stat_after = await self.exists(path)
+            if stat_after is None:
+                raise NoNodeError(path)
+            return stat_after
         stat: ZnodeStat = await self._call(
             "set", path, lambda: self._kazoo.set_async(path, data, version)
         )
         return stat
 
     async def delete(self, path: str, version: int = -1) -> None:
+        if self._fence is not None:
+            await self._fenced("delete", path, lambda tx: tx.delete(path, version))
+            return
         await self._call("delete", path, lambda: self._kazoo.delete_async(path, version))
 
     async def sync(self, path: str) -> None:

@@ -8,7 +8,15 @@ import time
 import pytest
 
 from auditor.testing.zkserver import ZooKeeperServer, expire_session, free_port
-from auditor.zk import KazooState, NodeExistsError, NoNodeError, ZkClient, ZkUnavailableError
+from auditor.zk import (
+    BadVersionError,
+    FencedOutError,
+    KazooState,
+    NodeExistsError,
+    NoNodeError,
+    ZkClient,
+    ZkUnavailableError,
+)
 
 
 async def test_basic_calls_round_trip(zk: ZkClient) -> None:
@@ -60,3 +68,24 @@ async def test_real_session_expiry_is_reported_as_lost(
     # The ephemeral node went with the session.
     async with ZkClient(zk.hosts) as other:
         assert await other.exists("/eph") is None
+
+
+async def test_fenced_writes_happen_only_while_the_fence_stands(zk: ZkClient) -> None:
+    await zk.create("/vote", b"me", ephemeral=True)
+    fenced = zk.fenced("/vote", 0)
+    await fenced.create("/a/b/c", b"1", makepath=True)
+    assert (await zk.get("/a/b/c"))[0] == b"1"
+    with pytest.raises(NodeExistsError):
+        await fenced.create("/a/b/c", b"2")
+    await fenced.set("/a/b/c", b"3", version=0)
+    with pytest.raises(BadVersionError):
+        await fenced.set("/a/b/c", b"4", version=0)
+    await zk.delete("/vote")  # leadership gone
+    with pytest.raises(FencedOutError, match="leadership lost"):
+        await fenced.create("/a/b/d", b"x")
+    with pytest.raises(FencedOutError):
+        await fenced.set("/a/b/c", b"5")
+    with pytest.raises(FencedOutError):
+        await fenced.delete("/a/b/c")
+    assert await zk.exists("/a/b/d") is None
+    assert (await zk.get("/a/b/c"))[0] == b"3"

@@ -1,0 +1,264 @@
+"""Between the daemon's state and the API's messages, both ways, with no I/O.
+
+The server builds responses from a `DaemonState` snapshot here, and the CLI
+turns responses back into the documents it prints, so the two ends share one
+definition of every field. Check and category names travel as the report's
+strings; an unknown name is the caller's mistake (`UnknownNameError`, which the
+server answers with INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from auditor.checks.findings import (
+    Category,
+    Check,
+    CheckReport,
+    Coverage,
+    Violation,
+)
+from auditor.daemon.state import CheckState, DaemonState, Outcome
+from auditor.errors import ConfigError, FormatError
+from auditor.metadata.underreplication import UnderreplicatedLedger
+from auditor.proto import auditor_service_pb2 as pb
+
+ALL = "all"
+
+
+class UnknownNameError(ConfigError):
+    """A check or category name the auditor does not know."""
+
+
+class ReportFormatError(FormatError):
+    """A report document that does not follow the `check --json` schema."""
+
+
+def parse_check(name: str, *, allow_all: bool = False) -> Check | None:
+    """`None` stands for "all" (only when allowed)."""
+    if allow_all and name == ALL:
+        return None
+    try:
+        return Check(name)
+    except ValueError:
+        valid = [str(c) for c in Check] + ([ALL] if allow_all else [])
+        raise UnknownNameError(
+            f"unknown check {name!r}; expected one of {', '.join(valid)}"
+        ) from None
+
+
+def parse_category(name: str) -> Category:
+    try:
+        return Category(name)
+    except ValueError:
+        raise UnknownNameError(
+            f"unknown category {name!r}; expected one of {', '.join(str(c) for c in Category)}"
+        ) from None
+
+
+# --- time -------------------------------------------------------------------------
+
+
+def timestamp(ts: float | None) -> Timestamp | None:
+    if ts is None:
+        return None
+    nanos = round(ts * 1e9)
+    return Timestamp(seconds=nanos // 1_000_000_000, nanos=nanos % 1_000_000_000)
+
+
+def seconds(ts: Timestamp, present: bool) -> float | None:
+    return ts.seconds + ts.nanos / 1e9 if present else None
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _from_iso(value: Any, what: str) -> float:
+    if not isinstance(value, str):
+        raise ReportFormatError(f"report field {what} is not a timestamp: {value!r}")
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError as exc:
+        raise ReportFormatError(f"report field {what} is not a timestamp: {value!r}") from exc
+
+
+# --- status -----------------------------------------------------------------------
+
+
+def check_status(cs: CheckState) -> pb.CheckStatus:
+    msg = pb.CheckStatus(
+        check=str(cs.check),
+        enabled=cs.enabled,
+        interval_seconds=cs.interval_s,
+        outcome=pb.Outcome.Value(f"OUTCOME_{cs.outcome.name}"),
+        last_error=cs.last_error or "",
+        has_report=cs.last_report is not None,
+    )
+    for name, ts in (
+        ("last_started", cs.last_started),
+        ("last_finished", cs.last_finished),
+        ("last_success", cs.last_success),
+        ("next_run", cs.next_run),
+    ):
+        stamp = timestamp(ts)
+        if stamp is not None:
+            getattr(msg, name).CopyFrom(stamp)
+    if cs.last_report is not None:
+        msg.counts.update(cs.last_report.counts())
+        msg.ledgers_checked = cs.last_report.ledgers_checked
+    return msg
+
+
+def status_response(state: DaemonState) -> pb.GetStatusResponse:
+    msg = pb.GetStatusResponse(
+        identity=state.identity,
+        is_leader=state.is_leader,
+        leader=state.leader or "",
+        zk_connected=state.zk_connected,
+        replication_enabled=state.replication_enabled,
+        retry_queue_ledgers=state.retry_queue,
+        lost_bookies=sorted(state.lost_bookies),
+        checks=[check_status(state.checks[c]) for c in Check if c in state.checks],
+    )
+    started = timestamp(state.started_at)
+    if started is not None:
+        msg.started_at.CopyFrom(started)
+    return msg
+
+
+def outcome_name(value: int) -> str:
+    """The daemon's outcome string for a proto enum value ("unspecified" if unknown)."""
+    name = pb.Outcome.Name(value) if value in pb.Outcome.values() else "OUTCOME_UNSPECIFIED"
+    member = Outcome.__members__.get(name.removeprefix("OUTCOME_"))
+    return str(member) if member is not None else "unspecified"
+
+
+def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
+    """The `status --json` document: snake_case, ISO times, null for "never"."""
+
+    def when(m: pb.CheckStatus, name: str) -> str | None:
+        return iso(seconds(getattr(m, name), m.HasField(name)))  # type: ignore[arg-type]
+
+    return {
+        "identity": msg.identity,
+        "is_leader": msg.is_leader,
+        "leader": msg.leader or None,
+        "zk_connected": msg.zk_connected,
+        "replication_enabled": msg.replication_enabled,
+        "started_at": iso(seconds(msg.started_at, msg.HasField("started_at"))),
+        "retry_queue_ledgers": msg.retry_queue_ledgers,
+        "lost_bookies": list(msg.lost_bookies),
+        "checks": {
+            c.check: {
+                "enabled": c.enabled,
+                "interval_s": c.interval_seconds,
+                "outcome": outcome_name(c.outcome),
+                "last_started": when(c, "last_started"),
+                "last_finished": when(c, "last_finished"),
+                "last_success": when(c, "last_success"),
+                "next_run": when(c, "next_run"),
+                "last_error": c.last_error or None,
+                "ledgers_checked": c.ledgers_checked if c.has_report else None,
+                "counts": dict(sorted(c.counts.items())) if c.has_report else None,
+            }
+            for c in msg.checks
+        },
+    }
+
+
+# --- reports ----------------------------------------------------------------------
+
+
+def report_json_text(report: CheckReport) -> str:
+    """Serialised exactly as `check CHECK --json` does, so the two outputs are interchangeable."""
+    return json.dumps(report.to_json(), sort_keys=False)
+
+
+def report_response(report: CheckReport) -> pb.GetReportResponse:
+    msg = pb.GetReportResponse(
+        check=str(report.check),
+        report_json=report_json_text(report),
+        ledgers_checked=report.ledgers_checked,
+        violations=len(report.violations),
+        marked_underreplicated=len(set(report.marked_underreplicated)),
+    )
+    msg.counts.update(report.counts())
+    msg.ledgers_skipped.update({k: n for k, n in report.ledgers_skipped.items() if n})
+    for name, ts in (("started_at", report.started_at), ("finished_at", report.finished_at)):
+        stamp = timestamp(ts)
+        if stamp is not None:
+            getattr(msg, name).CopyFrom(stamp)
+    return msg
+
+
+def report_from_json(doc: dict[str, Any]) -> CheckReport:
+    """Rebuilds a report from its JSON document (so the CLI can render a daemon's report)."""
+    try:
+        check = Check(doc["check"])
+        report = CheckReport(
+            check=check,
+            started_at=_from_iso(doc["started_at"], "started_at"),
+            finished_at=_from_iso(doc["finished_at"], "finished_at"),
+            ledgers_checked=int(doc["ledgers_checked"]),
+            ledgers_skipped=Counter({str(k): int(n) for k, n in doc["ledgers_skipped"].items()}),
+            violations=[
+                Violation(int(v["ledger_id"]), Category(v["category"]), v["bookie"], v["detail"])
+                for v in doc["violations"]
+            ],
+            marked_underreplicated=[int(i) for i in doc["marked_underreplicated"]],
+            lost_bookies=[str(b) for b in doc.get("lost_bookies", [])],
+        )
+        if "coverage" in doc:
+            c = doc["coverage"]
+            report.coverage = Coverage(int(c["listed"]), int(c["probed"]), int(c["unverified"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ReportFormatError(f"the report document is malformed: {exc!r}") from exc
+    return report
+
+
+# --- streams ----------------------------------------------------------------------
+
+
+def violations(
+    reports: dict[Check, CheckReport], check: Check | None, category: Category | None
+) -> Iterator[pb.Violation]:
+    """By check (declaration order), then ledger id and category, as reports order them."""
+    for c in Check:
+        report = reports.get(c)
+        if report is None or (check is not None and c is not check):
+            continue
+        for v in sorted(report.violations, key=lambda v: (v.ledger_id, str(v.category))):
+            if category is not None and v.category is not category:
+                continue
+            yield pb.Violation(
+                check=str(c),
+                ledger_id=v.ledger_id,
+                category=str(v.category),
+                bookie=v.bookie or "",
+                detail_json=json.dumps(v.detail, sort_keys=False),
+            )
+
+
+def underreplicated_selected(
+    ur: UnderreplicatedLedger, missing_replica: str, excluding_missing_replica: str
+) -> bool:
+    """BookKeeper's listunderreplicated filters: exact membership in the replica list."""
+    if missing_replica and missing_replica not in ur.replicas:
+        return False
+    return not (excluding_missing_replica and excluding_missing_replica in ur.replicas)
+
+
+def underreplicated(ur: UnderreplicatedLedger) -> pb.UnderReplicatedLedger:
+    msg = pb.UnderReplicatedLedger(ledger_id=ur.ledger_id, replicas=list(ur.replicas))
+    if ur.ctime >= 0:
+        msg.ctime_ms = ur.ctime
+    return msg

@@ -1,0 +1,265 @@
+"""The leader's work: every check on its schedule, and the lost-bookie audit.
+
+One task per periodic check (initial delay from the ctime stored in
+ZooKeeper, so a new leader resumes the old leader's rhythm; jitter; the ctime
+written after a success), a task following the bookie set and one following
+the `lostBookieRecoveryDelay` znode, both feeding the pure state machine of
+`auditor.checks.lost_bookie_delay`. Checks run one at a time (as upstream's
+single auditor thread does, so they never stack load on the bookies), wait
+while auto-recovery is disabled, and are skipped while a delayed lost-bookie
+audit is pending. A failing check is logged and tried again at its next slot;
+nothing here lets an exception end the leader's loop except cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import Check, CheckReport
+from auditor.checks.lost_bookie_delay import (
+    CancelPendingAudit,
+    Decision,
+    LostBookieDelay,
+    RunAuditNow,
+    ScheduleAudit,
+)
+from auditor.checks.runner import driver
+from auditor.metadata.records import CheckKind
+from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
+from auditor.zk import FencedOutError, NoNodeError
+
+#: Checks whose last run time BookKeeper keeps in ZooKeeper.
+CTIME_KIND: dict[Check, CheckKind] = {
+    Check.LEDGERS: CheckKind.CHECK_ALL_LEDGERS,
+    Check.PLACEMENT: CheckKind.PLACEMENT_POLICY_CHECK,
+    Check.REPLICAS: CheckKind.REPLICAS_CHECK,
+}
+
+
+def initial_delay(ctime_ms: int, interval_s: float, now_ms: int) -> float:
+    """BookKeeper's rule: run now if never run or overdue, else when the interval ends."""
+    if ctime_ms < 0:
+        return 0.0
+    elapsed = max(0, (now_ms - ctime_ms) // 1000)
+    return 0.0 if elapsed > interval_s else float(interval_s - elapsed)
+
+
+def jittered(delay: float, interval: float, jitter: float, rng: random.Random) -> float:
+    """Spreads runs of many clusters' auditors: up to `jitter` of the interval later."""
+    if jitter <= 0 or interval <= 0:
+        return delay
+    return delay + rng.uniform(0, jitter * interval)
+
+
+def intervals(bk: Any) -> dict[Check, float]:
+    """Seconds between runs per check (0 = off), from BookKeeper's keys.
+
+    The grace check runs with the placement check's interval, as upstream
+    runs it inside that check.
+    """
+    return {
+        Check.BOOKIES: float(bk.auditorPeriodicBookieCheckInterval),
+        Check.LEDGERS: float(bk.auditorPeriodicCheckInterval),
+        Check.PLACEMENT: float(bk.auditorPeriodicPlacementPolicyCheckInterval),
+        Check.REPLICAS: float(bk.auditorReplicasCheckInterval),
+        Check.GRACE: float(bk.auditorPeriodicPlacementPolicyCheckInterval),
+    }
+
+
+class LeaderWork:
+    """Everything the leader does, for as long as it leads (cancel to stop)."""
+
+    def __init__(
+        self,
+        ctx: CheckContext,
+        *,
+        jitter: float,
+        on_report: Callable[[Check, CheckReport | None, float, str], None],
+        on_state: Callable[[Check, str, float | None], None],
+        gate: asyncio.Event | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.jitter = jitter
+        self.rng = rng or random.Random()
+        self.on_report = on_report
+        self.on_state = on_state
+        #: Set while ZooKeeper is connected; a SUSPENDED session pauses new checks.
+        self.gate = gate
+        self.log = ctx.log.bind(role="leader")
+        self.delay = LostBookieDelay()
+        self.one_at_a_time = asyncio.Lock()
+        self.triggers: dict[Check, asyncio.Event] = {c: asyncio.Event() for c in Check}
+        self._timer: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # --- running one check ------------------------------------------------------
+
+    async def _wait_enabled(self) -> None:
+        urm = self.ctx.urm
+        while True:
+            stat, changed = await self.ctx.zk.exists_watched(f"{urm.base}/disable")
+            if stat is None:
+                return
+            self.log.info("auto-recovery is disabled; checks wait until it is enabled")
+            await changed.wait()
+
+    async def run_check(self, check: Check, *, periodic: bool) -> None:
+        if periodic and check is not Check.BOOKIES and self.delay.should_skip_periodic_check():
+            self.log.info("check skipped: a delayed lost-bookie audit is pending", check=str(check))
+            self.on_report(check, None, 0.0, "skipped")
+            return
+        await self._wait_enabled()
+        if self.gate is not None:
+            await self.gate.wait()
+        async with self.one_at_a_time:
+            self.on_state(check, "running", None)
+            started = time.monotonic()
+            try:
+                report = await driver(check)(self.ctx)
+            except asyncio.CancelledError:
+                raise
+            except FencedOutError:
+                raise  # leadership lost: the daemon steps down
+            except Exception as exc:
+                self.log.error(
+                    "check failed", check=str(check), error=f"{type(exc).__name__}: {exc}"
+                )
+                self.on_report(check, None, time.monotonic() - started, f"failed: {exc}")
+                return
+            duration = time.monotonic() - started
+            kind = CTIME_KIND.get(check)
+            if kind is not None:
+                await self.ctx.urm.set_check_ctime(kind, int(self.ctx.clock() * 1000))
+            self.on_report(check, report, duration, "ok")
+
+    # --- periodic checks -----------------------------------------------------------
+
+    async def periodic(self, check: Check, interval: float) -> None:
+        kind = CTIME_KIND.get(check)
+        if check is Check.BOOKIES:
+            delay = interval  # the start audit just ran (see lost_bookie_delay)
+        elif kind is not None:
+            ctime = await self.ctx.urm.get_check_ctime(kind)
+            delay = initial_delay(ctime, interval, int(self.ctx.clock() * 1000))
+        else:
+            delay = 0.0
+        delay = jittered(delay, interval, self.jitter, self.rng)
+        while True:
+            self.on_state(check, "scheduled", self.ctx.clock() + delay)
+            trigger = self.triggers[check]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(trigger.wait(), delay)
+            manual = trigger.is_set()
+            trigger.clear()
+            await self.run_check(check, periodic=not manual)
+            delay = jittered(interval, interval, self.jitter, self.rng)
+
+    async def triggered_only(self, check: Check) -> None:
+        """A check that is off still runs when asked for (API, CLI)."""
+        while True:
+            await self.triggers[check].wait()
+            self.triggers[check].clear()
+            await self.run_check(check, periodic=False)
+
+    # --- the lost-bookie audit ---------------------------------------------------------
+
+    async def _apply(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            if isinstance(d, RunAuditNow):
+                self.log.info(
+                    "lost-bookie audit now", reason=str(d.reason), bookies=sorted(d.bookies)
+                )
+                await self.run_check(Check.BOOKIES, periodic=False)
+            elif isinstance(d, ScheduleAudit):
+                self._cancel_timer()
+                self._timer = asyncio.ensure_future(self._fire(d))
+                self.log.info("lost-bookie audit delayed", in_s=round(d.at - time.monotonic(), 1))
+            elif isinstance(d, CancelPendingAudit):
+                self._cancel_timer()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None and not self._timer.done():
+            self._timer.cancel()
+        self._timer = None
+
+    async def _fire(self, d: ScheduleAudit) -> None:
+        await asyncio.sleep(max(0.0, d.at - time.monotonic()))
+        await self._apply(self.delay.on_timer(time.monotonic(), d.token))
+
+    async def _delay_value(self) -> int:
+        try:
+            return await self.ctx.urm.get_lost_bookie_recovery_delay()
+        except NoNodeError:
+            return 0
+
+    async def follow_bookies(self) -> None:
+        stream = watch_bookies(self.ctx.zk, self.ctx.root)
+        try:
+            first = True
+            async for bookies in stream:
+                if first:  # leader_started already saw this set
+                    first = False
+                    continue
+                await self._wait_enabled()
+                decisions = self.delay.on_bookies_changed(
+                    bookies.available, await self._delay_value(), time.monotonic()
+                )
+                await self._apply(decisions)
+        finally:
+            await stream.aclose()
+
+    async def follow_delay(self) -> None:
+        path = f"{self.ctx.urm.base}/lostBookieRecoveryDelay"
+        _, _, changed = await self.ctx.zk.get_watched(path)
+        while True:
+            await changed.wait()
+            data, _, changed = await self.ctx.zk.get_watched(path)
+            await self._wait_enabled()
+            try:
+                delay = int(data.decode().strip())
+            except ValueError:
+                self.log.error("lostBookieRecoveryDelay is not an integer", value=data[:40])
+                continue
+            await self._apply(self.delay.on_delay_changed(delay, time.monotonic()))
+
+    # --- the whole ---------------------------------------------------------------------
+
+    async def run(self, lost_bookie_recovery_delay: int) -> None:
+        urm = self.ctx.urm
+        await urm.check_layout()
+        await urm.init_lost_bookie_recovery_delay(lost_bookie_recovery_delay)
+        cookies = await all_known_bookies(self.ctx.zk, self.ctx.root)
+        available = (await read_bookies(self.ctx.zk, self.ctx.root)).available
+        start = self.delay.leader_started(
+            cookies, available, await self._delay_value(), time.monotonic()
+        )
+        every = intervals(self.ctx.config.bookkeeper)
+        try:
+            for check, interval in every.items():
+                if interval > 0:
+                    self._tasks.append(asyncio.ensure_future(self.periodic(check, interval)))
+                else:
+                    self._tasks.append(asyncio.ensure_future(self.triggered_only(check)))
+                    self.on_state(check, "off", None)
+            self._tasks.append(asyncio.ensure_future(self.follow_bookies()))
+            self._tasks.append(asyncio.ensure_future(self.follow_delay()))
+            await self._apply(start)
+            # Any task ending ends the leader's work (only cancellation and lost
+            # leadership do so); the daemon then steps down and contends again.
+            done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            self._cancel_timer()
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()

@@ -1,0 +1,80 @@
+"""What the daemon knows about itself, and the operations the admin API may ask for.
+
+The API and the metrics read `DaemonState`; they never drive the leader's loop
+directly. Mutating requests go through `DaemonControl`, whose implementation
+(the daemon) decides whether this node may act (only a leader runs checks; any
+node may flip cluster-wide flags in ZooKeeper, as BookKeeper's shell does).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from auditor.checks.findings import Check, CheckReport
+from auditor.metadata.underreplication import UnderreplicatedLedger
+
+
+class Outcome(enum.StrEnum):
+    NEVER = "never"
+    RUNNING = "running"
+    OK = "ok"
+    VIOLATIONS = "violations"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class CheckState:
+    check: Check
+    enabled: bool = True
+    interval_s: float = 0.0
+    outcome: Outcome = Outcome.NEVER
+    last_started: float | None = None  # wall clock, seconds
+    last_finished: float | None = None
+    last_success: float | None = None
+    next_run: float | None = None
+    last_error: str | None = None
+    last_report: CheckReport | None = None
+
+
+@dataclass
+class DaemonState:
+    identity: str
+    started_at: float = field(default_factory=time.time)
+    is_leader: bool = False
+    leader: str | None = None
+    zk_connected: bool = False
+    replication_enabled: bool = True
+    #: Monotonic time the event loop last turned (liveness).
+    heartbeat: float = field(default_factory=time.monotonic)
+    retry_queue: int = 0
+    lost_bookies: tuple[str, ...] = ()
+    checks: dict[Check, CheckState] = field(
+        default_factory=lambda: {c: CheckState(c) for c in Check}
+    )
+
+
+class NotLeaderError(Exception):
+    """Only the leader runs checks; the message names the leader."""
+
+
+class DaemonControl(Protocol):
+    state: DaemonState
+
+    async def trigger_check(self, check: Check) -> None:
+        """Runs a check now on the leader (raises NotLeaderError on a follower)."""
+
+    async def current_leader(self) -> str | None:
+        """The auditor as BookKeeper sees it: the first vote's bookie id."""
+
+    async def set_lost_bookie_recovery_delay(self, seconds: int) -> None: ...
+
+    async def get_lost_bookie_recovery_delay(self) -> int: ...
+
+    async def set_autorecovery(self, enabled: bool) -> None: ...
+
+    def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]: ...
