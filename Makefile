@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.stamp-python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: all demo test lint typecheck proto proto-check unit bench clean system venv
+.PHONY: all demo test lint typecheck proto proto-check promtool promtool-check unit bench clean system venv
 
 all: test
 
@@ -23,8 +23,18 @@ $(STAMP_SYS):
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    zookeeper default-jre-headless python3-venv >/dev/null; \
 	fi
+	@$(MAKE) --no-print-directory promtool
 	@mkdir -p $(VENV)
 	@touch $@
+
+# promtool checks the alerting rules; Debian ships it in the `prometheus` package.
+promtool:
+	@if ! command -v promtool >/dev/null 2>&1; then \
+	  echo "installing Debian package: prometheus (for promtool)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    prometheus >/dev/null; \
+	fi
 
 venv: $(STAMP_PY)
 $(STAMP_PY): $(STAMP_SYS) pyproject.toml
@@ -38,7 +48,7 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 demo: $(STAMP_PY)
 	@$(VENV)/bin/bk-auditor demo
 
-test: $(STAMP_PY) lint typecheck proto-check unit
+test: $(STAMP_PY) lint typecheck proto-check promtool-check unit
 
 lint: $(STAMP_PY)
 	@$(VENV)/bin/ruff check auditor tests bench
@@ -52,6 +62,11 @@ proto: $(STAMP_PY)
 
 proto-check: $(STAMP_PY)
 	@PYTHON=$(PY) scripts/gen_proto.sh --check
+
+# The alerting rules parse, and every alert fires and stays quiet when it should.
+promtool-check: promtool
+	@promtool check rules deploy/prometheus/alerts.yaml >/dev/null
+	@cd deploy/prometheus && promtool test rules alerts_test.yaml
 
 unit: $(STAMP_PY)
 	@$(PY) -m pytest -q

@@ -5,16 +5,22 @@ with the same meaning and units, in the `[bookkeeper]` table of a TOML file
 (`--set KEY=VALUE` overrides one). Knobs BookKeeper has no word for (retry of
 unanswering bookies, probing, rack sources, concurrency) live in `[checks]`.
 Every value is validated here, and a bad one is a `ConfigError` that names the
-key, so nothing downstream meets a nonsensical setting.
+key (and where the value came from), so nothing downstream meets a nonsensical
+setting.
+
+The pieces the daemon's layered configuration is built from live here too:
+`build_section` applies values that remember their origin, `parse_properties`
+reads a Java properties file such as BookKeeper's `bk_server.conf`.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from auditor.errors import ConfigError
 
@@ -132,8 +138,7 @@ class AuditorConfig:
         return self.bookkeeper.zkTimeout / 1000.0
 
 
-def _coerce(section: str, key: str, value: Any, target: type) -> Any:
-    name = f"{section}.{key}"
+def _coerce(name: str, value: Any, target: type) -> Any:
     if target is bool:
         if isinstance(value, bool):
             return value
@@ -169,19 +174,89 @@ def _coerce(section: str, key: str, value: Any, target: type) -> Any:
 
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
+T = TypeVar("T")
 
-def _apply(section: str, base: Any, values: Mapping[str, Any], rules: Mapping[str, Any]) -> Any:
-    known = {f.name: _TYPES[str(f.type)] for f in fields(base)}
+#: A key's validation: a predicate on the coerced value and what it must be, in words.
+Rules = Mapping[str, tuple[Callable[[Any], bool], str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """A raw value and where it came from ("" when it does not matter)."""
+
+    value: Any
+    origin: str = ""
+
+
+def _from(origin: str) -> str:
+    return f" (from {origin})" if origin else ""
+
+
+def normalize_key(name: str) -> str:
+    """The spelling-blind form of a key: `zkTimeout`, `ZKTIMEOUT` and `zk_timeout` agree.
+
+    Environment variables are upper case by convention, so they can only
+    name BookKeeper's camelCase keys and our snake_case ones this way.
+    """
+    return name.replace("_", "").replace("-", "").lower()
+
+
+def field_names(cls: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+def match_key(cls: Any, name: str) -> str | None:
+    """The field of `cls` that `name` names, ignoring case and underscores."""
+    wanted = normalize_key(name)
+    for key in field_names(cls):
+        if normalize_key(key) == wanted:
+            return key
+    return None
+
+
+def build_section(section: str, base: T, values: Mapping[str, Setting], rules: Rules) -> T:
+    """`base` with `values` applied: coerced to each field's type, then checked by `rules`.
+
+    Any problem is a `ConfigError` naming `section.key` and the value's origin.
+    """
+    known = {f.name: _TYPES[str(f.type)] for f in fields(base)}  # type: ignore[arg-type]
     changes: dict[str, Any] = {}
-    for key, value in values.items():
+    for key, setting in values.items():
         if key not in known:
-            raise ConfigError(f"unknown key {section}.{key}")
-        v = _coerce(section, key, value, known[key])
+            hint = match_key(base, key)
+            did_you_mean = f" (did you mean {section}.{hint}?)" if hint else ""
+            raise ConfigError(f"unknown key {section}.{key}{did_you_mean}{_from(setting.origin)}")
+        try:
+            v = _coerce(f"{section}.{key}", setting.value, known[key])
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}{_from(setting.origin)}") from None
         rule = rules.get(key)
         if rule is not None and not rule[0](v):
-            raise ConfigError(f"{section}.{key} must be {rule[1]}, got {value!r}")
+            raise ConfigError(
+                f"{section}.{key} must be {rule[1]}, got {setting.value!r}{_from(setting.origin)}"
+            )
         changes[key] = v
-    return replace(base, **changes)
+    return replace(base, **changes)  # type: ignore[type-var]
+
+
+def _apply(section: str, base: Any, values: Mapping[str, Any], rules: Rules) -> Any:
+    return build_section(section, base, {k: Setting(v) for k, v in values.items()}, rules)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {p} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+
+
+#: Tables a TOML config file may have; the daemon reads the last four.
+TOML_TABLES = ("bookkeeper", "checks", "daemon", "api", "metrics", "logging")
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> AuditorConfig:
@@ -190,21 +265,11 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     A bare key means a BookKeeper key; `checks.KEY` and `bookkeeper.KEY` name
     the table explicitly.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {p} does not exist") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {p}: {exc}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    data: dict[str, Any] = read_toml(path) if path is not None else {}
     bk = dict(data.pop("bookkeeper", {}) or {})
     checks = dict(data.pop("checks", {}) or {})
     for section in data:
-        if section not in ("daemon", "api", "metrics", "logging"):  # the daemon's own tables
+        if section not in TOML_TABLES:
             raise ConfigError(f"unknown config table [{section}]")
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -222,3 +287,94 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         bookkeeper=_apply("bookkeeper", BookKeeperConfig(), bk, _BK_RULES),
         checks=_apply("checks", ChecksConfig(), checks, _CHECKS_RULES),
     )
+
+
+BK_RULES: Rules = _BK_RULES
+CHECKS_RULES: Rules = _CHECKS_RULES
+
+
+# --- Java properties (bk_server.conf) ------------------------------------------------
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_WS = " \t\f"
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _odd_backslashes(line: str) -> bool:
+    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, logical line): comments and blanks dropped, continuations joined.
+
+    A line ending in an odd number of backslashes continues on the next one,
+    whose leading whitespace is dropped; a comment line never continues.
+    """
+    lines = _LINE_BREAK.split(text)
+    i = 0
+    while i < len(lines):
+        lineno = i + 1
+        line = lines[i].lstrip(_WS)
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        while _odd_backslashes(line):
+            line = line[:-1]
+            if i >= len(lines):
+                break
+            line += lines[i].lstrip(_WS)
+            i += 1
+        yield lineno, line
+
+
+def _unescape(raw: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        c = raw[i]
+        if c != "\\" or i + 1 >= len(raw):
+            out.append(c)
+            i += 1
+            continue
+        nxt = raw[i + 1]
+        if nxt == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", raw[i + 2 : i + 6]):
+            out.append(chr(int(raw[i + 2 : i + 6], 16)))
+            i += 6
+            continue
+        out.append(_ESCAPES.get(nxt, nxt))
+        i += 2
+    return "".join(out)
+
+
+def _split_property(line: str) -> tuple[str, str]:
+    """Key and raw value: the key ends at the first unescaped `=`, `:` or whitespace."""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c in "=:" or c in _WS:
+            break
+        i += 1
+    key = line[:i]
+    rest = line[i:].lstrip(_WS)
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(_WS)
+    # Trailing whitespace is dropped (Commons Configuration trims values) unless escaped.
+    trimmed = rest.rstrip(_WS)
+    if trimmed != rest and _odd_backslashes(trimmed):
+        trimmed = rest[: len(trimmed) + 1]
+    return key, trimmed
+
+
+def property_lines(text: str) -> Iterator[tuple[int, str, str]]:
+    """(line number, key, value) for every property of a Java properties text, in order."""
+    for lineno, line in _logical_lines(text):
+        key, value = _split_property(line)
+        yield lineno, _unescape(key), _unescape(value)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """A Java properties text as a dict; a repeated key keeps its last value."""
+    return {key: value for _, key, value in property_lines(text)}

@@ -10,6 +10,7 @@ server answers with INVALID_ARGUMENT).
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -68,18 +69,27 @@ def parse_category(name: str) -> Category:
 def timestamp(ts: float | None) -> Timestamp | None:
     if ts is None:
         return None
-    nanos = round(ts * 1e9)
-    return Timestamp(seconds=nanos // 1_000_000_000, nanos=nanos % 1_000_000_000)
+    # Split before scaling: seconds * 1e9 exceeds a double's exact integers.
+    whole = math.floor(ts)
+    nanos = min(round((ts - whole) * 1e9), 999_999_999)
+    return Timestamp(seconds=whole, nanos=nanos)
 
 
-def seconds(ts: Timestamp, present: bool) -> float | None:
-    return ts.seconds + ts.nanos / 1e9 if present else None
+def _iso_text(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
 
 
 def iso(ts: float | None) -> str | None:
-    if ts is None:
+    """Seconds since the epoch as the reports write times (`...Z`)."""
+    return None if ts is None else _iso_text(datetime.fromtimestamp(ts, UTC))
+
+
+def stamp_iso(msg: Any, name: str) -> str | None:
+    """A Timestamp field as `iso` would write it; None when unset (never happened)."""
+    if not msg.HasField(name):
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+    stamp: Timestamp = getattr(msg, name)
+    return _iso_text(stamp.ToDatetime(tzinfo=UTC))
 
 
 def _from_iso(value: Any, what: str) -> float:
@@ -135,18 +145,16 @@ def status_response(state: DaemonState) -> pb.GetStatusResponse:
     return msg
 
 
+_OUTCOMES: dict[int, Outcome] = {pb.Outcome.Value(f"OUTCOME_{o.name}"): o for o in Outcome}
+
+
 def outcome_name(value: int) -> str:
     """The daemon's outcome string for a proto enum value ("unspecified" if unknown)."""
-    name = pb.Outcome.Name(value) if value in pb.Outcome.values() else "OUTCOME_UNSPECIFIED"
-    member = Outcome.__members__.get(name.removeprefix("OUTCOME_"))
-    return str(member) if member is not None else "unspecified"
+    return str(_OUTCOMES.get(value, "unspecified"))
 
 
 def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
     """The `status --json` document: snake_case, ISO times, null for "never"."""
-
-    def when(m: pb.CheckStatus, name: str) -> str | None:
-        return iso(seconds(getattr(m, name), m.HasField(name)))  # type: ignore[arg-type]
 
     return {
         "identity": msg.identity,
@@ -154,7 +162,7 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
         "leader": msg.leader or None,
         "zk_connected": msg.zk_connected,
         "replication_enabled": msg.replication_enabled,
-        "started_at": iso(seconds(msg.started_at, msg.HasField("started_at"))),
+        "started_at": stamp_iso(msg, "started_at"),
         "retry_queue_ledgers": msg.retry_queue_ledgers,
         "lost_bookies": list(msg.lost_bookies),
         "checks": {
@@ -162,10 +170,10 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
                 "enabled": c.enabled,
                 "interval_s": c.interval_seconds,
                 "outcome": outcome_name(c.outcome),
-                "last_started": when(c, "last_started"),
-                "last_finished": when(c, "last_finished"),
-                "last_success": when(c, "last_success"),
-                "next_run": when(c, "next_run"),
+                "last_started": stamp_iso(c, "last_started"),
+                "last_finished": stamp_iso(c, "last_finished"),
+                "last_success": stamp_iso(c, "last_success"),
+                "next_run": stamp_iso(c, "next_run"),
                 "last_error": c.last_error or None,
                 "ledgers_checked": c.ledgers_checked if c.has_report else None,
                 "counts": dict(sorted(c.counts.items())) if c.has_report else None,

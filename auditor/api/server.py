@@ -28,37 +28,39 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
-from auditor.api import convert
+from auditor.api import AUTH_METADATA_KEY, AUTH_SCHEME, LIVENESS, READINESS, convert
 from auditor.checks.findings import Check, CheckReport
 from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, ServiceUnavailableError
 from auditor.logs import get_logger
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
+from auditor.zk import NoNodeError
 
 T = TypeVar("T")
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["AuditorService"].full_name
-LIVENESS = "auditor-liveness"
-READINESS = "auditor-readiness"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-#: The metadata key and scheme a client sends its token with.
-AUTH_METADATA_KEY = "authorization"
-AUTH_SCHEME = "bearer"
 
 _log = get_logger("auditor.api")
 
 _HOW_TO_AUTHORISE = (
-    "configure an API token on the daemon (clients send it as 'authorization: Bearer <token>', "
-    "bk-auditor takes --token or BK_AUDITOR_API_TOKEN) or mTLS (a client CA)"
+    "configure a token on the daemon ([api] token or token_file, env BK_AUDITOR_API_TOKEN; "
+    "clients send 'authorization: Bearer <token>') or mTLS ([api] tls_client_ca)"
 )
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, msg: str) -> NoReturn:
     await context.abort(code, msg)
     raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+async def _next(it: AsyncIterator[T]) -> T | None:
+    try:
+        return await anext(it)
+    except StopAsyncIteration:
+        return None
 
 
 class _Servicer(pb_grpc.AuditorServiceServicer):
@@ -109,17 +111,18 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
             return await aw
         except NotLeaderError as exc:
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except convert.UnknownNameError as exc:
+        except ConfigError as exc:  # unknown names included
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ServiceUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, f"{what}: {exc}")
+        except NoNodeError as exc:
+            where = f" ({exc.args[0]})" if exc.args and isinstance(exc.args[0], str) else ""
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"{what}: no such znode{where}")
         except AuditorError as exc:
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"{what}: {exc}")
         except Exception as exc:
             _log.exception("api_call_failed", call=what)
-            await _abort(
-                context, grpc.StatusCode.INTERNAL, f"{what}: {type(exc).__name__}: {exc}"
-            )
+            await _abort(context, grpc.StatusCode.INTERNAL, f"{what}: {type(exc).__name__}: {exc}")
 
     async def _name(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
         try:
@@ -147,12 +150,14 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
         check: Check = await self._name(context, convert.parse_check, request.check)
         cs = self._control.state.checks.get(check)
         if cs is None or cs.last_report is None:
+            state = self._control.state
             outcome = cs.outcome if cs is not None else "never"
+            # Only the leader runs checks: point a follower's caller at it.
+            where = "" if state.is_leader else f"; the auditor is {state.leader or 'unknown'}"
             await _abort(
                 context,
                 grpc.StatusCode.NOT_FOUND,
-                f"no report of check {check} on {self._control.state.identity} yet "
-                f"(outcome: {outcome})",
+                f"no report of check {check} on {state.identity} yet (outcome: {outcome}){where}",
             )
         return convert.report_response(cs.last_report)
 
@@ -160,9 +165,7 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
         self, request: pb.ListViolationsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Violation]:
         check = (
-            await self._name(context, convert.parse_check, request.check)
-            if request.check
-            else None
+            await self._name(context, convert.parse_check, request.check) if request.check else None
         )
         category = (
             await self._name(context, convert.parse_category, request.category)
@@ -177,9 +180,8 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
     ) -> AsyncIterator[pb.UnderReplicatedLedger]:
         marks = self._control.list_underreplicated()
         while True:
-            try:
-                ur = await self._guard(context, "listing under-replicated ledgers", anext(marks))
-            except StopAsyncIteration:
+            ur = await self._guard(context, "listing under-replicated ledgers", _next(marks))
+            if ur is None:
                 return
             if convert.underreplicated_selected(
                 ur, request.missing_replica, request.excluding_missing_replica
@@ -230,7 +232,9 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
             "writing lostBookieRecoveryDelay",
             self._control.set_lost_bookie_recovery_delay(request.seconds),
         )
-        _log.info("api_lost_bookie_recovery_delay_set", seconds=request.seconds, peer=context.peer())
+        _log.info(
+            "api_lost_bookie_recovery_delay_set", seconds=request.seconds, peer=context.peer()
+        )
         return pb.LostBookieRecoveryDelay(seconds=request.seconds)
 
     async def SetAutoRecovery(
@@ -378,6 +382,9 @@ async def start_api_server(
         options=[
             ("grpc.max_send_message_length", max_report_bytes),
             ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+            # gRPC shares ports by default: a second daemon on the same port
+            # would start "fine" and split the traffic. Fail the bind instead.
+            ("grpc.so_reuseport", 0),
         ]
     )
     pb_grpc.add_AuditorServiceServicer_to_server(
@@ -395,9 +402,10 @@ async def start_api_server(
             if creds is not None
             else server.add_insecure_port(address)
         )
-    except RuntimeError as exc:
-        raise ConfigError(f"cannot listen for gRPC on {address}: {exc}") from exc
-    if bound == 0:  # older grpcio reports a failed bind this way
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        await server.stop(None)
         raise ConfigError(f"cannot listen for gRPC on {address}: address in use or not available")
     await server.start()
     api = ApiServer(
@@ -411,9 +419,7 @@ async def start_api_server(
     await api.refresh_health()
     api.start_monitor()
     if token and creds is None:
-        _log.warning(
-            "api_token_in_clear", msg="the API token travels unencrypted: configure TLS"
-        )
+        _log.warning("api_token_in_clear", msg="the API token travels unencrypted: configure TLS")
     _log.info(
         "api_started",
         address=f"{host}:{bound}",

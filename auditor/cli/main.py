@@ -18,6 +18,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
+from auditor.cli import admin
 from auditor.cli.cluster import ClusterTarget, target_from_args
 from auditor.errors import AuditorError, ConfigError
 
@@ -75,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     emu.add_argument("--storage", choices=["sorted", "dbledger"], default="sorted")
     emu.add_argument("--readonly", action="store_true")
     sub.add_parser("demo", help="run against a throwaway ZooKeeper and emulated bookies")
+    run = sub.add_parser("run", help="run the auditor daemon (contends for leadership)")
+    run.add_argument("--config", metavar="FILE", help="TOML config file")
+    run.add_argument("--bk-conf", metavar="FILE", help="BookKeeper's bk_server.conf to honour")
+    run.add_argument("--zk", metavar="HOST:PORT[,...]", help="ZooKeeper (same as daemon.zk)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key (SECTION.KEY, or a BookKeeper key)",
+    )
+    admin.add_parsers(sub, _cluster_args)
     return parser
 
 
@@ -111,6 +125,12 @@ async def _dispatch(args: argparse.Namespace) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         return 0
+    if args.command == "run":
+        from auditor.cli.run import cmd_run
+
+        return await cmd_run(args.config, args.overrides, args.bk_conf, args.zk)
+    if args.command in admin.COMMANDS:
+        return await admin.dispatch(args)
     if args.command == "demo":
         from auditor.cli.demo import run_demo
 

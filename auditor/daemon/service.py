@@ -225,6 +225,8 @@ class Daemon:
                     for check, iv in intervals(self.config.auditor.bookkeeper).items():
                         self.state.checks[check].interval_s = iv
                         self.state.checks[check].enabled = iv > 0
+                        if self.metrics is not None:
+                            self.metrics.set_check_interval(check, iv)
                     work = asyncio.ensure_future(
                         self.work.run(self.config.auditor.bookkeeper.lostBookieRecoveryDelay)
                     )
@@ -325,7 +327,7 @@ class Daemon:
         self.state.zk_connected = True
         self._connected.set()
         try:
-            self.manager = await read_manager(zk, self.root)
+            self.manager = self.config.ledger_manager or await read_manager(zk, self.root)
             if api_factory is not None:
                 self.api = await api_factory(self)
                 self._readiness()
@@ -353,7 +355,7 @@ class Daemon:
             if self.api is not None:
                 await self.api.stop(grace=min(5.0, d.shutdown_timeout))
             if self.metrics is not None:
-                await self.metrics.stop_http()
+                self.metrics.stop_http()
         finally:
             follow.cancel()
             await zk.close()

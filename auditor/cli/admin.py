@@ -1,0 +1,425 @@
+"""Operator commands: BookKeeper's admin surface, and the daemon's API.
+
+`whoisauditor`, `lost-bookie-recovery-delay`, `autorecovery` and `trigger`
+without `--target` work directly on ZooKeeper, exactly as BookKeeper's shell
+does, so they work whichever auditor leads (ours or Java's) and even with no
+daemon running. `trigger --target`, `status`, `report` and `health` ask a
+daemon over gRPC. grpc is imported only by the commands that dial a daemon, so
+the ZooKeeper commands start as fast as the rest of the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TextIO
+
+from auditor.api import TARGET_ENV, TOKEN_ENV
+from auditor.checks.findings import Check
+from auditor.cli.cluster import ClusterTarget, connect, target_from_args
+from auditor.errors import AuditorError, ConfigError
+from auditor.metadata.records import RecordFormatError, decode_auditor_vote
+from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.zk import BadVersionError, NoNodeError, ZkClient
+
+if TYPE_CHECKING:
+    from auditor.api.client import ApiClient
+
+ELECTION_ZNODE = "underreplication/auditorelection"
+DELAY_ZNODE = "underreplication/lostBookieRecoveryDelay"
+
+_VOTE_SEQUENCE = re.compile(r"V_(\d+)$")
+_LOOKUP_ATTEMPTS = 5
+
+
+class NoAuditorError(AuditorError):
+    """Nobody holds the auditor election."""
+
+
+class AutoRecoveryDisabledError(AuditorError):
+    """The `disable` flag is set: no auditor acts on a trigger."""
+
+
+# --- the election, read as BookKeeper reads it -------------------------------------
+
+
+def vote_sequence(name: str) -> int | None:
+    """The number after the first `V_` of a vote's name, as BookKeeper sorts votes.
+
+    Java's votes are `V_<seq>`; ours carry a prefix before `V_`. A child
+    without that shape is not a vote and is ignored.
+    """
+    i = name.find("V_")
+    if i < 0:
+        return None
+    m = _VOTE_SEQUENCE.match(name, i)
+    return int(m.group(1)) if m else None
+
+
+def ordered_votes(children: Iterable[str]) -> list[str]:
+    """Votes, lowest sequence (the auditor) first."""
+    numbered = [(seq, name) for name in children if (seq := vote_sequence(name)) is not None]
+    return [name for _, name in sorted(numbered)]
+
+
+async def current_auditor(zk: ZkClient, root: str) -> tuple[str, str]:
+    """(vote node name, auditor id) of the first vote, like BookKeeper's getCurrentAuditor."""
+    path = f"{root}/{ELECTION_ZNODE}"
+    for _ in range(_LOOKUP_ATTEMPTS):
+        try:
+            votes = ordered_votes(await zk.get_children(path))
+        except NoNodeError:
+            raise NoAuditorError(
+                f"no auditor elected: {path} does not exist (auto-recovery never ran here)"
+            ) from None
+        if not votes:
+            raise NoAuditorError(f"no auditor elected: no vote under {path}")
+        try:
+            data, _ = await zk.get(f"{path}/{votes[0]}")
+        except NoNodeError:
+            continue  # the auditor just left: look again
+        try:
+            auditor = decode_auditor_vote(data)
+        except RecordFormatError as exc:
+            raise RecordFormatError("auditor vote", f"{path}/{votes[0]}: {exc.reason}") from exc
+        if not auditor:
+            raise NoAuditorError(f"the first vote {path}/{votes[0]} names no auditor")
+        return votes[0], auditor
+    raise NoAuditorError(f"no stable auditor: the first vote under {path} kept disappearing")
+
+
+def _emit(out: TextIO, as_json: bool, doc: dict[str, Any], text: str) -> None:
+    out.write((json.dumps(doc) if as_json else text) + "\n")
+
+
+async def cmd_whoisauditor(target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout) -> int:
+    async with connect(target) as (zk, _):
+        vote, auditor = await current_auditor(zk, target.root)
+    _emit(out, as_json, {"auditor": auditor, "vote": vote}, auditor)
+    return 0
+
+
+# --- lostBookieRecoveryDelay and the disable flag -----------------------------------
+
+
+async def _read_delay(zk: ZkClient, root: str) -> tuple[int, int]:
+    """(seconds, znode version)."""
+    path = f"{root}/{DELAY_ZNODE}"
+    try:
+        data, stat = await zk.get(path)
+    except NoNodeError:
+        raise AuditorError(
+            f"{path} does not exist: no auditor has initialised it yet "
+            "(set it with: lost-bookie-recovery-delay --set SECONDS)"
+        ) from None
+    text = data.decode("ascii", errors="replace").strip()
+    try:
+        return int(text), int(stat.version)
+    except ValueError:
+        raise AuditorError(f"{path} is not an integer: {text[:40]!r}") from None
+
+
+async def cmd_lost_bookie_recovery_delay(
+    target: ClusterTarget, set_to: int | None, as_json: bool, out: TextIO = sys.stdout
+) -> int:
+    async with connect(target) as (zk, _):
+        if set_to is None:
+            seconds, _ = await _read_delay(zk, target.root)
+            _emit(out, as_json, {"lost_bookie_recovery_delay": seconds}, str(seconds))
+            return 0
+        await UnderreplicationManager(zk, target.root).set_lost_bookie_recovery_delay(set_to)
+    _emit(
+        out,
+        as_json,
+        {"lost_bookie_recovery_delay": set_to},
+        f"lostBookieRecoveryDelay set to {set_to}",
+    )
+    return 0
+
+
+async def cmd_autorecovery(
+    target: ClusterTarget, action: str, as_json: bool, out: TextIO = sys.stdout
+) -> int:
+    """Idempotent like BookKeeper's shell: asking for the current state only says so."""
+    async with connect(target) as (zk, _):
+        urm = UnderreplicationManager(zk, target.root)
+        enabled = await urm.is_replication_enabled()
+        wanted = {"enable": True, "disable": False}.get(action)
+        if wanted is None or wanted == enabled:
+            word = "enabled" if enabled else "disabled"
+            text = word if wanted is None else f"auto-recovery was already {word}"
+            _emit(out, as_json, {"enabled": enabled, "changed": False}, text)
+            return 0
+        if wanted:
+            await urm.enable_replication()
+        else:
+            await urm.disable_replication()
+    word = "enabled" if wanted else "disabled"
+    _emit(out, as_json, {"enabled": wanted, "changed": True}, f"auto-recovery {word}")
+    return 0
+
+
+async def cmd_trigger_audit(target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """BookKeeper's triggerAudit: rewrite the current delay, so the auditor audits bookies now.
+
+    Same refusals as upstream (replication disabled, no auditor), since the
+    write would otherwise silently do nothing. The rewrite is conditional on the
+    version read, so a concurrent change of the delay is never overwritten.
+    """
+    async with connect(target) as (zk, _):
+        urm = UnderreplicationManager(zk, target.root)
+        if not await urm.is_replication_enabled():
+            raise AutoRecoveryDisabledError(
+                "auto-recovery is disabled, so no auditor acts on a trigger "
+                "(enable it with: bk-auditor autorecovery enable)"
+            )
+        _, auditor = await current_auditor(zk, target.root)
+        path = f"{target.root}/{DELAY_ZNODE}"
+        for _ in range(_LOOKUP_ATTEMPTS):
+            seconds, version = await _read_delay(zk, target.root)
+            try:
+                await zk.set(path, str(seconds).encode(), version=version)
+                break
+            except (BadVersionError, NoNodeError):
+                continue
+        else:
+            raise AuditorError(f"{path} kept changing; try again")
+    _emit(
+        out,
+        as_json,
+        {"triggered": ["bookies"], "auditor": auditor, "lost_bookie_recovery_delay": seconds},
+        f"audit triggered: {auditor} audits the bookies now "
+        f"(lostBookieRecoveryDelay {seconds} rewritten)",
+    )
+    return 0
+
+
+# --- commands that dial a daemon ----------------------------------------------------
+
+
+def _api_client(args: argparse.Namespace, target: str) -> ApiClient:
+    # grpc's core logs connection failures on stderr by itself; the CLI says it in one line.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    from auditor.api.client import ApiClient
+
+    return ApiClient(
+        target,
+        timeout=args.timeout,
+        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        tls=args.tls,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+
+
+def _daemon_target(args: argparse.Namespace) -> str:
+    """--target, else the environment, else the daemon beside us on its default port."""
+    target: str | None = args.target or os.environ.get(TARGET_ENV)
+    if target:
+        return target
+    from auditor.daemon.config import DEFAULT_API_PORT
+
+    return f"127.0.0.1:{DEFAULT_API_PORT}"
+
+
+def render_status(doc: dict[str, Any], out: TextIO) -> None:
+    role = "leader" if doc["is_leader"] else "follower"
+    leader = doc["leader"] or "none known"
+    out.write(
+        f"{doc['identity']}: {role} (auditor: {leader}); zookeeper "
+        f"{'connected' if doc['zk_connected'] else 'DISCONNECTED'}; auto-recovery "
+        f"{'enabled' if doc['replication_enabled'] else 'DISABLED'}\n"
+    )
+    lost = ", ".join(doc["lost_bookies"]) or "none"
+    out.write(f"  retry queue: {doc['retry_queue_ledgers']} ledgers; lost bookies: {lost}\n")
+    out.write(
+        f"  {'check':<10} {'enabled':<7} {'interval':>9}  {'outcome':<10} "
+        f"{'last finished':<27} {'next run':<27} ledgers in violation\n"
+    )
+    for name, c in doc["checks"].items():
+        counts = c["counts"]
+        found = (
+            "-"
+            if counts is None
+            else ", ".join(f"{k}={n}" for k, n in counts.items() if n) or "none"
+        )
+        out.write(
+            f"  {name:<10} {'yes' if c['enabled'] else 'no':<7} {c['interval_s']:>8g}s  "
+            f"{c['outcome']:<10} {c['last_finished'] or '-':<27} {c['next_run'] or '-':<27} "
+            f"{found}\n"
+        )
+        if c["last_error"]:
+            out.write(f"  {'':<10} last error: {c['last_error']}\n")
+
+
+async def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from auditor.api.convert import status_json
+
+    async with _api_client(args, _daemon_target(args)) as api:
+        doc = status_json(await api.status())
+    if args.json:
+        out.write(json.dumps(doc) + "\n")
+    else:
+        render_status(doc, out)
+    return 0
+
+
+async def cmd_report(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    async with _api_client(args, _daemon_target(args)) as api:
+        resp = await api.report(args.which)
+    if args.json:
+        out.write(resp.report_json + "\n")
+        return 0
+    from auditor.api.convert import report_from_json
+    from auditor.cli.check import render_text
+
+    render_text(report_from_json(json.loads(resp.report_json)), out)
+    return 0
+
+
+async def cmd_trigger(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    if args.target:
+        async with _api_client(args, args.target) as api:
+            resp = await api.trigger(args.which or str(Check.BOOKIES))
+        _emit(
+            out,
+            args.json,
+            {"triggered": list(resp.triggered), "auditor": resp.identity},
+            f"triggered {', '.join(resp.triggered) or 'nothing'} on {resp.identity}",
+        )
+        return 0
+    if args.which not in (None, str(Check.BOOKIES)):
+        raise ConfigError(
+            f"BookKeeper's trigger runs only the bookie audit; to run {args.which}, "
+            "give --target HOST:PORT of a daemon"
+        )
+    if not args.zk and not args.metadata_service_uri:
+        raise ConfigError(
+            "give --target HOST:PORT (a daemon) or --zk/--metadata-service-uri "
+            "(BookKeeper's own trigger)"
+        )
+    return await cmd_trigger_audit(_cluster(args), args.json, out)
+
+
+async def cmd_health(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """For HEALTHCHECK and exec probes: exit 0 only when SERVING."""
+    from auditor.api.client import health_status_name
+
+    async with _api_client(args, _daemon_target(args)) as api:
+        status = await api.health(args.service)
+    name = health_status_name(status)
+    out.write(name + "\n")
+    return 0 if name == "SERVING" else 1
+
+
+# --- argument parsing and dispatch --------------------------------------------------
+
+
+def _cluster(args: argparse.Namespace) -> ClusterTarget:
+    return target_from_args(args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout)
+
+
+def _seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _api_args(p: argparse.ArgumentParser, *, with_common: bool) -> None:
+    """`with_common`: the command dials only a daemon, so --target has a default."""
+    p.add_argument(
+        "--target",
+        metavar="HOST:PORT",
+        help=(
+            f"a daemon's gRPC API (env {TARGET_ENV}; default: this host's daemon)"
+            if with_common
+            else "a daemon's gRPC API; without it, BookKeeper's trigger through ZooKeeper"
+        ),
+    )
+    p.add_argument(
+        "--token", metavar="TOKEN", help=f"API token for mutating calls (env {TOKEN_ENV})"
+    )
+    p.add_argument("--tls", action="store_true", help="TLS with the system's trust roots")
+    p.add_argument("--tls-ca", metavar="FILE", help="TLS, trusting this CA (PEM)")
+    p.add_argument("--tls-cert", metavar="FILE", help="client certificate for mTLS (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="client key for mTLS (PEM)")
+    if with_common:
+        p.add_argument("--timeout", type=float, default=10.0, help="seconds for each call")
+        p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def add_parsers(sub: Any, cluster_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Registers the admin subcommands on `bk-auditor`'s subparsers."""
+    cluster_args(sub.add_parser("whoisauditor", help="print the current auditor's id"))
+    delay = sub.add_parser(
+        "lost-bookie-recovery-delay", help="print or set lostBookieRecoveryDelay (seconds)"
+    )
+    cluster_args(delay)
+    delay.add_argument("--set", dest="set_to", type=_seconds, metavar="SECONDS")
+    auto = sub.add_parser("autorecovery", help="enable, disable or show auto-recovery")
+    auto.add_argument("action", choices=["enable", "disable", "status"])
+    cluster_args(auto)
+    trig = sub.add_parser(
+        "trigger",
+        help="run a check now: on a daemon (--target), else BookKeeper's trigger (--zk)",
+    )
+    trig.add_argument(
+        "which",
+        nargs="?",
+        metavar="CHECK",
+        choices=[*map(str, Check), "all"],
+        help="bookies (the default), ledgers, placement, replicas, grace, or all (daemon only)",
+    )
+    cluster_args(trig)
+    _api_args(trig, with_common=False)
+    status = sub.add_parser("status", help="a daemon's status: leadership, checks, last counts")
+    _api_args(status, with_common=True)
+    report = sub.add_parser("report", help="a daemon's last report of a check")
+    report.add_argument("which", metavar="CHECK", choices=list(map(str, Check)))
+    _api_args(report, with_common=True)
+    health = sub.add_parser("health", help="a daemon's health; exit 0 when SERVING")
+    _api_args(health, with_common=True)
+    health.add_argument(
+        "--service", default="", help="auditor-liveness, auditor-readiness, or '' (default)"
+    )
+
+
+COMMANDS = frozenset(
+    {
+        "whoisauditor",
+        "lost-bookie-recovery-delay",
+        "autorecovery",
+        "trigger",
+        "status",
+        "report",
+        "health",
+    }
+)
+
+
+async def dispatch(args: argparse.Namespace) -> int:
+    command: str = args.command
+    if command == "whoisauditor":
+        return await cmd_whoisauditor(_cluster(args), args.json)
+    if command == "lost-bookie-recovery-delay":
+        return await cmd_lost_bookie_recovery_delay(_cluster(args), args.set_to, args.json)
+    if command == "autorecovery":
+        return await cmd_autorecovery(_cluster(args), args.action, args.json)
+    if command == "trigger":
+        return await cmd_trigger(args)
+    if command == "status":
+        return await cmd_status(args)
+    if command == "report":
+        return await cmd_report(args)
+    if command == "health":
+        return await cmd_health(args)
+    raise ConfigError(f"unknown command {command!r}")

@@ -1,0 +1,47 @@
+"""`bk-auditor run`: the daemon, from configuration to exit code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from auditor.daemon.config import DaemonConfig, load_daemon_config
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.sdnotify import Notifier
+from auditor.daemon.service import Daemon
+from auditor.logs import configure_logging
+
+
+async def cmd_run(
+    config: str | None, overrides: Sequence[str], bk_conf: str | None, zk: str | None
+) -> int:
+    extra = [*overrides, *([f"daemon.zk={zk}"] if zk else [])]
+
+    def load() -> DaemonConfig:
+        return load_daemon_config(config, extra, bk_conf=bk_conf)
+
+    cfg = load()
+    configure_logging(cfg.logging.format, level=cfg.logging.level.upper())  # type: ignore[arg-type]
+    metrics = Metrics()
+
+    async def api_factory(control: Daemon) -> Any:
+        from auditor.api.server import start_api_server
+
+        api = cfg.api
+        return await start_api_server(
+            control,
+            host=api.host,
+            port=api.port,
+            token=api.token or None,
+            tls_cert=api.tls_cert or None,
+            tls_key=api.tls_key or None,
+            tls_client_ca=api.tls_client_ca or None,
+        )
+
+    notifier = Notifier()
+    try:
+        return await Daemon(cfg, reload=load, metrics=metrics).run(
+            api_factory=api_factory, notify=notifier
+        )
+    finally:
+        notifier.close()

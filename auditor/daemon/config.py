@@ -1,0 +1,562 @@
+"""The daemon's configuration: four layers over the checks' own, each value remembering its origin.
+
+Precedence, lowest first: built-in defaults < `--bk-conf bk_server.conf` <
+the TOML file < environment `BK_AUDITOR_<SECTION>_<KEY>` < `--set
+SECTION.KEY=VALUE`. The bookie's own `bk_server.conf` can therefore be the
+whole configuration of a daemon running beside it, and a container can be
+configured by environment alone.
+
+Two rules make the daemon differ from a plain merge:
+
+* BP-34's placement and replicas checks are on by default in the daemon
+  (upstream ships them off). Only a key that no layer sets gets our interval;
+  a 0 written anywhere, `bk_server.conf` included, still disables the check.
+  The one-shot `check` command keeps BookKeeper's defaults (`load_config`).
+* BookKeeper's `metadataServiceUri` beats `zkServers`/`zkLedgersRootPath`, as
+  in BookKeeper; across layers the higher layer wins, and within one layer the
+  URI wins.
+
+`load_daemon_config` is pure apart from reading the named files, so the daemon
+calls it again on SIGHUP and compares with `DaemonConfig.changed`.
+"""
+
+from __future__ import annotations
+
+import logging as stdlib_logging
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from auditor.checks.findings import Check
+from auditor.checks.placement import policy_kind
+from auditor.config import (
+    BK_RULES,
+    CHECKS_RULES,
+    TOML_TABLES,
+    AuditorConfig,
+    BookKeeperConfig,
+    ChecksConfig,
+    Rules,
+    Setting,
+    build_section,
+    field_names,
+    match_key,
+    property_lines,
+    read_toml,
+)
+from auditor.errors import ConfigError
+from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT, LedgerManager, parse_metadata_service_uri
+
+DEFAULT_API_PORT = 9876
+DEFAULT_METRICS_PORT = 9877
+#: BookKeeper's default bookie port, for an identity derived from bk_server.conf.
+DEFAULT_BOOKIE_PORT = 3181
+#: Our intervals for the BP-34 checks when no layer sets them (seconds).
+DAEMON_PLACEMENT_INTERVAL = 86400
+DAEMON_REPLICAS_INTERVAL = 86400
+_BP34_DEFAULTS = {
+    "auditorPeriodicPlacementPolicyCheckInterval": DAEMON_PLACEMENT_INTERVAL,
+    "auditorReplicasCheckInterval": DAEMON_REPLICAS_INTERVAL,
+}
+
+ENV_PREFIX = "BK_AUDITOR_"
+#: Variables of the admin CLI (`bk-auditor status` and friends) that look like ours.
+CLIENT_ONLY_ENV = frozenset({"BK_AUDITOR_API_TARGET"})
+LOG_FORMATS = ("auto", "json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ENGINES = ("asyncio",)
+
+#: BookKeeper's BookieId rule (`[a-zA-Z0-9:-_.\-]+`, where `:-_` is a range), and not "readonly".
+BOOKIE_ID = re.compile(r"[a-zA-Z0-9:-_.\-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSection:
+    #: The id written into the election vote; BookKeeper's `whoisauditor` prints it.
+    identity: str = ""
+    #: ZooKeeper connect string (kazoo form: `h1:2181,h2:2181[/chroot]`).
+    zk: str = ""
+    #: BookKeeper's `metadataServiceUri`; when set it supplies `zk` and `ledgers_root`.
+    metadata_service_uri: str = ""
+    ledgers_root: str = DEFAULT_LEDGERS_ROOT
+    #: Seconds; defaults to `bookkeeper.zkTimeout`.
+    zk_session_timeout: float = 10.0
+    #: Each scheduled run moves by up to this fraction of its interval.
+    jitter: float = 0.1
+    #: Seconds SIGTERM may take to hand over leadership and stop.
+    shutdown_timeout: float = 10.0
+    engine: str = "asyncio"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_API_PORT
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: With a client CA, clients must present a certificate it signed (mTLS).
+    tls_client_ca: str = ""
+    #: Bearer token for mutating calls; after loading it also holds `token_file`'s content.
+    token: str = field(default="", repr=False)
+    token_file: str = ""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+    @property
+    def mtls(self) -> bool:
+        return bool(self.tls_cert and self.tls_client_ca)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_METRICS_PORT
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    #: "auto": console on a TTY, JSON lines otherwise.
+    format: str = "auto"
+    level: str = "info"
+
+    @property
+    def level_no(self) -> int:
+        return int(getattr(stdlib_logging, self.level.upper()))
+
+
+_SECTIONS: dict[str, type] = {
+    "bookkeeper": BookKeeperConfig,
+    "checks": ChecksConfig,
+    "daemon": DaemonSection,
+    "api": ApiConfig,
+    "metrics": MetricsConfig,
+    "logging": LoggingConfig,
+}
+assert tuple(_SECTIONS) == TOML_TABLES
+
+
+def _port(v: int) -> bool:
+    return 0 <= v <= 65535
+
+
+def _nonempty(v: str) -> bool:
+    return bool(v.strip())
+
+
+_DAEMON_RULES: Rules = {
+    "zk_session_timeout": (lambda v: v > 0, "positive seconds"),
+    "jitter": (lambda v: 0 <= v < 1, "a fraction 0 <= jitter < 1"),
+    "shutdown_timeout": (lambda v: v > 0, "positive seconds"),
+    "engine": (lambda v: v in ENGINES, " or ".join(repr(e) for e in ENGINES)),
+    "ledgers_root": (lambda v: v.startswith("/"), "an absolute znode path"),
+}
+_API_RULES: Rules = {
+    "host": (_nonempty, "a host name or address"),
+    "port": (_port, "a port 0..65535 (0: any free port)"),
+}
+_METRICS_RULES: Rules = _API_RULES
+_LOGGING_RULES: Rules = {
+    "format": (lambda v: v.lower() in LOG_FORMATS, " | ".join(LOG_FORMATS)),
+    "level": (lambda v: v.lower() in LOG_LEVELS, " | ".join(LOG_LEVELS)),
+}
+_RULES: dict[str, Rules] = {
+    "bookkeeper": BK_RULES,
+    "checks": CHECKS_RULES,
+    "daemon": _DAEMON_RULES,
+    "api": _API_RULES,
+    "metrics": _METRICS_RULES,
+    "logging": _LOGGING_RULES,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    auditor: AuditorConfig = field(default_factory=AuditorConfig)
+    daemon: DaemonSection = field(default_factory=DaemonSection)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: From `metadataServiceUri` (`zk+hierarchical://...`); None: read the LAYOUT znode.
+    ledger_manager: LedgerManager | None = None
+    #: "section.key" -> where its value came from, for every key some layer set.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+    #: The files read, lowest precedence first.
+    files: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def bookkeeper(self) -> BookKeeperConfig:
+        return self.auditor.bookkeeper
+
+    @property
+    def checks(self) -> ChecksConfig:
+        return self.auditor.checks
+
+    def interval(self, check: Check) -> int:
+        """The configured period of `check` in seconds, with BookKeeper's meaning of 0.
+
+        bookies: 0 means once when a leader starts; ledgers, placement and
+        replicas: <= 0 means never; grace runs with placement (as upstream) and
+        only while `underreplicatedLedgerRecoveryGracePeriod` > 0.
+        """
+        bk = self.bookkeeper
+        if check is Check.BOOKIES:
+            return bk.auditorPeriodicBookieCheckInterval
+        if check is Check.LEDGERS:
+            return max(bk.auditorPeriodicCheckInterval, 0)
+        if check is Check.PLACEMENT:
+            return max(bk.auditorPeriodicPlacementPolicyCheckInterval, 0)
+        if check is Check.REPLICAS:
+            return max(bk.auditorReplicasCheckInterval, 0)
+        if bk.underreplicatedLedgerRecoveryGracePeriod <= 0:
+            return 0
+        return max(bk.auditorPeriodicPlacementPolicyCheckInterval, 0)
+
+    def origin(self, key: str) -> str:
+        """Where "section.key" came from: a file (and line), a variable, --set, or "default"."""
+        return self.origins.get(key, "default")
+
+    def _sections(self) -> dict[str, Any]:
+        return {
+            "bookkeeper": self.auditor.bookkeeper,
+            "checks": self.auditor.checks,
+            "daemon": self.daemon,
+            "api": self.api,
+            "metrics": self.metrics,
+            "logging": self.logging,
+        }
+
+    def changed(self, other: DaemonConfig) -> list[str]:
+        """The "section.key"s whose values differ: what a SIGHUP reload changes."""
+        out: list[str] = []
+        mine, theirs = self._sections(), other._sections()
+        for name, section in mine.items():
+            for f in fields(section):
+                if getattr(section, f.name) != getattr(theirs[name], f.name):
+                    out.append(f"{name}.{f.name}")
+        if self.ledger_manager != other.ledger_manager:
+            out.append("daemon.metadata_service_uri")
+        return sorted(set(out))
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Every value by section, secrets masked: for the startup and reload log lines."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, section in self._sections().items():
+            values = {f.name: getattr(section, f.name) for f in fields(section)}
+            if name == "api" and values["token"]:
+                values["token"] = "***"
+            out[name] = values
+        return out
+
+
+# --- layers -----------------------------------------------------------------------
+
+_Layer = dict[str, dict[str, Setting]]
+
+
+def _empty_layer() -> _Layer:
+    return {name: {} for name in _SECTIONS}
+
+
+@dataclass(frozen=True, slots=True)
+class _BookieHints:
+    """What bk_server.conf says about the bookie this daemon runs beside."""
+
+    bookie_id: str = ""
+    advertised_address: str = ""
+    port: int = DEFAULT_BOOKIE_PORT
+
+
+def _bk_conf_layer(path: str) -> tuple[_Layer, _BookieHints]:
+    """The keys of BookKeeper's server config we honour, under our names; the rest is ignored.
+
+    An empty value (`key=`) counts as unset, as templates are full of them.
+    A repeated key keeps its last value.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--bk-conf {p} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --bk-conf {p}: {exc}") from exc
+    props: dict[str, tuple[str, str]] = {}
+    for lineno, key, value in property_lines(text):
+        if value.strip():
+            props[key] = (value.strip(), f"{p}:{lineno} {key}")
+        else:
+            props.pop(key, None)
+    layer = _empty_layer()
+    bk_keys = set(field_names(BookKeeperConfig))
+    for key, (value, origin) in props.items():
+        if key in bk_keys:
+            layer["bookkeeper"][key] = Setting(value, origin)
+    daemon = layer["daemon"]
+    if "metadataServiceUri" in props:
+        value, origin = props["metadataServiceUri"]
+        daemon["metadata_service_uri"] = Setting(value, origin)
+    else:
+        if "zkServers" in props:
+            value, origin = props["zkServers"]
+            # Commons Configuration reads a comma list; put it back together.
+            daemon["zk"] = Setting(",".join(h.strip() for h in value.split(",")), origin)
+        if "zkLedgersRootPath" in props:
+            daemon["ledgers_root"] = Setting(*props["zkLedgersRootPath"])
+    port = DEFAULT_BOOKIE_PORT
+    if "bookiePort" in props:
+        value, origin = props["bookiePort"]
+        try:
+            port = int(value)
+        except ValueError:
+            port = -1
+        if not 0 < port < 65536:
+            raise ConfigError(f"bookiePort must be a port 1..65535, got {value!r} (from {origin})")
+    hints = _BookieHints(
+        bookie_id=props.get("bookieId", ("", ""))[0],
+        advertised_address=props.get("advertisedAddress", ("", ""))[0],
+        port=port,
+    )
+    return layer, hints
+
+
+def _toml_layer(path: str) -> _Layer:
+    data = read_toml(path)
+    layer = _empty_layer()
+    for table, values in data.items():
+        if table not in _SECTIONS:
+            raise ConfigError(f"unknown config table [{table}] (in {path})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{table} must be a table, got {values!r} (in {path})")
+        for key, value in values.items():
+            layer[table][key] = Setting(value, str(path))
+    return layer
+
+
+def _env_layer(env: Mapping[str, str]) -> _Layer:
+    """`BK_AUDITOR_<SECTION>_<KEY>`, the key matched ignoring case and underscores.
+
+    Variables whose second word is no section (BK_AUDITOR_DEBUG) and the admin
+    CLI's BK_AUDITOR_API_TARGET are not configuration; a known section with an
+    unknown key is an error, so a typo does not silently leave a default in
+    place. (BK_AUDITOR_API_TOKEN means the same token to the CLI and the daemon.)
+    """
+    layer = _empty_layer()
+    seen: dict[tuple[str, str], str] = {}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in CLIENT_ONLY_ENV:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].partition("_")
+        section = section.lower()
+        if section not in _SECTIONS or not key:
+            continue
+        target = match_key(_SECTIONS[section], key)
+        if target is None:
+            raise ConfigError(f"environment variable {name} names no key of [{section}]")
+        if (section, target) in seen:
+            raise ConfigError(
+                f"environment variables {seen[section, target]} and {name} "
+                f"both set {section}.{target}"
+            )
+        seen[section, target] = name
+        layer[section][target] = Setting(env[name], f"environment {name}")
+    return layer
+
+
+def _set_layer(overrides: Sequence[str]) -> _Layer:
+    """`--set SECTION.KEY=VALUE`; a bare key is a BookKeeper key, as for `check`."""
+    layer = _empty_layer()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+        table, dot, name = key.partition(".")
+        if dot and table in _SECTIONS:
+            layer[table][name] = Setting(value, "--set")
+        else:
+            layer["bookkeeper"][key] = Setting(value, "--set")
+    return layer
+
+
+# --- resolution -------------------------------------------------------------------
+
+
+def _check_file(key: str, path: str, origin: str) -> None:
+    if path and not Path(path).is_file():
+        raise ConfigError(f"{key}: no such file {path}" + (f" (from {origin})" if origin else ""))
+
+
+def _resolve_api(api: ApiConfig, origins: Mapping[str, str]) -> ApiConfig:
+    def at(key: str) -> str:
+        return origins.get(f"api.{key}", "")
+
+    for key in ("tls_cert", "tls_key", "tls_client_ca"):
+        _check_file(f"api.{key}", getattr(api, key), at(key))
+    if bool(api.tls_cert) != bool(api.tls_key):
+        raise ConfigError("api.tls_cert and api.tls_key must be set together")
+    if api.tls_client_ca and not api.tls_cert:
+        raise ConfigError("api.tls_client_ca needs api.tls_cert and api.tls_key (mTLS is TLS)")
+    if not api.token_file:
+        return api
+    if api.token:
+        raise ConfigError("api.token and api.token_file are both set; set one")
+    _check_file("api.token_file", api.token_file, at("token_file"))
+    try:
+        token = Path(api.token_file).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"api.token_file {api.token_file} cannot be read: {exc}") from exc
+    if not token:
+        raise ConfigError(f"api.token_file {api.token_file} is empty")
+    return replace(api, token=token)
+
+
+def validate_identity(identity: str, origin: str = "") -> str:
+    """BookKeeper accepts this as a BookieId (the vote's `bookieId`), or ConfigError."""
+    where = f" (from {origin})" if origin else ""
+    if not BOOKIE_ID.fullmatch(identity):
+        raise ConfigError(
+            f"daemon.identity {identity!r} is not a valid BookKeeper bookie id "
+            f"(letters, digits and .-:;<=>?@[]^_ only){where}"
+        )
+    if identity.lower() == "readonly":
+        raise ConfigError(f"daemon.identity cannot be 'readonly' (BookKeeper reserves it){where}")
+    return identity
+
+
+def load_daemon_config(
+    path: str | None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] = os.environ,
+    bk_conf: str | None = None,
+    *,
+    hostname: str | None = None,
+) -> DaemonConfig:
+    """Merges the layers, validates every value, and fills in what is derived.
+
+    Derived values: `daemon.zk_session_timeout` from `bookkeeper.zkTimeout`;
+    `daemon.zk`/`ledgers_root` from a metadata service URI; `daemon.identity`
+    from bk_server.conf's `bookieId`, else `advertisedAddress` (or this host's
+    name) with `bookiePort` (what a Java AutoRecovery beside that bookie would
+    vote with), else `<hostname>:<api.port>`.
+    """
+    layers: list[_Layer] = []
+    files: list[str] = []
+    hints: _BookieHints | None = None
+    if bk_conf is not None:
+        bk_layer, hints = _bk_conf_layer(bk_conf)
+        layers.append(bk_layer)
+        files.append(str(bk_conf))
+    if path is not None:
+        layers.append(_toml_layer(path))
+        files.append(str(path))
+    layers.append(_env_layer(env))
+    layers.append(_set_layer(overrides))
+
+    merged: dict[str, dict[str, Setting]] = {name: {} for name in _SECTIONS}
+    rank: dict[str, int] = {}
+    for i, layer in enumerate(layers):
+        for section, values in layer.items():
+            for key, setting in values.items():
+                merged[section][key] = setting
+                rank[f"{section}.{key}"] = i
+    origins = {
+        f"{section}.{key}": s.origin
+        for section, values in merged.items()
+        for key, s in values.items()
+    }
+
+    bk_values = merged["bookkeeper"]
+    for key, default in _BP34_DEFAULTS.items():
+        if key not in bk_values:
+            bk_values[key] = Setting(default, "daemon default: BP-34 checks on")
+            origins[f"bookkeeper.{key}"] = bk_values[key].origin
+
+    built = {
+        name: build_section(name, _SECTIONS[name](), merged[name], _RULES[name])
+        for name in _SECTIONS
+    }
+    bk: BookKeeperConfig = built["bookkeeper"]
+    daemon: DaemonSection = built["daemon"]
+    api: ApiConfig = _resolve_api(built["api"], origins)
+    metrics: MetricsConfig = built["metrics"]
+    log_cfg: LoggingConfig = built["logging"]
+    log_cfg = LoggingConfig(format=log_cfg.format.lower(), level=log_cfg.level.lower())
+
+    changes: dict[str, Any] = {}
+    if "zk_session_timeout" not in merged["daemon"]:
+        changes["zk_session_timeout"] = bk.zkTimeout / 1000.0
+        origins["daemon.zk_session_timeout"] = origins.get("bookkeeper.zkTimeout", "default")
+
+    manager: LedgerManager | None = None
+    if daemon.metadata_service_uri:
+        where = origins["daemon.metadata_service_uri"]
+        try:
+            uri = parse_metadata_service_uri(daemon.metadata_service_uri)
+        except ConfigError as exc:
+            raise ConfigError(f"daemon.metadata_service_uri: {exc} (from {where})") from None
+        manager = uri.manager
+        uri_rank = rank["daemon.metadata_service_uri"]
+        # The higher layer wins; within one layer the URI does, as in BookKeeper.
+        if uri_rank >= rank.get("daemon.zk", -1):
+            changes["zk"] = uri.hosts
+            origins["daemon.zk"] = where
+        if uri_rank >= rank.get("daemon.ledgers_root", -1):
+            changes["ledgers_root"] = uri.ledgers_root
+            origins["daemon.ledgers_root"] = where
+    zk = str(changes.get("zk", daemon.zk))
+    zk = ",".join(h.strip() for h in zk.split(",") if h.strip())
+    if not zk:
+        raise ConfigError(
+            "daemon.zk is not set: set daemon.zk or daemon.metadata_service_uri "
+            "(BK_AUDITOR_DAEMON_ZK, or metadataServiceUri / zkServers in --bk-conf)"
+        )
+    changes["zk"] = zk
+    root = str(changes.get("ledgers_root", daemon.ledgers_root)).rstrip("/")
+    changes["ledgers_root"] = root or "/"
+
+    if "identity" in merged["daemon"]:
+        identity = daemon.identity
+        id_origin = origins["daemon.identity"]
+    elif hints is not None and hints.bookie_id:
+        identity, id_origin = hints.bookie_id, f"bookieId in {bk_conf}"
+    elif hints is not None:
+        host = hints.advertised_address or hostname or socket.gethostname()
+        identity = f"{host}:{hints.port}"
+        id_origin = f"advertisedAddress/bookiePort in {bk_conf}"
+    else:
+        identity = f"{hostname or socket.gethostname()}:{api.port}"
+        id_origin = "derived from the host name and api.port"
+    changes["identity"] = validate_identity(identity, id_origin)
+    origins["daemon.identity"] = id_origin
+    daemon = DaemonSection(
+        **{**{f.name: getattr(daemon, f.name) for f in fields(daemon)}, **changes}
+    )
+
+    if metrics.enabled and metrics.port and metrics.port == api.port:
+        raise ConfigError(
+            f"metrics.port {metrics.port} is also api.port; give the metrics their own port"
+        )
+    if bk.auditorPeriodicPlacementPolicyCheckInterval > 0:
+        # Fail at start-up, not at the first placement run a day later.
+        try:
+            policy_kind(bk.ensemblePlacementPolicy)
+        except ConfigError as exc:
+            where = origins.get("bookkeeper.ensemblePlacementPolicy", "default")
+            raise ConfigError(f"{exc} (from {where})") from None
+
+    return DaemonConfig(
+        auditor=AuditorConfig(bookkeeper=bk, checks=built["checks"]),
+        daemon=daemon,
+        api=api,
+        metrics=metrics,
+        logging=log_cfg,
+        ledger_manager=manager,
+        origins=origins,
+        files=tuple(files),
+    )
