@@ -17,11 +17,11 @@ all: test
 
 system: $(STAMP_SYS)
 $(STAMP_SYS):
-	@if [ ! -f $(ZK_JAR) ] || ! command -v java >/dev/null 2>&1 || ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
-	  echo "installing Debian packages: zookeeper, a Java runtime, python3-venv"; \
+	@if [ ! -f $(ZK_JAR) ] || ! command -v java >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1 || ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
+	  echo "installing Debian packages: zookeeper, a Java runtime, python3-venv, openssl"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    zookeeper default-jre-headless python3-venv >/dev/null; \
+	    zookeeper default-jre-headless python3-venv openssl >/dev/null; \
 	fi
 	@$(MAKE) --no-print-directory promtool
 	@mkdir -p $(VENV)
@@ -45,8 +45,9 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 
 # --- the two commands ---------------------------------------------------------
 
+# `make demo DURATION=60` stops by itself after 60 s; without it, Ctrl-C stops it.
 demo: $(STAMP_PY)
-	@$(VENV)/bin/bk-auditor demo
+	@$(VENV)/bin/bk-auditor demo $(if $(DURATION),--duration $(DURATION))
 
 test: $(STAMP_PY) lint typecheck proto-check promtool-check unit
 

@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     emu.add_argument("--ledgers-root", default="/ledgers")
     emu.add_argument("--storage", choices=["sorted", "dbledger"], default="sorted")
     emu.add_argument("--readonly", action="store_true")
-    sub.add_parser("demo", help="run against a throwaway ZooKeeper and emulated bookies")
+    demo = sub.add_parser("demo", help="the whole product on an embedded cluster")
+    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     run = sub.add_parser("run", help="run the auditor daemon (contends for leadership)")
     run.add_argument("--config", metavar="FILE", help="TOML config file")
     run.add_argument("--bk-conf", metavar="FILE", help="BookKeeper's bk_server.conf to honour")
@@ -132,9 +133,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
     if args.command in admin.COMMANDS:
         return await admin.dispatch(args)
     if args.command == "demo":
-        from auditor.cli.demo import run_demo
+        from auditor.cli.sandbox import run_sandbox
 
-        return int(await run_demo())
+        if args.duration is not None and args.duration < 0:
+            raise ConfigError(f"--duration must be >= 0, got {args.duration:g}")
+        return await run_sandbox(args.duration)
     raise ConfigError(f"unknown command {args.command!r}")
 
 

@@ -21,7 +21,11 @@ async def cmd_run(
         return load_daemon_config(config, extra, bk_conf=bk_conf)
 
     cfg = load()
-    configure_logging(cfg.logging.format, level=cfg.logging.level.upper())  # type: ignore[arg-type]
+    configure_logging(
+        cfg.logging.format,  # type: ignore[arg-type]
+        level=cfg.logging.level.upper(),
+        capture_stdlib=True,
+    )
     metrics = Metrics()
 
     async def api_factory(control: Daemon) -> Any:

@@ -429,6 +429,74 @@ def validate_identity(identity: str, origin: str = "") -> str:
     return identity
 
 
+def _merge(layers: Sequence[_Layer]) -> tuple[_Layer, dict[str, int], dict[str, str]]:
+    """The layers folded, later over earlier; each key's layer index and origin."""
+    merged = _empty_layer()
+    rank: dict[str, int] = {}
+    origins: dict[str, str] = {}
+    for i, layer in enumerate(layers):
+        for section, values in layer.items():
+            for key, setting in values.items():
+                merged[section][key] = setting
+                rank[f"{section}.{key}"] = i
+                origins[f"{section}.{key}"] = setting.origin
+    return merged, rank, origins
+
+
+def _resolve_cluster(
+    daemon: DaemonSection, rank: Mapping[str, int], origins: dict[str, str]
+) -> tuple[dict[str, Any], LedgerManager | None]:
+    """`zk` and `ledgers_root`, from a metadata service URI where it ranks high enough."""
+    changes: dict[str, Any] = {"zk": daemon.zk, "ledgers_root": daemon.ledgers_root}
+    manager: LedgerManager | None = None
+    if daemon.metadata_service_uri:
+        where = origins["daemon.metadata_service_uri"]
+        try:
+            uri = parse_metadata_service_uri(daemon.metadata_service_uri)
+        except ConfigError as exc:
+            raise ConfigError(f"daemon.metadata_service_uri: {exc} (from {where})") from None
+        manager = uri.manager
+        uri_rank = rank["daemon.metadata_service_uri"]
+        # The higher layer wins; within one layer the URI does, as in BookKeeper.
+        if uri_rank >= rank.get("daemon.zk", -1):
+            changes["zk"] = uri.hosts
+            origins["daemon.zk"] = where
+        if uri_rank >= rank.get("daemon.ledgers_root", -1):
+            changes["ledgers_root"] = uri.ledgers_root
+            origins["daemon.ledgers_root"] = where
+    changes["zk"] = ",".join(h.strip() for h in str(changes["zk"]).split(",") if h.strip())
+    if not changes["zk"]:
+        raise ConfigError(
+            "daemon.zk is not set: set daemon.zk or daemon.metadata_service_uri "
+            "(BK_AUDITOR_DAEMON_ZK, or metadataServiceUri / zkServers in --bk-conf)"
+        )
+    changes["ledgers_root"] = str(changes["ledgers_root"]).rstrip("/") or "/"
+    return changes, manager
+
+
+def _resolve_identity(
+    daemon: DaemonSection,
+    explicit: bool,
+    origins: dict[str, str],
+    hints: _BookieHints | None,
+    bk_conf: str | None,
+    api_port: int,
+    hostname: str | None,
+) -> str:
+    if explicit:
+        identity, origin = daemon.identity, origins["daemon.identity"]
+    elif hints is not None and hints.bookie_id:
+        identity, origin = hints.bookie_id, f"bookieId in {bk_conf}"
+    elif hints is not None:
+        host = hints.advertised_address or hostname or socket.gethostname()
+        identity, origin = f"{host}:{hints.port}", f"advertisedAddress/bookiePort in {bk_conf}"
+    else:
+        identity = f"{hostname or socket.gethostname()}:{api_port}"
+        origin = "derived from the host name and api.port"
+    origins["daemon.identity"] = origin
+    return validate_identity(identity, origin)
+
+
 def load_daemon_config(
     path: str | None,
     overrides: Sequence[str] = (),
@@ -457,19 +525,7 @@ def load_daemon_config(
         files.append(str(path))
     layers.append(_env_layer(env))
     layers.append(_set_layer(overrides))
-
-    merged: dict[str, dict[str, Setting]] = {name: {} for name in _SECTIONS}
-    rank: dict[str, int] = {}
-    for i, layer in enumerate(layers):
-        for section, values in layer.items():
-            for key, setting in values.items():
-                merged[section][key] = setting
-                rank[f"{section}.{key}"] = i
-    origins = {
-        f"{section}.{key}": s.origin
-        for section, values in merged.items()
-        for key, s in values.items()
-    }
+    merged, rank, origins = _merge(layers)
 
     bk_values = merged["bookkeeper"]
     for key, default in _BP34_DEFAULTS.items():
@@ -482,61 +538,20 @@ def load_daemon_config(
         for name in _SECTIONS
     }
     bk: BookKeeperConfig = built["bookkeeper"]
-    daemon: DaemonSection = built["daemon"]
     api: ApiConfig = _resolve_api(built["api"], origins)
     metrics: MetricsConfig = built["metrics"]
     log_cfg: LoggingConfig = built["logging"]
     log_cfg = LoggingConfig(format=log_cfg.format.lower(), level=log_cfg.level.lower())
 
-    changes: dict[str, Any] = {}
+    daemon: DaemonSection = built["daemon"]
+    changes, manager = _resolve_cluster(daemon, rank, origins)
     if "zk_session_timeout" not in merged["daemon"]:
         changes["zk_session_timeout"] = bk.zkTimeout / 1000.0
         origins["daemon.zk_session_timeout"] = origins.get("bookkeeper.zkTimeout", "default")
-
-    manager: LedgerManager | None = None
-    if daemon.metadata_service_uri:
-        where = origins["daemon.metadata_service_uri"]
-        try:
-            uri = parse_metadata_service_uri(daemon.metadata_service_uri)
-        except ConfigError as exc:
-            raise ConfigError(f"daemon.metadata_service_uri: {exc} (from {where})") from None
-        manager = uri.manager
-        uri_rank = rank["daemon.metadata_service_uri"]
-        # The higher layer wins; within one layer the URI does, as in BookKeeper.
-        if uri_rank >= rank.get("daemon.zk", -1):
-            changes["zk"] = uri.hosts
-            origins["daemon.zk"] = where
-        if uri_rank >= rank.get("daemon.ledgers_root", -1):
-            changes["ledgers_root"] = uri.ledgers_root
-            origins["daemon.ledgers_root"] = where
-    zk = str(changes.get("zk", daemon.zk))
-    zk = ",".join(h.strip() for h in zk.split(",") if h.strip())
-    if not zk:
-        raise ConfigError(
-            "daemon.zk is not set: set daemon.zk or daemon.metadata_service_uri "
-            "(BK_AUDITOR_DAEMON_ZK, or metadataServiceUri / zkServers in --bk-conf)"
-        )
-    changes["zk"] = zk
-    root = str(changes.get("ledgers_root", daemon.ledgers_root)).rstrip("/")
-    changes["ledgers_root"] = root or "/"
-
-    if "identity" in merged["daemon"]:
-        identity = daemon.identity
-        id_origin = origins["daemon.identity"]
-    elif hints is not None and hints.bookie_id:
-        identity, id_origin = hints.bookie_id, f"bookieId in {bk_conf}"
-    elif hints is not None:
-        host = hints.advertised_address or hostname or socket.gethostname()
-        identity = f"{host}:{hints.port}"
-        id_origin = f"advertisedAddress/bookiePort in {bk_conf}"
-    else:
-        identity = f"{hostname or socket.gethostname()}:{api.port}"
-        id_origin = "derived from the host name and api.port"
-    changes["identity"] = validate_identity(identity, id_origin)
-    origins["daemon.identity"] = id_origin
-    daemon = DaemonSection(
-        **{**{f.name: getattr(daemon, f.name) for f in fields(daemon)}, **changes}
+    changes["identity"] = _resolve_identity(
+        daemon, "identity" in merged["daemon"], origins, hints, bk_conf, api.port, hostname
     )
+    daemon = replace(daemon, **changes)
 
     if metrics.enabled and metrics.port and metrics.port == api.port:
         raise ConfigError(

@@ -42,6 +42,12 @@ CTIME_KIND: dict[Check, CheckKind] = {
 }
 
 
+#: The order the leader's first runs take (one at a time): the start audit of
+#: lost bookies first, the ledger check (reads, the heaviest) last, so that the
+#: replicas check sees bookies as they are before the ledger check marks them.
+START_ORDER = (Check.BOOKIES, Check.PLACEMENT, Check.REPLICAS, Check.GRACE, Check.LEDGERS)
+
+
 def initial_delay(ctime_ms: int, interval_s: float, now_ms: int) -> float:
     """BookKeeper's rule: run now if never run or overdue, else when the interval ends."""
     if ctime_ms < 0:
@@ -141,16 +147,17 @@ class LeaderWork:
 
     # --- periodic checks -----------------------------------------------------------
 
-    async def periodic(self, check: Check, interval: float) -> None:
+    async def first_delay(self, check: Check, interval: float) -> float:
+        """When a check first runs under this leader (BookKeeper's ctime rule)."""
         kind = CTIME_KIND.get(check)
         if check is Check.BOOKIES:
-            delay = interval  # the start audit just ran (see lost_bookie_delay)
-        elif kind is not None:
-            ctime = await self.ctx.urm.get_check_ctime(kind)
-            delay = initial_delay(ctime, interval, int(self.ctx.clock() * 1000))
-        else:
-            delay = 0.0
-        delay = jittered(delay, interval, self.jitter, self.rng)
+            return interval  # the start audit just ran (see lost_bookie_delay)
+        if kind is None:
+            return 0.0
+        ctime = await self.ctx.urm.get_check_ctime(kind)
+        return initial_delay(ctime, interval, int(self.ctx.clock() * 1000))
+
+    async def periodic(self, check: Check, interval: float, delay: float) -> None:
         while True:
             self.on_state(check, "scheduled", self.ctx.clock() + delay)
             trigger = self.triggers[check]
@@ -242,15 +249,25 @@ class LeaderWork:
         )
         every = intervals(self.ctx.config.bookkeeper)
         try:
-            for check, interval in every.items():
-                if interval > 0:
-                    self._tasks.append(asyncio.ensure_future(self.periodic(check, interval)))
-                else:
-                    self._tasks.append(asyncio.ensure_future(self.triggered_only(check)))
-                    self.on_state(check, "off", None)
             self._tasks.append(asyncio.ensure_future(self.follow_bookies()))
             self._tasks.append(asyncio.ensure_future(self.follow_delay()))
             await self._apply(start)
+            # Checks due now run one after another in START_ORDER, so a new
+            # leader's first round is predictable; then each keeps its rhythm.
+            delays = {c: await self.first_delay(c, every[c]) for c in START_ORDER if every[c] > 0}
+            for check in START_ORDER:
+                if check in delays and delays[check] == 0:
+                    await self.run_check(check, periodic=True)
+                    delays[check] = every[check]
+            for check in START_ORDER:
+                if check in delays:
+                    delay = jittered(delays[check], every[check], self.jitter, self.rng)
+                    self._tasks.append(
+                        asyncio.ensure_future(self.periodic(check, every[check], delay))
+                    )
+                else:
+                    self._tasks.append(asyncio.ensure_future(self.triggered_only(check)))
+                    self.on_state(check, "off", None)
             # Any task ending ends the leader's work (only cancellation and lost
             # leadership do so); the daemon then steps down and contends again.
             done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -309,15 +309,21 @@ class Daemon:
                 self.state.replication_enabled = await UnderreplicationManager(
                     zk, self.root
                 ).is_replication_enabled()
+                if self.metrics is not None:
+                    self.metrics.set_leader_elected(self.state.leader is not None)
+                    self.metrics.set_replication_enabled(self.state.replication_enabled)
             await asyncio.sleep(2.0)
 
     # --- the whole ------------------------------------------------------------------------------
 
-    async def run(self, *, api_factory: Any = None, notify: Any = None) -> int:
+    async def run(
+        self, *, api_factory: Any = None, notify: Any = None, signals: bool = True
+    ) -> int:
         from auditor.cli.cluster import read_manager
 
         d = self.config.daemon
-        self._install_signals()
+        if signals:
+            self._install_signals()
         zk = ZkClient(
             d.zk, timeout=self.config.auditor.zk_timeout, session_timeout=d.zk_session_timeout
         )

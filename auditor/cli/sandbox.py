@@ -1,0 +1,279 @@
+"""`bk-auditor demo`: the whole product on an embedded cluster.
+
+A throwaway ZooKeeper; eight emulated bookies speaking the real protocol, in
+three racks published in Pulsar's `/bookies` znode; a few thousand ledgers;
+one seeded fault per category; and two auditor daemons electing a leader
+through BookKeeper's own election path. It prints the leader's first report,
+the metrics URLs and the gRPC addresses, then keeps running until Ctrl-C or
+until `--duration` seconds have passed, and tears everything down.
+
+The seeded faults (ledger ids) and what the leader must find:
+- 3001 on a bookie that died (cookie, no registration): `ledgers_on_lost_bookies`
+  and `unreadable_fragments`;
+- 3002 an entry with no copy left: `no_replica`;
+- 3003 W=A=2 and one copy lost: `below_ack_quorum`;
+- 3004 W=3, A=2 and one copy lost: `below_write_quorum`;
+- 3005 two bookies of one rack in a write quorum: `placement_not_adhering`;
+- 3006 marked under-replicated two hours ago: `underreplicated_past_grace_period`;
+- 3007 on a bookie that is registered but answers nothing:
+  `bookie_unavailable_registered`, then `unreadable_fragments`;
+- 3008 metadata that does not decode: `metadata_invalid` in every check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from auditor.checks.findings import Check
+from auditor.checks.runner import ALL_CHECKS
+from auditor.cli.check import render_text
+from auditor.daemon.config import load_daemon_config
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.service import Daemon
+from auditor.logs import configure_logging
+from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.testing.bookie import BookieEmulator
+from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.zkserver import ZooKeeperServer, free_port
+from auditor.zk import ZkClient
+
+ROOT = "/ledgers"
+HEALTHY = 2000
+ENTRIES = 10
+RACKS = ["/rack-0", "/rack-0", "/rack-1", "/rack-1", "/rack-2", "/rack-2", "/rack-2", "/rack-1"]
+#: What the leader's first round must report (check -> category -> ledgers).
+EXPECTED = {
+    "bookies": {"ledgers_on_lost_bookies": 1, "metadata_invalid": 1},
+    "ledgers": {"unreadable_fragments": 2, "metadata_invalid": 1},
+    "placement": {
+        "placement_not_adhering": 1,
+        "placement_softly_adhering": 0,
+        "metadata_invalid": 1,
+    },
+    "replicas": {
+        "no_replica": 1,
+        "below_ack_quorum": 1,
+        "below_write_quorum": 1,
+        "bookie_unavailable_registered": 1,
+        "underreplicated_past_grace_period": 1,
+        "metadata_invalid": 1,
+    },
+    "grace": {"underreplicated_past_grace_period": 1, "metadata_invalid": 0},
+}
+
+
+def _held(index: int, e: int, w: int) -> list[int]:
+    return [x for x in range(ENTRIES) if (index - x) % e < w]
+
+
+async def _build(zk: ZkClient, bookies: list[BookieEmulator]) -> None:
+    ids = [b.bookie_id for b in bookies]
+    cw = ClusterWriter(zk, ROOT)
+    await cw.init_cluster()
+    # Rings of three bookies from three racks: every write quorum spans two racks.
+    rings = [(0, 2, 4), (1, 3, 5), (2, 4, 0), (3, 5, 1), (4, 0, 2), (5, 1, 3)]
+
+    def place(lid: int, ensemble: tuple[int, ...], w: int, a: int) -> LedgerMetadata:
+        for i, b in enumerate(ensemble):
+            bookies[b].put_ledger(lid, _held(i, len(ensemble), w))
+        return make_metadata(
+            lid,
+            [ids[b] for b in ensemble],
+            write_quorum=w,
+            ack_quorum=a,
+            last_entry_id=ENTRIES - 1,
+            length=ENTRIES * 16,
+        )
+
+    template = place(1, rings[0], 2, 2)
+
+    def healthy() -> Any:
+        yield template
+        for lid in range(2, HEALTHY + 1):
+            ring = rings[lid % len(rings)]
+            for i, b in enumerate(ring):
+                bookies[b].put_ledger(lid, _held(i, 3, 2))
+            yield replace(
+                template,
+                ledger_id=lid,
+                segments=(replace(template.segments[0], bookies=tuple(ids[b] for b in ring)),),
+            )
+
+    await cw.write_ledgers(healthy())
+    faults = [
+        place(3001, (0, 2, 6), 2, 2),  # bookie 6 is going to die
+        place(3002, (0, 2, 4), 2, 2),
+        place(3003, (1, 3, 5), 2, 2),
+        place(3004, (2, 4, 0), 3, 2),
+        place(3005, (0, 1, 2), 2, 2),  # bookies 0 and 1 share rack-0
+        place(3006, (3, 5, 1), 2, 2),
+        place(3007, (7, 0, 4), 2, 2),  # bookie 7 will stop answering
+    ]
+    for md in faults:
+        await cw.write_ledger(md)
+    # Entry 5 of 3002 is on indexes 2 and 0 (bookies 4 and 0): gone from both.
+    bookies[4].drop_entries(3002, [5])
+    bookies[0].drop_entries(3002, [5])
+    bookies[3].drop_entries(3003, [4])  # index 1 holds entry 4 (W=2)
+    bookies[4].drop_entries(3004, [4])  # index 1 of (2, 4, 0), W=3: one of three copies
+    await cw.write_raw(3008, b"BookieMetadataFormatVersion\t3\n\x07garbage")
+    urm = UnderreplicationManager(zk, ROOT)
+    two_hours_ago = int((time.time() - 7200) * 1000)
+    await urm.mark_underreplicated(3006, [ids[5]], now_ms=two_hours_ago)
+    group = {b.bookie_id: {"rack": RACKS[i], "hostname": b.host} for i, b in enumerate(bookies)}
+    await zk.create("/bookies", json.dumps({"default": group}).encode())
+
+
+def _daemon_config(hosts: str, name: str, api: int, metrics: int) -> Any:
+    return load_daemon_config(
+        None,
+        [
+            f"daemon.zk={hosts}",
+            f"daemon.identity={name}:{api}",
+            "daemon.jitter=0",
+            "daemon.zk_session_timeout=6",
+            "api.host=127.0.0.1",
+            f"api.port={api}",
+            "metrics.host=127.0.0.1",
+            f"metrics.port={metrics}",
+            "auditorPeriodicBookieCheckInterval=3600",
+            "auditorPeriodicCheckInterval=3600",
+            "auditorPeriodicPlacementPolicyCheckInterval=3600",
+            "auditorReplicasCheckInterval=3600",
+            "underreplicatedLedgerRecoveryGracePeriod=3600",
+            "readEntryTimeout=1",
+            "checks.retry_delay=1",
+            "checks.retry_attempts=1",
+        ],
+        env={},
+    )
+
+
+def _first_round_done(d: Daemon) -> bool:
+    return d.state.is_leader and all(
+        d.state.checks[c].last_finished is not None for c in ALL_CHECKS
+    )
+
+
+async def run_sandbox(duration: float | None) -> int:
+    configure_logging("json", level="ERROR")
+    print(
+        "Starting a throwaway ZooKeeper, 8 emulated bookies and 2 auditor daemons ...", flush=True
+    )
+    sys.stdout.flush()
+    server = ZooKeeperServer()
+    await asyncio.to_thread(server.start)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    code = 0
+    try:
+        async with ZkClient(server.hosts, timeout=30) as zk:
+            bookies = [BookieEmulator(zk, ledgers_root=ROOT) for _ in range(8)]
+            for b in bookies:
+                await b.start()
+            await _build(zk, bookies)
+            await bookies[6].crash()
+            bookies[7].pause()
+            print(
+                f"Cluster: {HEALTHY} healthy ledgers and 8 seeded faults on "
+                f"ZooKeeper {server.hosts}{ROOT}",
+                flush=True,
+            )
+            daemons: list[Daemon] = []
+            runs: list[asyncio.Task[int]] = []
+            for name in ("auditor-a", "auditor-b"):
+                api, metrics_port = free_port(), free_port()
+                cfg = _daemon_config(server.hosts, name, api, metrics_port)
+                d = Daemon(cfg, metrics=Metrics())
+
+                async def api_factory(control: Daemon, cfg: Any = cfg) -> Any:
+                    from auditor.api.server import start_api_server
+
+                    return await start_api_server(
+                        control, host=cfg.api.host, port=cfg.api.port, token=None
+                    )
+
+                daemons.append(d)
+                runs.append(asyncio.ensure_future(d.run(api_factory=api_factory, signals=False)))
+            try:
+                leader = await _wait_first_round(daemons, stop)
+                if leader is not None:
+                    code = _print_round(leader, daemons)
+                    if duration is not None:
+                        print(
+                            f"\nRunning for {duration:g} s (Ctrl-C stops earlier) ...", flush=True
+                        )
+                    else:
+                        print("\nRunning until Ctrl-C ...", flush=True)
+                    sys.stdout.flush()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), duration)
+            finally:
+                for d in daemons:
+                    d.stop()
+                await asyncio.gather(*runs, return_exceptions=True)
+                bookies[7].resume()
+                for b in bookies:
+                    if b.running:
+                        await b.stop()
+    finally:
+        await asyncio.to_thread(server.destroy)
+    print("Stopped: daemons, bookies and ZooKeeper are gone.", flush=True)
+    return code
+
+
+async def _wait_first_round(daemons: list[Daemon], stop: asyncio.Event) -> Daemon | None:
+    while not stop.is_set():
+        for d in daemons:
+            if _first_round_done(d):
+                return d
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    return None
+
+
+def _print_round(leader: Daemon, daemons: list[Daemon]) -> int:
+    """Prints the leader's reports; returns 0 if they match the seeded faults, else 1."""
+    print(f"\nThe auditor is {leader.state.identity}; its first round of checks:\n", flush=True)
+    ok = True
+    for check in ALL_CHECKS:
+        report = leader.state.checks[check].last_report
+        if report is None:
+            print(f"check {check}: {leader.state.checks[check].last_error}")
+            ok = False
+            continue
+        render_text(report, sys.stdout)
+        counts = report.counts()
+        expected = EXPECTED[str(check)]
+        if any(counts.get(k, 0) != v for k, v in expected.items()):
+            ok = False
+            print(f"  (expected {expected})")
+    print("\nEndpoints:")
+    for d in daemons:
+        role = "leader" if d is leader else "follower"
+        api = d.api.port if d.api is not None else "-"
+        metrics = d.metrics.http_port if d.metrics is not None else "-"
+        print(
+            f"  {d.state.identity:<22} {role:<9} gRPC 127.0.0.1:{api}   "
+            f"metrics http://127.0.0.1:{metrics}/metrics"
+        )
+    print(
+        "\nEvery seeded fault was found as expected."
+        if ok
+        else "\nSome counts differ from the seeded faults (see above)."
+    )
+    sys.stdout.flush()
+    return 0 if ok else 1
+
+
+__all__ = ["EXPECTED", "Check", "run_sandbox"]
