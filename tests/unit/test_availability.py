@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -460,8 +461,10 @@ def check_decode(data: bytes) -> None:
     n = availability.group_count
     assert availability.encode() == data[:8] + bytes(56) + data[64 : 64 + 24 * n]
     assert availability.total >= 0
-    runs = list(availability.iter_runs())
-    assert sum(length for _, length in runs) == availability.total
+    # A legal periodic group can stand for 2^40 runs: look at a bounded prefix only.
+    runs = list(islice(availability.iter_runs(), 10_001))
+    if len(runs) <= 10_000:
+        assert sum(length for _, length in runs) == availability.total
     assert availability.missing_in([(0, 50)]).count >= 0
 
 
