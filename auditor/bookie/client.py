@@ -170,6 +170,8 @@ class BookieClient:
         # txnIds are unique across the client, starting at 1 like the Java client's counter.
         self._txn = itertools.count(1)
         self._closed = False
+        #: Called with (operation, status) after every request, e.g. to count them.
+        self.observer: Callable[[str, str], None] | None = None
 
     async def __aenter__(self) -> BookieClient:
         return self
@@ -388,6 +390,22 @@ class BookieClient:
         return b
 
     async def _exchange(
+        self, bookie_id: str, request: pb.Request, request_timeout: float | None
+    ) -> pb.Response | NoAnswer | ErrorStatus:
+        """One request/response, reported to `observer` (metrics) when one is set."""
+        out = await self._exchange_once(bookie_id, request, request_timeout)
+        if self.observer is not None:
+            op = pb.OperationType.Name(request.header.operation).lower()
+            if isinstance(out, NoAnswer):
+                status = out.reason.value.replace(" ", "_")
+            elif isinstance(out, ErrorStatus):
+                status = out.status.name.lower()
+            else:
+                status = "ok"
+            self.observer(op, status)
+        return out
+
+    async def _exchange_once(
         self, bookie_id: str, request: pb.Request, request_timeout: float | None
     ) -> pb.Response | NoAnswer | ErrorStatus:
         """One request/response under the bookie's in-flight cap; never raises for I/O.

@@ -54,7 +54,15 @@ from auditor.bookie.protocol import (
 )
 from auditor.bookie.results import EntryRead, ErrorStatus, LacRead, NoAnswer, Ok, Outcome
 from auditor.metadata.model import INVALID_ENTRY_ID, DigestType, LedgerMetadata, LedgerState
-from auditor.metadata.schedule import stores_entry, write_set
+from auditor.metadata.schedule import (
+    first_stored,
+    last_stored,
+    stores_entry,
+    write_set,
+)
+from auditor.metadata.schedule import (
+    run_offset as _run_offset,
+)
 
 __all__ = [
     "BadBookie",
@@ -89,33 +97,6 @@ _ABSENT = frozenset({Status.ENOENTRY, Status.ENOLEDGER})
 
 
 # --- round-robin arithmetic ---------------------------------------------------------
-
-
-def _run_offset(ensemble_size: int, write_quorum: int, index: int) -> int:
-    """Residue where this index's runs of W stored entries start (each E entries)."""
-    return (index - write_quorum + 1) % ensemble_size
-
-
-def first_stored(
-    first: int, last: int, ensemble_size: int, write_quorum: int, index: int
-) -> int | None:
-    """The smallest entry of `[first, last]` stored at `index`, or None."""
-    if last < first:
-        return None
-    d = (first - _run_offset(ensemble_size, write_quorum, index)) % ensemble_size
-    e = first if d < write_quorum else first + ensemble_size - d
-    return e if e <= last else None
-
-
-def last_stored(
-    first: int, last: int, ensemble_size: int, write_quorum: int, index: int
-) -> int | None:
-    """The largest entry of `[first, last]` stored at `index`, or None."""
-    if last < first:
-        return None
-    d = (last - _run_offset(ensemble_size, write_quorum, index)) % ensemble_size
-    e = last if d < write_quorum else last - (d - write_quorum + 1)
-    return e if e >= first else None
 
 
 def _stored_runs(

@@ -31,7 +31,7 @@ from typing import Any
 from auditor.bookie.availability import Availability
 from auditor.checks.findings import Category
 from auditor.metadata.model import LedgerMetadata, SegmentRange
-from auditor.metadata.schedule import stores_entry
+from auditor.metadata.schedule import first_stored, last_stored, stores_entry
 
 #: How many ranges of evidence a violation carries at most.
 EVIDENCE_LIMIT = 100
@@ -94,21 +94,6 @@ def expectations(md: LedgerMetadata) -> list[Expectation]:
             if first_stored(seg.first, seg.last, e, w, i) is not None:
                 out.append(Expectation(seg, bookie, i))
     return out
-
-
-def first_stored(first: int, last: int, e: int, w: int, i: int) -> int | None:
-    """The first entry of [first, last] that bookie index `i` stores (at most E steps)."""
-    for entry in range(first, min(last, first + e - 1) + 1):
-        if stores_entry(i, entry, e, w):
-            return entry
-    return None
-
-
-def last_stored(first: int, last: int, e: int, w: int, i: int) -> int | None:
-    for entry in range(last, max(first, last - e + 1) - 1, -1):
-        if stores_entry(i, entry, e, w):
-            return entry
-    return None
 
 
 def probe_entries(md: LedgerMetadata, bookie: str) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check, CheckReport
 from auditor.daemon.election import Elector, Leadership, current_auditor
-from auditor.daemon.scheduler import LeaderWork, intervals
+from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
 from auditor.daemon.state import DaemonState, NotLeaderError, Outcome
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
@@ -215,6 +215,13 @@ class Daemon:
                     leadership.zk, self.root, self.manager, self.config.auditor, mark=True
                 ) as ctx:
                     ctx.log = ctx.log.bind(identity=self.state.identity)
+                    if self.metrics is not None:
+                        ctx.bookies.observer = self.metrics.bookie_request
+                        # After a fail-over the stored ctimes say when checks last ran.
+                        for check, kind in CTIME_KIND.items():
+                            ctime = await ctx.urm.get_check_ctime(kind)
+                            if ctime > 0:
+                                self.metrics.set_last_success(check, ctime / 1000)
                     self.work = LeaderWork(
                         ctx,
                         jitter=self.config.daemon.jitter,

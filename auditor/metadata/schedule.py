@@ -23,3 +23,30 @@ def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> list[int]
 def stores_entry(bookie_index: int, entry_id: int, ensemble_size: int, write_quorum: int) -> bool:
     """Whether the bookie at `bookie_index` is in the write set of `entry_id`."""
     return (bookie_index - entry_id) % ensemble_size < write_quorum
+
+
+def run_offset(ensemble_size: int, write_quorum: int, index: int) -> int:
+    """Residue where this index's runs of W stored entries start (each E entries)."""
+    return (index - write_quorum + 1) % ensemble_size
+
+
+def first_stored(
+    first: int, last: int, ensemble_size: int, write_quorum: int, index: int
+) -> int | None:
+    """The smallest entry of `[first, last]` stored at `index`, or None."""
+    if last < first:
+        return None
+    d = (first - run_offset(ensemble_size, write_quorum, index)) % ensemble_size
+    e = first if d < write_quorum else first + ensemble_size - d
+    return e if e <= last else None
+
+
+def last_stored(
+    first: int, last: int, ensemble_size: int, write_quorum: int, index: int
+) -> int | None:
+    """The largest entry of `[first, last]` stored at `index`, or None."""
+    if last < first:
+        return None
+    d = (last - run_offset(ensemble_size, write_quorum, index)) % ensemble_size
+    e = last if d < write_quorum else last - (d - write_quorum + 1)
+    return e if e >= first else None
