@@ -259,6 +259,18 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 TOML_TABLES = ("bookkeeper", "checks", "daemon", "api", "metrics", "logging")
 
 
+def parse_override(item: str, tables: Iterable[str]) -> tuple[str, str, str]:
+    """`--set TABLE.KEY=VALUE` -> (table, key, value); a bare KEY is a BookKeeper key."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+    table, dot, name = key.partition(".")
+    if dot and table in tables:
+        return table, name, value
+    return "bookkeeper", key, value
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> AuditorConfig:
     """Reads a TOML file (optional) and applies `KEY=VALUE` overrides.
 
@@ -272,17 +284,8 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         if section not in TOML_TABLES:
             raise ConfigError(f"unknown config table [{section}]")
     for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
-        table, dot, name = key.partition(".")
-        if dot and table == "checks":
-            checks[name] = value
-        elif dot and table == "bookkeeper":
-            bk[name] = value
-        else:
-            bk[key] = value
+        table, name, value = parse_override(item, ("bookkeeper", "checks"))
+        (checks if table == "checks" else bk)[name] = value
     return AuditorConfig(
         bookkeeper=_apply("bookkeeper", BookKeeperConfig(), bk, _BK_RULES),
         checks=_apply("checks", ChecksConfig(), checks, _CHECKS_RULES),

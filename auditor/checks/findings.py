@@ -166,8 +166,3 @@ def metadata_invalid(
         None,
         {"reason": reason, "path": path, "metadata_version": version, **extra},
     )
-
-
-def ranges_json(ranges: list[tuple[int, int]], limit: int = 100) -> list[list[int]]:
-    """Inclusive entry ranges for evidence, capped so one ledger cannot flood a report."""
-    return [[a, b] for a, b in ranges[:limit]]

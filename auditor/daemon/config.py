@@ -45,6 +45,7 @@ from auditor.config import (
     build_section,
     field_names,
     match_key,
+    parse_override,
     property_lines,
     read_toml,
 )
@@ -372,15 +373,8 @@ def _set_layer(overrides: Sequence[str]) -> _Layer:
     """`--set SECTION.KEY=VALUE`; a bare key is a BookKeeper key, as for `check`."""
     layer = _empty_layer()
     for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
-        table, dot, name = key.partition(".")
-        if dot and table in _SECTIONS:
-            layer[table][name] = Setting(value, "--set")
-        else:
-            layer["bookkeeper"][key] = Setting(value, "--set")
+        table, name, value = parse_override(item, _SECTIONS)
+        layer[table][name] = Setting(value, "--set")
     return layer
 
 

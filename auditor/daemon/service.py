@@ -23,7 +23,7 @@ from typing import Any
 
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check, CheckReport
-from auditor.daemon.election import Elector, Leadership, current_auditor
+from auditor.daemon.election import Elector, Leadership, current_auditor, election_path
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
 from auditor.daemon.state import DaemonState, NotLeaderError, Outcome
 from auditor.logs import get_logger
@@ -136,16 +136,15 @@ class Daemon:
             cs.last_error = outcome
             if self.metrics is not None:
                 self.metrics.record_failure(check, duration)
-        self._spawn(self._count_marks())
+        if report is not None:
+            self._spawn(self._count_marks())
 
     async def _count_marks(self) -> None:
         if self.metrics is None or self.zk is None:
             return
         with contextlib.suppress(Exception):
-            n = 0
-            async for _ in UnderreplicationManager(self.zk, self.root).list_underreplicated():
-                n += 1
-            self.metrics.set_underreplicated(n)
+            urm = UnderreplicationManager(self.zk, self.root)
+            self.metrics.set_underreplicated(await urm.count_underreplicated())
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.ensure_future(coro)
@@ -308,18 +307,35 @@ class Daemon:
         await elector.resign()
 
     async def _follow_leader(self, zk: ZkClient) -> None:
-        """Followers answer status themselves and name the leader."""
+        """Who leads and whether auto-recovery is on, for status and metrics.
+
+        Re-read when the votes or the disable flag change (watches); a slow
+        safety re-read covers watches lost with a session.
+        """
+        urm = UnderreplicationManager(zk, self.root)
+        votes_path = election_path(self.root)
         while True:
+            waits: list[asyncio.Event] = []
             with contextlib.suppress(Exception):
+                await zk.ensure_path(votes_path)
+                _, votes_changed = await zk.get_children_watched(votes_path)
+                disabled, flag_changed = await zk.exists_watched(f"{urm.base}/disable")
+                waits = [votes_changed, flag_changed]
                 if not self.state.is_leader:
                     self.state.leader = await current_auditor(zk, self.root)
-                self.state.replication_enabled = await UnderreplicationManager(
-                    zk, self.root
-                ).is_replication_enabled()
+                self.state.replication_enabled = disabled is None
                 if self.metrics is not None:
                     self.metrics.set_leader_elected(self.state.leader is not None)
                     self.metrics.set_replication_enabled(self.state.replication_enabled)
-            await asyncio.sleep(2.0)
+            if not waits:  # ZooKeeper unavailable: try again shortly
+                await asyncio.sleep(1.0)
+                continue
+            pending = [asyncio.ensure_future(e.wait()) for e in waits]
+            try:
+                await asyncio.wait(pending, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in pending:
+                    t.cancel()
 
     # --- the whole ------------------------------------------------------------------------------
 

@@ -164,11 +164,8 @@ class UnderreplicationManager:
             return None
         return decode_mark(ledger_id, data, int(stat.version))
 
-    async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
-        """Breadth-first over the hex hierarchy, as BookKeeper lists it.
-
-        A mark removed while we list it is skipped (it is no longer a mark).
-        """
+    async def _mark_paths(self) -> AsyncIterator[tuple[int, str]]:
+        """(ledger id, znode path) of every mark, breadth-first as BookKeeper lists them."""
         queue: deque[str] = deque([f"{self.base}/ledgers"])
         while queue:
             path = queue.popleft()
@@ -179,14 +176,22 @@ class UnderreplicationManager:
             for child in children:
                 m = _UR_LEAF.match(child)
                 if child.startswith("urL") and m:
-                    ledger_id = int(m.group(1))
-                    try:
-                        data, stat = await self.zk.get(f"{path}/{child}")
-                    except NoNodeError:
-                        continue
-                    yield decode_mark(ledger_id, data, int(stat.version))
+                    yield int(m.group(1)), f"{path}/{child}"
                 else:
                     queue.append(f"{path}/{child}")
+
+    async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
+        """Every mark with its data; one removed while we list it is skipped."""
+        async for ledger_id, path in self._mark_paths():
+            try:
+                data, stat = await self.zk.get(path)
+            except NoNodeError:
+                continue
+            yield decode_mark(ledger_id, data, int(stat.version))
+
+    async def count_underreplicated(self) -> int:
+        """How many ledgers are marked: listings only, no data reads."""
+        return sum([1 async for _ in self._mark_paths()])
 
     async def is_being_replicated(self, ledger_id: int) -> bool:
         return await self.zk.exists(f"{self.base}/locks/urL{ledger_id:010d}") is not None

@@ -139,30 +139,22 @@ class LedgerWalker:
 
     async def max_ledger_id(self) -> int | None:
         """The largest ledger id, from the last child at each level (for ETAs)."""
-        best: int | None = None
-        async for _, path in self._descend_last():
-            best = ledger_id_from_path(self.root, path)
-        return best
-
-    async def _descend_last(self) -> AsyncIterator[tuple[int, str]]:
-        trees: list[tuple[re.Pattern[str], int]] = []
-        if self.manager in (LedgerManager.LEGACY_HIERARCHICAL, LedgerManager.HIERARCHICAL):
-            trees.append((_TWO, 1))
-        if self.manager in (LedgerManager.LONG_HIERARCHICAL, LedgerManager.HIERARCHICAL):
-            trees.append((_THREE, 3))
         if self.manager is LedgerManager.FLAT:
             names = [n for n in await self._children(self.root) if _FLAT_LEAF.match(n)]
-            if names:
-                yield 0, f"{self.root}/{names[-1]}"
-            return
+            return ledger_id_from_path(self.root, f"{self.root}/{names[-1]}") if names else None
+        trees: list[tuple[re.Pattern[str], int]] = []
+        # The long tree holds the larger ids, so it is looked at first.
+        if self.manager in (LedgerManager.LONG_HIERARCHICAL, LedgerManager.HIERARCHICAL):
+            trees.append((_THREE, 3))
+        if self.manager in (LedgerManager.LEGACY_HIERARCHICAL, LedgerManager.HIERARCHICAL):
+            trees.append((_TWO, 1))
+        tops = await self._children(self.root)
         for top_pattern, middle_levels in trees:
-            tops = [n for n in await self._children(self.root) if top_pattern.match(n)]
-            for top in reversed(tops):
-                path = f"{self.root}/{top}"
-                found = await self._last_leaf(path, middle_levels)
+            for top in reversed([n for n in tops if top_pattern.match(n)]):
+                found = await self._last_leaf(f"{self.root}/{top}", middle_levels)
                 if found is not None:
-                    yield 0, found
-                    break
+                    return ledger_id_from_path(self.root, found)
+        return None
 
     async def _last_leaf(self, path: str, levels: int) -> str | None:
         names = await self._children(path)

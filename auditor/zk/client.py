@@ -150,11 +150,6 @@ class ZkClient:
         return self._kazoo
 
     @property
-    def session_id(self) -> int | None:
-        cid = self._kazoo.client_id
-        return None if cid is None else int(cid[0])
-
-    @property
     def client_id(self) -> tuple[int, bytes] | None:
         cid = self._kazoo.client_id
         return None if cid is None else (int(cid[0]), bytes(cid[1]))

@@ -122,6 +122,7 @@ async def test_list_underreplicated_walks_the_hex_tree(zk: ZkClient) -> None:
         await urm.mark_underreplicated(i, [f"bk{i % 3}:3181"], now_ms=1000 + i % 7)
     got = {u.ledger_id: (u.replicas, u.ctime) async for u in urm.list_underreplicated()}
     assert got == {i: ((f"bk{i % 3}:3181",), 1000 + i % 7) for i in ids}
+    assert await urm.count_underreplicated() == len(ids)
     assert sorted(await zk.get_children(f"{BASE}/ledgers/0000/0000")) == [
         "0000",
         "7fff",

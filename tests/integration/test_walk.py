@@ -32,6 +32,7 @@ async def test_walk_is_in_id_order_across_both_trees(zk: ZkClient, manager: Ledg
     # Special znodes (LAYOUT, INSTANCEID, available, cookies, underreplication, idgen)
     # are not ledgers and not reported as foreign either.
     assert walker.stats.foreign_znodes == []
+    assert await walker.max_ledger_id() == EDGE_IDS[-1]
 
 
 @pytest.mark.parametrize(
@@ -46,7 +47,9 @@ async def test_walk_other_managers(zk: ZkClient, manager: LedgerManager, ids: li
     await w.init_cluster()
     for i in ids:
         await w.write_ledger(make_metadata(i, ENSEMBLE))
-    assert [i async for i in LedgerWalker(zk, "/ledgers", manager).ledger_ids()] == ids
+    walker = LedgerWalker(zk, "/ledgers", manager)
+    assert [i async for i in walker.ledger_ids()] == ids
+    assert await walker.max_ledger_id() == ids[-1]
 
 
 async def test_corrupt_ledger_is_reported_and_the_walk_goes_on(zk: ZkClient) -> None:
