@@ -40,7 +40,7 @@ venv: $(STAMP_PY)
 $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -e '.[dev]'
+	@$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $@
 
 # --- the two commands ---------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from auditor.checks.findings import (
+    ALL_CHECKS,
     Category,
     Check,
     CheckReport,
@@ -45,13 +46,10 @@ def parse_check(name: str, *, allow_all: bool = False) -> Check | None:
     """`None` stands for "all" (only when allowed)."""
     if allow_all and name == ALL:
         return None
-    try:
+    if name in {str(c) for c in ALL_CHECKS}:
         return Check(name)
-    except ValueError:
-        valid = [str(c) for c in Check] + ([ALL] if allow_all else [])
-        raise UnknownNameError(
-            f"unknown check {name!r}; expected one of {', '.join(valid)}"
-        ) from None
+    valid = [str(c) for c in ALL_CHECKS] + ([ALL] if allow_all else [])
+    raise UnknownNameError(f"unknown check {name!r}; expected one of {', '.join(valid)}")
 
 
 def parse_category(name: str) -> Category:

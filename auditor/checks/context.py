@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.bookie.client import BookieClient
-from auditor.checks.findings import CheckReport
+from auditor.checks.findings import CheckReport, LedgerOutcome, PendingMark
 from auditor.config import AuditorConfig
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.registry import BookieSet, read_bookies, resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.metadata.walk import LedgerWalker
+from auditor.metadata.walk import IdRange, LedgerWalker
 from auditor.zk import ZkClient
 
 
@@ -35,6 +35,13 @@ class CheckContext:
     mark: bool = False
     clock: Callable[[], float] = time.time
     log: Any = field(default_factory=get_logger)
+    #: Only ledgers in this range are walked (one partition of a scan).
+    id_range: IdRange | None = None
+    #: Told how each ledger came out, once per ledger and check (a scan's coverage rows).
+    on_ledger: Callable[[LedgerOutcome], None] | None = None
+    #: When set, marks are collected here instead of written: a scan writes them
+    #: once, from its driver, after the retry stages.
+    deferred_marks: list[PendingMark] | None = None
 
     def __post_init__(self) -> None:
         self.urm = UnderreplicationManager(
@@ -44,7 +51,11 @@ class CheckContext:
         )
 
     def walker(self) -> LedgerWalker:
-        return LedgerWalker(self.zk, self.root, self.manager)
+        return LedgerWalker(self.zk, self.root, self.manager, self.id_range)
+
+    def outcome(self, outcome: LedgerOutcome) -> None:
+        if self.on_ledger is not None:
+            self.on_ledger(outcome)
 
     async def registered(self) -> BookieSet:
         return await read_bookies(self.zk, self.root)
@@ -53,6 +64,9 @@ class CheckContext:
         self, report: CheckReport, ledger_id: int, missing: Sequence[str]
     ) -> bool:
         """Marks a ledger if this run may write; returns whether it did."""
+        if self.deferred_marks is not None:
+            self.deferred_marks.append(PendingMark(report.check, ledger_id, tuple(missing)))
+            return False
         if not self.mark:
             return False
         outcome = await self.urm.mark_underreplicated(ledger_id, list(missing))
@@ -75,6 +89,7 @@ async def open_context(
     config: AuditorConfig,
     *,
     mark: bool = False,
+    id_range: IdRange | None = None,
 ) -> AsyncIterator[CheckContext]:
     """A context whose bookie client resolves ids through the cluster's registry."""
 
@@ -88,6 +103,6 @@ async def open_context(
         list_capability_ttl=config.checks.list_capability_ttl,
     )
     try:
-        yield CheckContext(zk, root, manager, client, config, mark=mark)
+        yield CheckContext(zk, root, manager, client, config, mark=mark, id_range=id_range)
     finally:
         await client.close()

@@ -22,6 +22,14 @@ class Check(enum.StrEnum):
     PLACEMENT = "placement"
     REPLICAS = "replicas"
     GRACE = "grace"
+    #: Decoding every ledger's metadata, nothing else (scan and `check metadata`;
+    #: the other checks report undecodable metadata too, so the daemon does not run it).
+    METADATA = "metadata"
+
+
+#: The order `check all` runs them in (and the daemon's checks): `metadata` is not among
+#: them, since every one of these reports undecodable metadata on its own walk.
+ALL_CHECKS = (Check.BOOKIES, Check.LEDGERS, Check.PLACEMENT, Check.REPLICAS, Check.GRACE)
 
 
 class Category(enum.StrEnum):
@@ -60,6 +68,7 @@ CATEGORIES: dict[Check, tuple[Category, ...]] = {
     Check.GRACE: (Category.UNDERREPLICATED_PAST_GRACE_PERIOD, Category.METADATA_INVALID),
     Check.BOOKIES: (Category.LEDGERS_ON_LOST_BOOKIES, Category.METADATA_INVALID),
     Check.LEDGERS: (Category.UNREADABLE_FRAGMENTS, Category.METADATA_INVALID),
+    Check.METADATA: (Category.METADATA_INVALID,),
 }
 
 
@@ -104,6 +113,37 @@ class Coverage:
         return {"listed": self.listed, "probed": self.probed, "unverified": self.unverified}
 
 
+class Outcome(enum.StrEnum):
+    """How one ledger came out of one check (a scan's per-ledger coverage)."""
+
+    OK = "ok"
+    VIOLATION = "violation"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerOutcome:
+    check: Check
+    ledger_id: int
+    outcome: Outcome
+    skip_reason: str | None = None
+    #: Znode version of the metadata judged (-1 when not read, e.g. a mark only).
+    metadata_version: int = -1
+    #: Replicas check: ensemble bookies whose copies were listed, probed, or unverified.
+    listed: int = 0
+    probed: int = 0
+    unverified: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMark:
+    """A mark a check wants written, held back for a scan's driver to write once."""
+
+    check: Check
+    ledger_id: int
+    missing: tuple[str, ...]
+
+
 def _order(v: Violation) -> tuple[int, str, str]:
     return (v.ledger_id, str(v.category), v.bookie or "")
 
@@ -123,6 +163,24 @@ class CheckReport:
     marked_underreplicated: list[int] = field(default_factory=list)
     lost_bookies: list[str] = field(default_factory=list)
     coverage: Coverage | None = None
+
+    def merge(self, other: CheckReport) -> None:
+        """Adds a partial report of the same check (another partition or retry stage)."""
+        if other.check is not self.check:
+            raise ValueError(f"cannot merge a {other.check} report into a {self.check} report")
+        self.started_at = min(self.started_at, other.started_at)
+        self.finished_at = max(self.finished_at, other.finished_at)
+        self.ledgers_checked += other.ledgers_checked
+        self.ledgers_skipped.update(other.ledgers_skipped)
+        self.violations.extend(other.violations)
+        self.marked_underreplicated.extend(other.marked_underreplicated)
+        self.lost_bookies.extend(b for b in other.lost_bookies if b not in self.lost_bookies)
+        if other.coverage is not None:
+            mine = self.coverage if self.coverage is not None else Coverage()
+            mine.listed += other.coverage.listed
+            mine.probed += other.coverage.probed
+            mine.unverified += other.coverage.unverified
+            self.coverage = mine
 
     def counts(self) -> dict[str, int]:
         """Ledgers per category (a ledger counts once per category)."""

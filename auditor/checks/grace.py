@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Category, Check, CheckReport, SkipReason, Violation
+from auditor.checks.findings import (
+    Category,
+    Check,
+    CheckReport,
+    LedgerOutcome,
+    Outcome,
+    SkipReason,
+    Violation,
+)
 
 
 def past_grace(
@@ -45,14 +53,21 @@ async def run_grace_check(ctx: CheckContext) -> CheckReport:
     if grace <= 0:
         log.info("underreplicatedLedgerRecoveryGracePeriod is 0: the grace check is off")
     async for ur in ctx.urm.list_underreplicated():
-        if grace <= 0:
-            report.ledgers_skipped[str(SkipReason.GRACE_PERIOD_DISABLED)] += 1
-            continue
-        if ur.ctime < 0:
-            report.ledgers_skipped[str(SkipReason.NO_CTIME)] += 1
+        skip = (
+            SkipReason.GRACE_PERIOD_DISABLED
+            if grace <= 0
+            else SkipReason.NO_CTIME
+            if ur.ctime < 0
+            else None
+        )
+        if skip is not None:
+            report.ledgers_skipped[str(skip)] += 1
+            ctx.outcome(LedgerOutcome(Check.GRACE, ur.ledger_id, Outcome.SKIPPED, str(skip)))
             continue
         report.ledgers_checked += 1
         v = past_grace(ur.ledger_id, int(ctx.clock() * 1000), ur.ctime, grace)
+        found = Outcome.OK if v is None else Outcome.VIOLATION
+        ctx.outcome(LedgerOutcome(Check.GRACE, ur.ledger_id, found))
         if v is not None:
             v = Violation(
                 v.ledger_id, v.category, None, {**v.detail, "replicas": list(ur.replicas)}

@@ -9,6 +9,7 @@ bookies, not of ledgers.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from auditor.checks.context import CheckContext
@@ -16,6 +17,8 @@ from auditor.checks.findings import (
     Category,
     Check,
     CheckReport,
+    LedgerOutcome,
+    Outcome,
     SkipReason,
     Violation,
     metadata_invalid,
@@ -31,6 +34,7 @@ from auditor.checks.placement import (
 )
 from auditor.checks.progress import Progress
 from auditor.checks.racks import open_rack_resolver
+from auditor.config import BookKeeperConfig
 from auditor.errors import FormatError
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerRecord
@@ -59,9 +63,7 @@ def _invalid(rec: LedgerRecord) -> Violation:
     return metadata_invalid(rec.ledger_id, rec.path, rec.znode_version, reason)
 
 
-def _log_placement(
-    ctx: CheckContext, found: LedgerPlacement, category: Category, rec: LedgerRecord
-) -> None:
+def _log_placement(log: Any, found: LedgerPlacement, category: Category, rec: LedgerRecord) -> None:
     for seg in found.segments:
         v = seg.verdict
         fields: dict[str, Any] = {
@@ -81,7 +83,83 @@ def _log_placement(
             fields["window_start"] = v.window_start
             fields["window_bookies"] = list(v.window)
             fields["window_locations"] = list(v.window_locations)
-        ctx.log.warning("placement violation", **fields)
+        log.warning("placement violation", **fields)
+
+
+def placement_policy(
+    bk: BookKeeperConfig, known: frozenset[str], locations: dict[str, str]
+) -> PlacementPolicy:
+    """The configured policy; region-aware learns the cluster's regions from `known`."""
+    policy = PlacementPolicy.from_config(bk)
+    if policy_kind(bk.ensemblePlacementPolicy) is PolicyKind.REGIONAWARE:
+        regions = cluster_regions(known, locations, policy.default_location)
+        policy = PlacementPolicy.from_config(bk, cluster_regions=regions)
+    return policy
+
+
+Locate = Callable[[Iterable[str]], Awaitable[dict[str, str]]]
+MarkFn = Callable[[CheckReport, int], Awaitable[object]]
+
+
+async def judge_placement(
+    records: AsyncIterator[LedgerRecord],
+    policy: PlacementPolicy,
+    locate: Locate,
+    report: CheckReport,
+    *,
+    log: Any,
+    outcome: Callable[[LedgerOutcome], None],
+    mark: MarkFn | None,
+    tick: Callable[[int], None] = lambda _: None,
+) -> None:
+    """The walk-independent part: judge each record, record the outcome, maybe mark.
+
+    Records come from the live walk or from a snapshot; locations from the
+    rack sources or from the snapshot's rack map; that is the whole difference.
+    """
+    for_check = Check.PLACEMENT
+    async for rec in records:
+        tick(rec.ledger_id)
+        md = rec.metadata
+        version = rec.znode_version
+        if md is None:
+            report.ledgers_checked += 1
+            violation = _invalid(rec)
+            log.warning(
+                "metadata invalid",
+                ledger_id=rec.ledger_id,
+                category=str(Category.METADATA_INVALID),
+                check=str(for_check),
+                **violation.detail,
+            )
+            report.violations.append(violation)
+            outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.VIOLATION, None, version))
+            continue
+        skip = skip_reason(md)
+        if skip is not None:
+            report.ledgers_skipped[str(skip)] += 1
+            outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.SKIPPED, str(skip), version))
+            continue
+        report.ledgers_checked += 1
+        found = analyse_ledger(md, policy, await locate(md.bookies()))
+        category = found.category
+        if category is None:
+            outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.OK, None, version))
+            continue
+        _log_placement(log, found, category, rec)
+        detail = found.detail() | {"metadata_version": version}
+        report.violations.append(Violation(rec.ledger_id, category, None, detail))
+        outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.VIOLATION, None, version))
+        if mark is not None and category is Category.PLACEMENT_NOT_ADHERING:
+            try:
+                await mark(report, rec.ledger_id)
+            except FormatError as exc:
+                # As upstream: a failed repair mark is logged and changes nothing else.
+                log.error(
+                    "could not mark not-adhering ledger under-replicated",
+                    ledger_id=rec.ledger_id,
+                    error=str(exc),
+                )
 
 
 async def run_placement_check(ctx: CheckContext) -> CheckReport:
@@ -90,13 +168,9 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
     bk = ctx.config.bookkeeper
     kind = policy_kind(bk.ensemblePlacementPolicy)
     resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
-    policy = PlacementPolicy.from_config(bk)
     # The known bookies in one go: one script batch up front, not one per ledger.
     known = await _known_bookies(ctx)
-    locations = await resolver.locations(sorted(known))
-    if kind is PolicyKind.REGIONAWARE:
-        regions = cluster_regions(known, locations, policy.default_location)
-        policy = PlacementPolicy.from_config(bk, cluster_regions=regions)
+    policy = placement_policy(bk, known, await resolver.locations(sorted(known)))
     repair = bk.repairedPlacementPolicyNotAdheringBookieEnabled
     ctx.log.info(
         "placement check started",
@@ -107,6 +181,9 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
         mark=ctx.mark,
     )
 
+    async def mark(report: CheckReport, ledger_id: int) -> object:
+        return await ctx.mark_underreplicated(report, ledger_id, [])
+
     walker = ctx.walker()
     progress = Progress(
         ctx.log,
@@ -114,43 +191,16 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
         interval=ctx.config.checks.progress_interval,
         max_ledger_id=await walker.max_ledger_id(),
     )
-    async for rec in walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency):
-        progress.tick(rec.ledger_id)
-        md = rec.metadata
-        if md is None:
-            report.ledgers_checked += 1
-            violation = _invalid(rec)
-            ctx.log.warning(
-                "metadata invalid",
-                ledger_id=rec.ledger_id,
-                category=str(Category.METADATA_INVALID),
-                check=str(Check.PLACEMENT),
-                **violation.detail,
-            )
-            report.violations.append(violation)
-            continue
-        skip = skip_reason(md)
-        if skip is not None:
-            report.ledgers_skipped[str(skip)] += 1
-            continue
-        report.ledgers_checked += 1
-        found = analyse_ledger(md, policy, await resolver.locations(md.bookies()))
-        category = found.category
-        if category is None:
-            continue
-        _log_placement(ctx, found, category, rec)
-        detail = found.detail() | {"metadata_version": rec.znode_version}
-        report.violations.append(Violation(rec.ledger_id, category, None, detail))
-        if repair and category is Category.PLACEMENT_NOT_ADHERING:
-            try:
-                await ctx.mark_underreplicated(report, rec.ledger_id, [])
-            except FormatError as exc:
-                # As upstream: a failed repair mark is logged and changes nothing else.
-                ctx.log.error(
-                    "could not mark not-adhering ledger under-replicated",
-                    ledger_id=rec.ledger_id,
-                    error=str(exc),
-                )
+    await judge_placement(
+        walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency),
+        policy,
+        resolver.locations,
+        report,
+        log=ctx.log,
+        outcome=ctx.outcome,
+        mark=mark if repair else None,
+        tick=progress.tick,
+    )
     if walker.stats.deleted_during_walk:
         report.ledgers_skipped[str(SkipReason.DELETED)] += walker.stats.deleted_during_walk
     report.finished_at = ctx.clock()

@@ -34,6 +34,8 @@ from auditor.checks.findings import (
     Check,
     CheckReport,
     Coverage,
+    LedgerOutcome,
+    Outcome,
     SkipReason,
     Violation,
     metadata_invalid,
@@ -114,38 +116,49 @@ class ReplicasRun:
 
     # --- one ledger ------------------------------------------------------------
 
-    def _skip(self, reason: SkipReason) -> None:
+    def _skip(self, ledger_id: int, reason: SkipReason, version: int = -1) -> LedgerOutcome:
         self.report.ledgers_skipped[str(reason)] += 1
+        return LedgerOutcome(Check.REPLICAS, ledger_id, Outcome.SKIPPED, str(reason), version)
 
     async def check(self, rec: LedgerRecord, final: bool) -> None:
+        outcome = await self._judge(rec, final)
+        if outcome is not None:
+            self.ctx.outcome(outcome)
+
+    async def _judge(self, rec: LedgerRecord, final: bool) -> LedgerOutcome | None:
+        """How the ledger came out; None when it waits for a retry."""
         report = self.report
         for _ in range(MAX_REANALYSES):
+            version = rec.znode_version
             if rec.metadata is None:
                 report.ledgers_checked += 1
                 self._violation(_invalid(rec))
-                return
+                return LedgerOutcome(
+                    Check.REPLICAS, rec.ledger_id, Outcome.VIOLATION, None, version
+                )
             md = rec.metadata
             if md.state is LedgerState.OPEN:
-                return self._skip(SkipReason.OPEN)
+                return self._skip(md.ledger_id, SkipReason.OPEN, version)
             if md.state is LedgerState.IN_RECOVERY:
-                return self._skip(SkipReason.IN_RECOVERY)
+                return self._skip(md.ledger_id, SkipReason.IN_RECOVERY, version)
             if md.last_entry_id < 0:
-                return self._skip(SkipReason.EMPTY)
-            if await self._already_marked(md.ledger_id, fresh=False):
-                return
+                return self._skip(md.ledger_id, SkipReason.EMPTY, version)
+            marked = await self._already_marked(md.ledger_id, version, fresh=False)
+            if marked is not None:
+                return marked
             verdict = analyse(md, await self.answers(md))
             if verdict.unanswered and not final:
                 self.retry.append(md.ledger_id)
-                return
+                return None
             if verdict.category is None and not verdict.unanswered:
-                self._account(verdict)
-                return
+                return self._account(md.ledger_id, version, verdict, Outcome.OK)
             # BP-34: before reporting, look at the mark and the metadata again.
-            if await self._already_marked(md.ledger_id, fresh=True):
-                return
+            marked = await self._already_marked(md.ledger_id, version, fresh=True)
+            if marked is not None:
+                return marked
             fresh = await self.walker.read(md.ledger_id, rec.path)
             if fresh is None:
-                return self._skip(SkipReason.DELETED)
+                return self._skip(md.ledger_id, SkipReason.DELETED)
             if fresh.znode_version != rec.znode_version:
                 self.log.info(
                     "metadata changed during the check; analysing again",
@@ -155,13 +168,14 @@ class ReplicasRun:
                 )
                 rec = fresh
                 continue
-            await self._report(md, rec.znode_version, verdict)
-            return
+            return await self._report(md, rec.znode_version, verdict)
         # Still changing after several looks: the next run will see it settled.
         self.log.warning("metadata kept changing; not judged this run", ledger_id=rec.ledger_id)
-        self._skip(SkipReason.METADATA_CHANGING)
+        return self._skip(rec.ledger_id, SkipReason.METADATA_CHANGING, rec.znode_version)
 
-    async def _already_marked(self, ledger_id: int, *, fresh: bool) -> bool:
+    async def _already_marked(
+        self, ledger_id: int, version: int, *, fresh: bool
+    ) -> LedgerOutcome | None:
         """Marked ledgers are skipped (or, past the grace period, reported as such).
 
         The first look uses the marks listed at the start of the run (one
@@ -169,31 +183,48 @@ class ReplicasRun:
         """
         ur = await self.ctx.urm.get(ledger_id) if fresh else self.marks.get(ledger_id)
         if ur is None:
-            return False
+            return None
         grace = self.cfg.bookkeeper.underreplicatedLedgerRecoveryGracePeriod
         now_ms = int(self.ctx.clock() * 1000)
         v = past_grace(ledger_id, now_ms, ur.ctime, grace, ur.replicas)
-        if v is not None:
-            self.report.ledgers_checked += 1
-            self._violation(v)
-        else:
-            self._skip(SkipReason.UNDERREPLICATED)
-        return True
+        if v is None:
+            return self._skip(ledger_id, SkipReason.UNDERREPLICATED, version)
+        self.report.ledgers_checked += 1
+        self._violation(v)
+        return LedgerOutcome(Check.REPLICAS, ledger_id, Outcome.VIOLATION, None, version)
 
-    def _account(self, verdict: ReplicasVerdict) -> None:
+    def _account(
+        self, ledger_id: int, version: int, verdict: ReplicasVerdict, outcome: Outcome
+    ) -> LedgerOutcome:
         self.report.ledgers_checked += 1
         cov = self.report.coverage
         assert cov is not None
+        mine = Coverage()
         for how in verdict.verified.values():
             if how is Verified.LISTED:
-                cov.listed += 1
+                mine.listed += 1
             elif how is Verified.PROBED:
-                cov.probed += 1
+                mine.probed += 1
             else:
-                cov.unverified += 1
+                mine.unverified += 1
+        cov.listed += mine.listed
+        cov.probed += mine.probed
+        cov.unverified += mine.unverified
+        return LedgerOutcome(
+            Check.REPLICAS,
+            ledger_id,
+            outcome,
+            None,
+            version,
+            mine.listed,
+            mine.probed,
+            mine.unverified,
+        )
 
-    async def _report(self, md: LedgerMetadata, version: int, verdict: ReplicasVerdict) -> None:
-        self._account(verdict)
+    async def _report(
+        self, md: LedgerMetadata, version: int, verdict: ReplicasVerdict
+    ) -> LedgerOutcome:
+        reported = len(self.report.violations)
         evidence = verdict.evidence(md, version)
         if verdict.category is not None:
             self._violation(Violation(md.ledger_id, verdict.category, None, evidence))
@@ -225,6 +256,8 @@ class ReplicasRun:
                     ledger_id=md.ledger_id,
                     bookie=bookie,
                 )
+        found = Outcome.VIOLATION if len(self.report.violations) > reported else Outcome.OK
+        return self._account(md.ledger_id, version, verdict, found)
 
     def _violation(self, v: Violation) -> None:
         self.report.violations.append(v)
@@ -276,20 +309,42 @@ class ReplicasRun:
             progress.tick(rec.ledger_id)
             yield rec
 
-    async def _reread(self, ids: array[int]) -> Any:
+    async def _reread(self, ids: Any) -> Any:
         for ledger_id in ids:
             rec = await self.walker.read(ledger_id)
             if rec is None:
-                self._skip(SkipReason.DELETED)
+                self.ctx.outcome(self._skip(ledger_id, SkipReason.DELETED))
                 continue
             yield rec
 
-    async def run(self) -> CheckReport:
-        attempts = self.cfg.checks.retry_attempts
+    # A run is a first pass over the walk and retry passes over what did not answer.
+    # `run` does them in turn; a scan does each as a stage across its partitions.
+
+    async def begin(self) -> None:
         self.registered = await self.ctx.registered()
         self.marks = {ur.ledger_id: ur async for ur in self.ctx.urm.list_underreplicated()}
-        await self._pool(self._walk(final=attempts == 0), final=attempts == 0)
-        for attempt in range(1, attempts + 1):
+
+    async def first_pass(self) -> None:
+        final = self.cfg.checks.retry_attempts == 0
+        await self._pool(self._walk(final=final), final=final)
+
+    async def retry_pass(self, pending: Any, attempt: int) -> None:
+        """Checks `pending` ledger ids again; the caller has waited `checks.retry_delay`."""
+        self.registered = await self.ctx.registered()
+        final = attempt >= self.cfg.checks.retry_attempts
+        await self._pool(self._reread(pending), final=final)
+
+    def finish(self) -> CheckReport:
+        deleted = self.walker.stats.deleted_during_walk
+        if deleted:
+            self.report.ledgers_skipped[str(SkipReason.DELETED)] += deleted
+        self.report.finished_at = self.ctx.clock()
+        return self.report
+
+    async def run(self) -> CheckReport:
+        await self.begin()
+        await self.first_pass()
+        for attempt in range(1, self.cfg.checks.retry_attempts + 1):
             if not self.retry:
                 break
             pending, self.retry = self.retry, array("q")
@@ -301,16 +356,8 @@ class ReplicasRun:
             )
             # The delay is the point (BP-34): give a slow or restarting bookie time.
             await asyncio.sleep(self.cfg.checks.retry_delay)
-            self.registered = await self.ctx.registered()
-            final = attempt == attempts
-            await self._pool(self._reread(pending), final=final)
-        self.report.ledgers_skipped[str(SkipReason.DELETED)] += (
-            self.walker.stats.deleted_during_walk
-        )
-        if not self.report.ledgers_skipped[str(SkipReason.DELETED)]:
-            del self.report.ledgers_skipped[str(SkipReason.DELETED)]
-        self.report.finished_at = self.ctx.clock()
-        return self.report
+            await self.retry_pass(pending, attempt)
+        return self.finish()
 
 
 async def run_replicas_check(ctx: CheckContext) -> CheckReport:

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Check, CheckReport
+from auditor.checks.findings import ALL_CHECKS, Check, CheckReport
+
+__all__ = ["ALL_CHECKS", "Driver", "driver"]
 
 Driver = Callable[[CheckContext], Awaitable[CheckReport]]
-
-#: The order `check all` runs them in.
-ALL_CHECKS = (Check.BOOKIES, Check.LEDGERS, Check.PLACEMENT, Check.REPLICAS, Check.GRACE)
 
 
 def driver(check: Check) -> Driver:
@@ -27,6 +26,10 @@ def driver(check: Check) -> Driver:
         from auditor.checks.placement_run import run_placement_check
 
         return run_placement_check
+    if check is Check.METADATA:
+        from auditor.checks.metadata_run import run_metadata_check
+
+        return run_metadata_check
     if check is Check.LEDGERS:
         from auditor.checks.ledger_check_run import run_ledger_check
 

@@ -44,6 +44,37 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config ([bookkeeper], [checks])")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key (a BookKeeper key, or checks.KEY)",
+    )
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=["asyncio", "spark"], default="asyncio")
+    p.add_argument("--master", default="", metavar="URL", help="Spark master (default local[*])")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="id ranges to split the work into (default: 1 in process, 2 per Spark core)",
+    )
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.executor.memory=2g (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bk-auditor", description="Audits an Apache BookKeeper cluster.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -55,19 +86,40 @@ def build_parser() -> argparse.ArgumentParser:
         _cluster_args(sub.add_parser(name, help=help_text))
     chk = sub.add_parser("check", help="run checks once; exit 0 clean, 1 violations, 2 error")
     chk.add_argument(
-        "which", choices=["bookies", "ledgers", "placement", "replicas", "grace", "all"]
+        "which",
+        choices=["bookies", "ledgers", "placement", "replicas", "grace", "metadata", "all"],
     )
     _cluster_args(chk)
-    chk.add_argument("--config", metavar="FILE", help="TOML config ([bookkeeper], [checks])")
-    chk.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one key (a BookKeeper key, or checks.KEY)",
-    )
+    _config_args(chk)
     chk.add_argument("--mark", action="store_true", help="write under-replication marks")
+    scan = sub.add_parser(
+        "scan", help="bulk scrutiny in process or on Spark, to Parquet; exit 0 / 1 / 2"
+    )
+    _cluster_args(scan)
+    _config_args(scan)
+    _engine_args(scan)
+    scan.add_argument(
+        "--checks",
+        default="replicas,placement,grace,metadata",
+        metavar="LIST",
+        help="comma-separated: replicas, placement, grace, metadata (default: all four)",
+    )
+    scan.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    scan.add_argument("--overwrite", action="store_true", help="replace a previous output")
+    scan.add_argument(
+        "--mark", action="store_true", help="write under-replication marks (once, at the end)"
+    )
+    scan.add_argument(
+        "--from-snapshot",
+        metavar="DIR",
+        help="judge a snapshot instead of the live cluster (placement, metadata)",
+    )
+    snap = sub.add_parser("snapshot", help="write all ledger metadata as Parquet")
+    _cluster_args(snap)
+    _config_args(snap)
+    _engine_args(snap)
+    snap.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    snap.add_argument("--overwrite", action="store_true", help="replace a previous snapshot")
     emu = sub.add_parser("bookie-emulator", help="run one emulated bookie (tests, demos)")
     emu.add_argument("--zk", required=True, metavar="HOST:PORT")
     emu.add_argument("--port", type=int, required=True)
@@ -109,6 +161,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await commands[args.command](_target(args), args.json)
     if args.command == "check":
         return await _check(args)
+    if args.command in ("scan", "snapshot"):
+        return await _scan(args)
     if args.command == "bookie-emulator":
         from auditor.testing.bookie import run_emulator
 
@@ -166,6 +220,40 @@ async def _check(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.overrides)
         return await cmd_check(_target(args), args.which, config, as_json=args.json, mark=args.mark)
+    except AuditorError as exc:
+        print(f"bk-auditor: error: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _scan(args: argparse.Namespace) -> int:
+    """As `check`: failing to run is exit 2, violations are 1."""
+    from pathlib import Path
+
+    from auditor.cli import scan
+    from auditor.config import load_config
+    from auditor.logs import configure_logging
+    from auditor.scan.engine import EngineOptions
+
+    configure_logging()
+    try:
+        config = load_config(args.config, args.overrides)
+        options = EngineOptions(args.engine, args.master, scan.parse_spark_conf(args.spark_conf))
+        if args.command == "snapshot":
+            return await scan.cmd_snapshot(
+                _target(args), config, options, args.partitions, Path(args.out), args.overwrite
+            )
+        scan_args = scan.ScanArgs(
+            checks=scan.parse_checks(args.checks),
+            engine=options,
+            partitions=args.partitions,
+            out=Path(args.out),
+            mark=args.mark,
+            overwrite=args.overwrite,
+            as_json=args.json,
+        )
+        if args.from_snapshot:
+            return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args)
+        return await scan.cmd_scan(_target(args), config, scan_args)
     except AuditorError as exc:
         print(f"bk-auditor: error: {exc}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok
-from auditor.checks.findings import CATEGORIES, Check, CheckReport
+from auditor.checks.findings import ALL_CHECKS, CATEGORIES, Check, CheckReport
 
 PREFIX = "bookkeeper_auditor"
 OUTCOMES = ("ok", "violations", "failed", "skipped")
@@ -148,11 +148,11 @@ class Metrics:
             f"{PREFIX}_build_info", "The running version, as a label.", ["version"], registry=r
         )
 
-        for check, categories in CATEGORIES.items():
-            for category in categories:
+        for check in ALL_CHECKS:
+            for category in CATEGORIES[check]:
                 self._violations.labels(str(check), str(category))
                 self._in_violation.labels(str(check), str(category)).set(0)
-        for check in Check:
+        for check in ALL_CHECKS:
             self._duration.labels(str(check))
             for outcome in OUTCOMES:
                 self._runs.labels(str(check), outcome)
@@ -203,8 +203,8 @@ class Metrics:
         was, self._leader = self._leader, is_leader
         self._is_leader.set(1 if is_leader else 0)
         if was and not is_leader:
-            for check, categories in CATEGORIES.items():
-                for category in categories:
+            for check in ALL_CHECKS:
+                for category in CATEGORIES[check]:
                     self._in_violation.labels(str(check), str(category)).set(0)
 
     def set_leader_elected(self, elected: bool) -> None:

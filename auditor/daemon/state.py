@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from auditor.checks.findings import Check, CheckReport
+from auditor.checks.findings import ALL_CHECKS, Check, CheckReport
 from auditor.metadata.underreplication import UnderreplicatedLedger
 
 
@@ -54,7 +54,7 @@ class DaemonState:
     retry_queue: int = 0
     lost_bookies: tuple[str, ...] = ()
     checks: dict[Check, CheckState] = field(
-        default_factory=lambda: {c: CheckState(c) for c in Check}
+        default_factory=lambda: {c: CheckState(c) for c in ALL_CHECKS}
     )
 
 

@@ -25,9 +25,53 @@ from auditor.zk import NoNodeError, ZkClient
 
 _TWO = re.compile(r"^\d{2}$")
 _THREE = re.compile(r"^\d{3}$")
-_FOUR = re.compile(r"^\d{4}$")
-_LEAF = re.compile(r"^L\d{4}$")
-_FLAT_LEAF = re.compile(r"^L\d{10}$")
+FOUR = re.compile(r"^\d{4}$")
+LEAF = re.compile(r"^L\d{4}$")
+FLAT_LEAF = re.compile(r"^L\d{10}$")
+
+
+@dataclass(frozen=True, slots=True)
+class IdRange:
+    """Ledger ids `lo <= id < hi`: one partition of a walk (a Spark task, say)."""
+
+    lo: int
+    hi: int
+
+    def __contains__(self, ledger_id: int) -> bool:
+        return self.lo <= ledger_id < self.hi
+
+    def contains_prefix(self, digits: str, below: int) -> bool:
+        """Whether a znode whose path spells `digits`, `below` digits short of an id, may
+        hold ids in this range (every id under it lies in one decimal interval)."""
+        scale: int = 10**below
+        first = int(digits) * scale
+        return first < self.hi and first + scale > self.lo
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """One hierarchical tree: the top level's name pattern and the digits of a full id."""
+
+    top: re.Pattern[str]
+    digits: int
+
+    def below(self, prefix: str) -> int:
+        return self.digits - len(prefix)
+
+
+LEGACY_TREE = Tree(_TWO, 10)
+LONG_TREE = Tree(_THREE, 19)
+
+
+def trees_of(manager: LedgerManager) -> list[Tree]:
+    """The trees of a hierarchical manager, in id order (flat has none)."""
+    if manager is LedgerManager.LEGACY_HIERARCHICAL:
+        return [LEGACY_TREE]
+    if manager is LedgerManager.LONG_HIERARCHICAL:
+        return [LONG_TREE]
+    if manager is LedgerManager.HIERARCHICAL:
+        return [LEGACY_TREE, LONG_TREE]
+    return []
 
 
 @dataclass
@@ -54,10 +98,18 @@ class LedgerRecord:
 class LedgerWalker:
     """Walks one ledgers root. `stats` fills in as the walk proceeds."""
 
-    def __init__(self, zk: ZkClient, root: str, manager: LedgerManager) -> None:
+    def __init__(
+        self,
+        zk: ZkClient,
+        root: str,
+        manager: LedgerManager,
+        id_range: IdRange | None = None,
+    ) -> None:
         self.zk = zk
         self.root = root.rstrip("/")
         self.manager = manager
+        #: Only ledgers in this range are walked (subtrees outside it are not even listed).
+        self.id_range = id_range
         self.stats = WalkStats()
 
     async def _children(self, path: str) -> list[str]:
@@ -71,60 +123,52 @@ class LedgerWalker:
         if len(self.stats.foreign_znodes) < 100:
             self.stats.foreign_znodes.append(path)
 
-    async def _leaves(self, path: str, leaf: re.Pattern[str]) -> AsyncIterator[str]:
+    async def _leaves(self, path: str, prefix: str, leaf: re.Pattern[str]) -> AsyncIterator[str]:
         for name in await self._children(path):
             if leaf.match(name):
-                yield f"{path}/{name}"
+                if self.id_range is None or self.id_range.contains_prefix(prefix + name[1:], 0):
+                    yield f"{path}/{name}"
             elif not is_special_znode(name):
                 self._foreign(f"{path}/{name}")
 
-    async def _legacy_paths(self) -> AsyncIterator[str]:
+    async def _tree(self, tree: Tree) -> AsyncIterator[str]:
+        """Every leaf path of one tree, in id order, pruned to `id_range`."""
         for top in await self._children(self.root):
-            if not _TWO.match(top):
+            if not tree.top.match(top):
                 continue
-            for mid in await self._children(f"{self.root}/{top}"):
-                if not _FOUR.match(mid):
-                    self._foreign(f"{self.root}/{top}/{mid}")
-                    continue
-                async for p in self._leaves(f"{self.root}/{top}/{mid}", _LEAF):
+            if self.id_range is None or self.id_range.contains_prefix(top, tree.below(top)):
+                async for p in self._levels(f"{self.root}/{top}", top, tree):
                     yield p
 
-    async def _long_paths(self) -> AsyncIterator[str]:
-        for l0 in await self._children(self.root):
-            if not _THREE.match(l0):
-                continue
-            async for p in self._long_levels(f"{self.root}/{l0}", 3):
-                yield p
-
-    async def _long_levels(self, path: str, remaining: int) -> AsyncIterator[str]:
-        if remaining == 0:
-            async for p in self._leaves(path, _LEAF):
+    async def _levels(self, path: str, prefix: str, tree: Tree) -> AsyncIterator[str]:
+        if len(prefix) + 4 == tree.digits:
+            async for p in self._leaves(path, prefix, LEAF):
                 yield p
             return
         for name in await self._children(path):
-            if not _FOUR.match(name):
+            if not FOUR.match(name):
                 self._foreign(f"{path}/{name}")
                 continue
-            async for p in self._long_levels(f"{path}/{name}", remaining - 1):
-                yield p
+            sub = prefix + name
+            if self.id_range is None or self.id_range.contains_prefix(sub, tree.below(sub)):
+                async for p in self._levels(f"{path}/{name}", sub, tree):
+                    yield p
 
     async def _flat_paths(self) -> AsyncIterator[str]:
         for name in await self._children(self.root):
-            if _FLAT_LEAF.match(name):
+            if FLAT_LEAF.match(name) and (
+                self.id_range is None or self.id_range.contains_prefix(name[1:], 0)
+            ):
                 yield f"{self.root}/{name}"
 
     async def ledger_paths(self) -> AsyncGenerator[tuple[int, str], None]:
         """(ledger id, znode path) in ascending id order."""
         if self.manager is LedgerManager.FLAT:
             sources = [self._flat_paths()]
-        elif self.manager is LedgerManager.LEGACY_HIERARCHICAL:
-            sources = [self._legacy_paths()]
-        elif self.manager is LedgerManager.LONG_HIERARCHICAL:
-            sources = [self._long_paths()]
         else:
             # Hierarchical: ids below INT_MAX live in the 2-4-4 tree, the rest in
             # the 3-4-4-4-4 tree, so the two walks in turn are in id order.
-            sources = [self._legacy_paths(), self._long_paths()]
+            sources = [self._tree(t) for t in trees_of(self.manager)]
         for source in sources:
             async for path in source:
                 ledger_id = ledger_id_from_path(self.root, path)
@@ -140,7 +184,7 @@ class LedgerWalker:
     async def max_ledger_id(self) -> int | None:
         """The largest ledger id, from the last child at each level (for ETAs)."""
         if self.manager is LedgerManager.FLAT:
-            names = [n for n in await self._children(self.root) if _FLAT_LEAF.match(n)]
+            names = [n for n in await self._children(self.root) if FLAT_LEAF.match(n)]
             return ledger_id_from_path(self.root, f"{self.root}/{names[-1]}") if names else None
         trees: list[tuple[re.Pattern[str], int]] = []
         # The long tree holds the larger ids, so it is looked at first.
@@ -159,9 +203,9 @@ class LedgerWalker:
     async def _last_leaf(self, path: str, levels: int) -> str | None:
         names = await self._children(path)
         if levels == 0:
-            leaves = [n for n in names if _LEAF.match(n)]
+            leaves = [n for n in names if LEAF.match(n)]
             return f"{path}/{leaves[-1]}" if leaves else None
-        for name in reversed([n for n in names if _FOUR.match(n)]):
+        for name in reversed([n for n in names if FOUR.match(n)]):
             found = await self._last_leaf(f"{path}/{name}", levels - 1)
             if found is not None:
                 return found

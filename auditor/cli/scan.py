@@ -1,0 +1,103 @@
+"""`bk-auditor scan` and `bk-auditor snapshot`: the bulk scrutiny, in process or on Spark.
+
+Exit codes are those of `check`: 0 no violation, 1 violations found, 2 the
+scan could not run. Input is validated before anything is written: the
+output directory, the engine's packages and the cluster connection are all
+checked first, and `summary.json` is written last, so a directory without it
+is an interrupted scan.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TextIO
+
+from auditor.checks.context import open_context
+from auditor.checks.findings import Check
+from auditor.cli.check import render_text
+from auditor.cli.cluster import ClusterTarget, connect
+from auditor.config import AuditorConfig
+from auditor.errors import ConfigError
+from auditor.scan.engine import EngineOptions, open_engine, require
+from auditor.scan.job import SCAN_CHECKS, ScanResult, run_scan
+from auditor.scan.output import SCAN_OUTPUT, check_out_dir, prepare_out_dir, summary_document
+from auditor.scan.partition import ScanSpec
+
+DEFAULT_CHECKS = "replicas,placement,grace,metadata"
+
+
+@dataclass(frozen=True, slots=True)
+class ScanArgs:
+    checks: tuple[Check, ...]
+    engine: EngineOptions
+    partitions: int
+    out: Path
+    mark: bool = False
+    overwrite: bool = False
+    as_json: bool = False
+
+
+def parse_checks(text: str, allowed: Sequence[Check] = SCAN_CHECKS) -> tuple[Check, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("--checks names no check")
+    valid = {str(c): c for c in allowed}
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ConfigError(
+            f"--checks: unknown check {unknown[0]!r}; expected some of {', '.join(valid)}"
+        )
+    return tuple(c for c in allowed if str(c) in names)
+
+
+def parse_spark_conf(pairs: Sequence[str]) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.startswith("spark."):
+            raise ConfigError(f"--spark-conf takes spark.KEY=VALUE, got {pair!r}")
+        conf[key] = value
+    return conf
+
+
+def _print(result: ScanResult, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        out.write(json.dumps(summary_document(result.reports)) + "\n")
+        return
+    for report in result.reports:
+        render_text(report, out)
+
+
+async def cmd_scan(
+    target: ClusterTarget, config: AuditorConfig, args: ScanArgs, out: TextIO = sys.stdout
+) -> int:
+    if args.partitions < 0:
+        raise ConfigError(
+            f"--partitions must be >= 0 (0: the engine's default), got {args.partitions}"
+        )
+    check_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
+    require(args.engine, parquet=True)
+    async with (
+        connect(target) as (zk, manager),
+        open_context(zk, target.root, manager, config, mark=args.mark) as ctx,
+    ):
+        prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
+        engine = open_engine(args.engine, args.out)
+        try:
+            spec = ScanSpec(replace(target, manager=manager), config, args.checks)
+            result = await run_scan(
+                ctx,
+                engine,
+                spec,
+                partitions=args.partitions or engine.default_partitions(),
+                out=args.out,
+            )
+        finally:
+            await engine.close()
+    _print(result, args.as_json, out)
+    return 1 if result.has_violations else 0

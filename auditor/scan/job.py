@@ -1,0 +1,130 @@
+"""The scan's driver: plan, stage, retry, mark once, summarise; the same for every engine.
+
+1. Plan id ranges from listings of the ledger tree (no ledger is read here).
+2. Stage 1: every range runs the partitioned checks (metadata, placement,
+   replicas) on the engine; results come back as partial reports, the ids of
+   ledgers whose bookies did not answer, and the marks the checks want.
+3. Retry stages: after `checks.retry_delay`, those ledgers are checked again
+   (BP-34's delayed re-check), up to `checks.retry_attempts` times; what is
+   still silent on the last attempt is judged then.
+4. The grace check reads the marks here, once (they are few, and listing them
+   from every partition would only multiply the same reads).
+5. Marks are written once, from here, through the caller's context, so the
+   daemon's fencing and `--mark` apply exactly as for an in-process check.
+
+The reports are merged per check into the same `CheckReport` an in-process
+`check` produces; only the place the partitions ran differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import Check, CheckReport, PendingMark
+from auditor.checks.grace import run_grace_check
+from auditor.metadata.walk import IdRange
+from auditor.scan.engine import Engine
+from auditor.scan.output import (
+    MARKS,
+    SUMMARY,
+    marks_document,
+    summary_document,
+    violation_rows,
+    write_json,
+)
+from auditor.scan.partition import PartitionResult, ScanSpec
+from auditor.scan.ranges import plan_ranges
+
+#: The checks a scan can run, in the order its summary lists them.
+SCAN_CHECKS = (Check.PLACEMENT, Check.REPLICAS, Check.GRACE, Check.METADATA)
+
+
+@dataclass
+class ScanResult:
+    reports: list[CheckReport]
+    ranges: list[IdRange]
+    marks: list[PendingMark] = field(default_factory=list)
+    marked: set[int] = field(default_factory=set)
+
+    @property
+    def has_violations(self) -> bool:
+        return any(r.has_violations for r in self.reports)
+
+
+def _absorb(
+    results: list[PartitionResult], reports: dict[Check, CheckReport], marks: list[PendingMark]
+) -> list[int]:
+    retry: list[int] = []
+    for res in results:
+        for check, part in res.reports.items():
+            if check in reports:
+                reports[check].merge(part)
+            else:
+                reports[check] = part
+        retry.extend(res.retry)
+        marks.extend(res.marks)
+    return sorted(retry)
+
+
+async def run_scan(
+    ctx: CheckContext,
+    engine: Engine,
+    spec: ScanSpec,
+    *,
+    partitions: int,
+    out: Path | None = None,
+) -> ScanResult:
+    """Runs `spec.checks` over the cluster of `ctx`; writes DIR's files when `out` is given."""
+    log = ctx.log.bind(engine=engine.name)
+    ranges = await plan_ranges(ctx.zk, ctx.root, ctx.manager, partitions)
+    spec = spec.with_bookie_cap(engine.concurrency(len(ranges)))
+    log.info(
+        "scan planned",
+        checks=[str(c) for c in spec.checks],
+        partitions=len(ranges),
+        bookie_cap_per_partition=spec.config.checks.bookie_max_in_flight,
+    )
+    reports: dict[Check, CheckReport] = {}
+    marks: list[PendingMark] = []
+    partitioned = [c for c in spec.checks if c is not Check.GRACE]
+    retry: list[int] = []
+    if partitioned:
+        retry = _absorb(await engine.scan_ranges(spec, ranges), reports, marks)
+    checks_cfg = spec.config.checks
+    for attempt in range(1, checks_cfg.retry_attempts + 1):
+        if not retry:
+            break
+        log.info(
+            "re-checking potentially faulty ledgers after a delay",
+            ledgers=len(retry),
+            delay_s=checks_cfg.retry_delay,
+            attempt=attempt,
+        )
+        # The delay is the point (BP-34): give a slow or restarting bookie time.
+        await asyncio.sleep(checks_cfg.retry_delay)
+        retry = _absorb(await engine.recheck(spec, retry, attempt, partitions), reports, marks)
+    if Check.GRACE in spec.checks:
+        previous = ctx.on_ledger
+        ctx.on_ledger = engine.sink
+        try:
+            reports[Check.GRACE] = await run_grace_check(ctx)
+        finally:
+            ctx.on_ledger = previous
+    result = ScanResult([reports[c] for c in SCAN_CHECKS if c in reports], ranges, marks)
+    for m in marks:
+        if await ctx.mark_underreplicated(reports[m.check], m.ledger_id, list(m.missing)):
+            result.marked.add(m.ledger_id)
+    if out is not None:
+        await engine.write_violations(violation_rows(result.reports))
+        write_json(out / MARKS, marks_document(marks, result.marked))
+        write_json(out / SUMMARY, summary_document(result.reports))
+    log.info(
+        "scan finished",
+        counts={str(r.check): r.counts() for r in result.reports},
+        marks_wanted=len(marks),
+        marked=len(result.marked),
+    )
+    return result

@@ -1,0 +1,160 @@
+"""A scan's output directory: the datasets' columns, the rows, and the summary.
+
+Layout of DIR (the same from every engine):
+- `violations/`: Parquet, one row per violation (ledger, check, category,
+  bookie, evidence as JSON, metadata version);
+- `coverage/`: Parquet, one row per (ledger, check): how it came out
+  (ok / violation / skipped and why) and, for the replicas check, how many
+  ensemble bookies were listed, probed or left unverified;
+- `summary.json`: exactly the document `check all --json` prints, for the
+  checks the scan ran;
+- `marks.json`: the under-replication marks the checks asked for, and
+  whether they were written (`--mark`).
+
+The columns are declared once here and turned into a pyarrow schema (the
+in-process engine) or a Spark schema (the Spark engine), so the two engines
+cannot drift apart. Both are imported on demand: the scan's extras are optional.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from auditor.checks.findings import CheckReport, LedgerOutcome, PendingMark, Violation
+from auditor.errors import ConfigError
+
+VIOLATIONS = "violations"
+COVERAGE = "coverage"
+SUMMARY = "summary.json"
+MARKS = "marks.json"
+SCAN_OUTPUT = (VIOLATIONS, COVERAGE, SUMMARY, MARKS)
+
+#: (name, type, nullable); types are "long", "int", "string".
+Column = tuple[str, str, bool]
+
+VIOLATION_COLUMNS: tuple[Column, ...] = (
+    ("ledger_id", "long", False),
+    ("check", "string", False),
+    ("category", "string", False),
+    ("bookie", "string", True),
+    ("evidence", "string", False),
+    ("metadata_version", "long", True),
+)
+
+COVERAGE_COLUMNS: tuple[Column, ...] = (
+    ("ledger_id", "long", False),
+    ("check", "string", False),
+    ("outcome", "string", False),
+    ("skip_reason", "string", True),
+    ("metadata_version", "long", False),
+    ("bookies_listed", "int", False),
+    ("bookies_probed", "int", False),
+    ("bookies_unverified", "int", False),
+)
+
+ViolationRow = tuple[int, str, str, str | None, str, int | None]
+CoverageRow = tuple[int, str, str, str | None, int, int, int, int]
+
+
+def violation_row(check: str, v: Violation) -> ViolationRow:
+    version = v.detail.get("metadata_version")
+    return (
+        v.ledger_id,
+        check,
+        str(v.category),
+        v.bookie,
+        json.dumps(v.detail, sort_keys=True),
+        int(version) if isinstance(version, int) else None,
+    )
+
+
+def violation_rows(reports: Iterable[CheckReport]) -> list[ViolationRow]:
+    rows = [violation_row(str(r.check), v) for r in reports for v in r.violations]
+    return sorted(rows, key=lambda r: (r[0], r[1], r[2], r[3] or ""))
+
+
+def coverage_row(o: LedgerOutcome) -> CoverageRow:
+    return (
+        o.ledger_id,
+        str(o.check),
+        str(o.outcome),
+        o.skip_reason,
+        o.metadata_version,
+        o.listed,
+        o.probed,
+        o.unverified,
+    )
+
+
+def arrow_schema(columns: Sequence[Column]) -> Any:
+    import pyarrow as pa
+
+    types = {"long": pa.int64(), "int": pa.int32(), "string": pa.string()}
+    return pa.schema([pa.field(n, types[t], nullable=null) for n, t, null in columns])
+
+
+def spark_schema(columns: Sequence[Column]) -> Any:
+    from pyspark.sql import types as st
+
+    kinds = {"long": st.LongType(), "int": st.IntegerType(), "string": st.StringType()}
+    return st.StructType([st.StructField(n, kinds[t], null) for n, t, null in columns])
+
+
+def arrow_table(columns: Sequence[Column], rows: Sequence[tuple[Any, ...]]) -> Any:
+    import pyarrow as pa
+
+    names = [c[0] for c in columns]
+    data = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+    return pa.Table.from_pydict(data, schema=arrow_schema(columns))
+
+
+def check_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> list[str]:
+    """Refuses to mix new output into an old one, unless told to replace it (nothing written)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    old = [p for p in names if (out / p).exists()]
+    if old and not overwrite:
+        raise ConfigError(
+            f"--out {out} already holds output ({', '.join(old)}); "
+            "choose another directory or pass --overwrite"
+        )
+    return old
+
+
+def prepare_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> None:
+    old = check_out_dir(out, names, overwrite=overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in old:
+        target = out / name
+        if target.is_dir():
+            import shutil
+
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+
+
+def summary_document(reports: Sequence[CheckReport]) -> dict[str, Any]:
+    """The `check all --json` document of these reports."""
+    return {"check": "all", "reports": {str(r.check): r.to_json() for r in reports}}
+
+
+def marks_document(marks: Sequence[PendingMark], written: set[int]) -> list[dict[str, Any]]:
+    return [
+        {
+            "check": str(m.check),
+            "ledger_id": m.ledger_id,
+            "missing_replicas": list(m.missing),
+            "marked": m.ledger_id in written,
+        }
+        for m in sorted(marks, key=lambda m: (m.ledger_id, str(m.check)))
+    ]
+
+
+def write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,126 @@
+"""One partition of a scan: its own ZooKeeper session and bookie connections, the checks' drivers.
+
+This is what a Spark task (or the in-process engine) runs for one id range or
+one batch of ledgers to re-check. It is the checks' own drivers, given a
+context restricted to the range, with marks held back for the scan's driver
+and each ledger's outcome handed to a sink (the coverage dataset). Everything
+here is picklable or built from picklable parts: Spark ships `ScanSpec` to the
+executors and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from array import array
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from auditor.checks.context import CheckContext, open_context
+from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMark
+from auditor.checks.metadata_run import run_metadata_check
+from auditor.checks.placement_run import run_placement_check
+from auditor.checks.replicas_run import ReplicasRun
+from auditor.cli.cluster import ClusterTarget, connect
+from auditor.config import AuditorConfig
+from auditor.metadata.walk import IdRange
+
+#: Checks that walk the ledgers, so run per partition (grace reads only the marks
+#: and runs once, on the scan's driver).
+PARTITIONED = (Check.METADATA, Check.PLACEMENT, Check.REPLICAS)
+
+Sink = Callable[[LedgerOutcome], None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ScanSpec:
+    """What every partition needs to know, in one picklable value."""
+
+    target: ClusterTarget
+    config: AuditorConfig
+    checks: tuple[Check, ...]
+    #: Whether marks are wanted at all (they are collected, and written by the driver).
+    mark: bool = False
+    #: Whether partitions report per-ledger outcomes (the coverage dataset).
+    coverage: bool = True
+    log_level: str = "WARNING"
+
+    def with_bookie_cap(self, concurrent_partitions: int) -> ScanSpec:
+        """The per-bookie request cap split across the partitions that run at once.
+
+        Each partition has its own connections, so without this a job of N
+        concurrent tasks would put N times the configured cap on every bookie.
+        """
+        checks = self.config.checks
+        share = max(1, checks.bookie_max_in_flight // max(1, concurrent_partitions))
+        return replace(
+            self, config=replace(self.config, checks=replace(checks, bookie_max_in_flight=share))
+        )
+
+
+@dataclass
+class PartitionResult:
+    """What a partition sends back to the driver (small: no per-ledger rows)."""
+
+    reports: dict[Check, CheckReport] = field(default_factory=dict)
+    #: Replicas check: ledgers whose bookies did not answer, for the next retry stage.
+    retry: list[int] = field(default_factory=list)
+    marks: list[PendingMark] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def _partition_context(
+    spec: ScanSpec, id_range: IdRange | None, sink: Sink | None
+) -> AsyncIterator[tuple[CheckContext, PartitionResult]]:
+    result = PartitionResult()
+    async with (
+        connect(spec.target) as (zk, manager),
+        open_context(zk, spec.target.root, manager, spec.config, id_range=id_range) as ctx,
+    ):
+        ctx.on_ledger = sink if spec.coverage else None
+        ctx.deferred_marks = result.marks if spec.mark else None
+        yield ctx, result
+
+
+async def scan_range(spec: ScanSpec, id_range: IdRange, sink: Sink | None) -> PartitionResult:
+    """The first stage over one id range: every partitioned check, in turn."""
+    async with _partition_context(spec, id_range, sink) as (ctx, result):
+        for check in PARTITIONED:
+            if check not in spec.checks:
+                continue
+            if check is Check.METADATA:
+                result.reports[check] = await run_metadata_check(ctx)
+            elif check is Check.PLACEMENT:
+                result.reports[check] = await run_placement_check(ctx)
+            else:
+                run = ReplicasRun(ctx)
+                await run.begin()
+                await run.first_pass()
+                result.retry = list(run.retry)
+                result.reports[check] = run.finish()
+    return result
+
+
+async def recheck(
+    spec: ScanSpec, ledger_ids: Iterable[int], attempt: int, sink: Sink | None
+) -> PartitionResult:
+    """A retry stage of the replicas check over some of the ledgers that did not answer."""
+    async with _partition_context(spec, None, sink) as (ctx, result):
+        run = ReplicasRun(ctx)
+        await run.begin()
+        await run.retry_pass(array("q", ledger_ids), attempt)
+        result.retry = list(run.retry)
+        result.reports[Check.REPLICAS] = run.finish()
+    return result
+
+
+def run_blocking(coro: Coroutine[Any, Any, T], log_level: str) -> T:
+    """Runs a partition's coroutine on a fresh event loop (a Spark Python worker's thread)."""
+    from auditor.logs import configure_logging
+
+    configure_logging("json", level=log_level)
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    return asyncio.run(coro)

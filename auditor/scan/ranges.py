@@ -1,0 +1,112 @@
+"""Splitting the ledger id space into partitions from cheap listings of the tree.
+
+A scan's driver must not read ledgers (that is the work being spread out), but
+it can list directories: in the hierarchical layouts a directory spells a
+decimal prefix of every id below it, so listings alone tell where ledgers are.
+The plan descends level by level to the directories that hold leaves (at most
+10,000 ledgers each); when there are fewer of those than a few per partition,
+it lists them too and splits on exact ids. Partitions are contiguous id ranges
+that together cover every id from 0 to 2^63, so a ledger created between the
+plan and the scan still falls in exactly one partition.
+
+The flat layout has only one directory; its single listing gives the ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from auditor.metadata.layout import LedgerManager
+from auditor.metadata.paths import LONG_MAX
+from auditor.metadata.walk import FLAT_LEAF, FOUR, LEAF, IdRange, Tree, trees_of
+from auditor.zk import NoNodeError, ZkClient
+
+#: Buckets per partition the plan aims for before it stops descending.
+BUCKETS_PER_PARTITION = 4
+WHOLE = IdRange(0, LONG_MAX + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A directory (ids `lo`..`hi`) or a single ledger (`hi == lo + 1`)."""
+
+    lo: int
+    hi: int
+    path: str
+    prefix: str
+    tree: Tree | None
+
+
+async def _children(zk: ZkClient, path: str) -> list[str]:
+    try:
+        return sorted(await zk.get_children(path))
+    except NoNodeError:
+        return []
+
+
+def _dir(path: str, prefix: str, tree: Tree) -> Bucket:
+    scale: int = 10 ** tree.below(prefix)
+    return Bucket(int(prefix) * scale, (int(prefix) + 1) * scale, path, prefix, tree)
+
+
+def _leaf(ledger_id: int) -> Bucket:
+    return Bucket(ledger_id, ledger_id + 1, "", "", None)
+
+
+async def _expand(zk: ZkClient, b: Bucket) -> list[Bucket]:
+    """The next level down of one directory bucket."""
+    assert b.tree is not None
+    names = await _children(zk, b.path)
+    if len(b.prefix) + 4 == b.tree.digits:
+        return [_leaf(int(b.prefix + n[1:])) for n in names if LEAF.match(n)]
+    return [_dir(f"{b.path}/{n}", b.prefix + n, b.tree) for n in names if FOUR.match(n)]
+
+
+def _leaf_parent(b: Bucket) -> bool:
+    return b.tree is None or len(b.prefix) + 4 == b.tree.digits
+
+
+async def buckets(zk: ZkClient, root: str, manager: LedgerManager, partitions: int) -> list[Bucket]:
+    """Where the ledgers are, as id-ordered buckets of comparable size."""
+    root = root.rstrip("/")
+    if manager is LedgerManager.FLAT:
+        return [_leaf(int(n[1:])) for n in await _children(zk, root) if FLAT_LEAF.match(n)]
+    tops = await _children(zk, root)
+    found = [
+        _dir(f"{root}/{n}", n, tree)
+        for tree in trees_of(manager)
+        for n in tops
+        if tree.top.match(n)
+    ]
+    # Down to the directories that hold leaves: those hold at most 10,000 ledgers each.
+    while not all(_leaf_parent(b) for b in found):
+        nxt: list[Bucket] = []
+        for b in found:
+            nxt.extend([b] if _leaf_parent(b) else await _expand(zk, b))
+        found = nxt
+    # Too few to balance on: list them (one listing each) and split on exact ids.
+    if len(found) < partitions * BUCKETS_PER_PARTITION:
+        leaves: list[Bucket] = []
+        for b in found:
+            leaves.extend(await _expand(zk, b) if b.tree is not None else [b])
+        found = leaves
+    return found
+
+
+def split(found: list[Bucket], partitions: int) -> list[IdRange]:
+    """Contiguous ranges of about equal bucket counts, tiling [0, 2^63)."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    n = min(partitions, len(found))
+    if n <= 1:
+        return [WHOLE]
+    starts = [found[(i * len(found)) // n].lo for i in range(n)]
+    starts[0] = 0
+    ends = [*starts[1:], WHOLE.hi]
+    return [IdRange(lo, hi) for lo, hi in zip(starts, ends, strict=True)]
+
+
+async def plan_ranges(
+    zk: ZkClient, root: str, manager: LedgerManager, partitions: int
+) -> list[IdRange]:
+    return split(await buckets(zk, root, manager, partitions), partitions)

@@ -1,0 +1,210 @@
+"""The Spark engine: each partition is a Spark task running the checks with asyncio inside.
+
+A stage is one `mapPartitions` over id ranges (or over ledger ids to re-check).
+A task opens its own ZooKeeper session and bookie connections, runs the
+partition on a fresh event loop and yields one small result (partial reports,
+ids to retry, marks wanted) followed by its coverage rows. The stage's RDD is
+persisted (memory, spilling to disk) so that collecting the results and
+writing the coverage rows compute it once: a second computation would scan
+the cluster again. Coverage never passes through the driver; violations do
+(the summary lists them all, as `check --json` does).
+
+Spark actions block, so they run in a worker thread under a job group of
+their own: cancelling the scan (the daemon losing leadership) cancels the
+Spark jobs too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from auditor.checks.findings import LedgerOutcome
+from auditor.metadata.walk import IdRange
+from auditor.scan.engine import EngineOptions, EngineUnavailableError, chunks
+from auditor.scan.output import (
+    COVERAGE,
+    COVERAGE_COLUMNS,
+    VIOLATION_COLUMNS,
+    VIOLATIONS,
+    CoverageRow,
+    ViolationRow,
+    coverage_row,
+    spark_schema,
+)
+from auditor.scan.partition import (
+    PartitionResult,
+    ScanSpec,
+    Sink,
+    recheck,
+    run_blocking,
+    scan_range,
+)
+
+T = TypeVar("T")
+RESULT = "result"
+ROW = "row"
+
+#: Settings for a quiet, self-contained local session; the user's `spark_conf` wins.
+DEFAULT_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+}
+
+
+def _range_task(spec: ScanSpec) -> Callable[[Iterable[IdRange]], Iterator[tuple[str, Any]]]:
+    def task(ranges: Iterable[IdRange]) -> Iterator[tuple[str, Any]]:
+        for r in ranges:
+            rows: list[CoverageRow] = []
+            sink = _row_sink(rows) if spec.coverage else None
+            yield RESULT, run_blocking(scan_range(spec, r, sink), spec.log_level)
+            for row in rows:
+                yield ROW, row
+
+    return task
+
+
+def _recheck_task(
+    spec: ScanSpec, attempt: int
+) -> Callable[[Iterable[int]], Iterator[tuple[str, Any]]]:
+    def task(ids: Iterable[int]) -> Iterator[tuple[str, Any]]:
+        batch = list(ids)
+        if not batch:
+            return
+        rows: list[CoverageRow] = []
+        sink = _row_sink(rows) if spec.coverage else None
+        yield RESULT, run_blocking(recheck(spec, batch, attempt, sink), spec.log_level)
+        for row in rows:
+            yield ROW, row
+
+    return task
+
+
+def _row_sink(rows: list[CoverageRow]) -> Sink:
+    def add(o: LedgerOutcome) -> None:
+        rows.append(coverage_row(o))
+
+    return add
+
+
+def _is_result(item: tuple[str, Any]) -> bool:
+    return item[0] == RESULT
+
+
+def _is_row(item: tuple[str, Any]) -> bool:
+    return item[0] == ROW
+
+
+def _payload(item: tuple[str, Any]) -> Any:
+    return item[1]
+
+
+class SparkEngine:
+    name = "spark"
+
+    def __init__(self, options: EngineOptions, out: Path | None) -> None:
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError:
+            raise EngineUnavailableError(
+                "the Spark engine needs PySpark: pip install 'bookkeeper-auditor[spark]'"
+            ) from None
+        # Executors run this interpreter (and so this project) unless told otherwise.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        builder = SparkSession.builder.appName("bookkeeper-auditor-scan")
+        # Under spark-submit the master comes from there; on its own, a local Spark.
+        if options.master:
+            builder = builder.master(options.master)
+        elif "PYSPARK_GATEWAY_PORT" not in os.environ:
+            builder = builder.master("local[*]")
+        for key, value in {**DEFAULT_CONF, **dict(options.spark_conf)}.items():
+            builder = builder.config(key, value)
+        self.spark: Any = builder.getOrCreate()
+        self.sc: Any = self.spark.sparkContext
+        self.sc.setLogLevel("ERROR")
+        self.out = out
+        self._driver_rows: list[CoverageRow] = []
+        self._coverage_written = False
+
+    def default_partitions(self) -> int:
+        # A few tasks per core, so one slow range does not hold the whole stage.
+        return 2 * int(self.sc.defaultParallelism)
+
+    def concurrency(self, partitions: int) -> int:
+        return max(1, min(partitions, int(self.sc.defaultParallelism)))
+
+    @property
+    def sink(self) -> Sink | None:
+        return _row_sink(self._driver_rows) if self.out is not None else None
+
+    async def _job(self, what: str, fn: Callable[[], T]) -> T:
+        group = f"bk-auditor-{uuid.uuid4().hex[:12]}"
+
+        def work() -> T:
+            self.sc.setJobGroup(group, what, interruptOnCancel=True)
+            return fn()
+
+        try:
+            return await asyncio.to_thread(work)
+        except asyncio.CancelledError:
+            self.sc.cancelJobGroup(group)
+            raise
+
+    async def _stage(self, what: str, rdd: Any) -> list[PartitionResult]:
+        from pyspark import StorageLevel
+
+        staged = rdd.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            results: list[PartitionResult] = await self._job(
+                what, lambda: staged.filter(_is_result).map(_payload).collect()
+            )
+            if self.out is not None:
+                rows = staged.filter(_is_row).map(_payload)
+                await self._job(what, lambda: self._append_coverage(rows))
+            return results
+        finally:
+            staged.unpersist()
+
+    def _append_coverage(self, rows: Any) -> None:
+        assert self.out is not None
+        df = self.spark.createDataFrame(rows, spark_schema(COVERAGE_COLUMNS))
+        df.write.mode("append").parquet(str(self.out / COVERAGE))
+        self._coverage_written = True
+
+    async def scan_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[PartitionResult]:
+        rdd = self.sc.parallelize(ranges, len(ranges)).mapPartitions(_range_task(spec))
+        return await self._stage(f"scan of {len(ranges)} id ranges", rdd)
+
+    async def recheck(
+        self, spec: ScanSpec, ledger_ids: list[int], attempt: int, partitions: int
+    ) -> list[PartitionResult]:
+        parts = len(chunks(ledger_ids, partitions))
+        rdd = self.sc.parallelize(ledger_ids, parts).mapPartitions(_recheck_task(spec, attempt))
+        return await self._stage(f"re-check {attempt} of {len(ledger_ids)} ledgers", rdd)
+
+    async def write_violations(self, rows: list[ViolationRow]) -> None:
+        if self.out is None:
+            return
+        out = self.out
+
+        def write() -> None:
+            # The driver's own rows (the grace check) join the executors' coverage.
+            if self._driver_rows or not self._coverage_written:
+                df = self.spark.createDataFrame(self._driver_rows, spark_schema(COVERAGE_COLUMNS))
+                df.coalesce(1).write.mode("append").parquet(str(out / COVERAGE))
+                self._driver_rows.clear()
+                self._coverage_written = True
+            frame = self.spark.createDataFrame(rows, spark_schema(VIOLATION_COLUMNS))
+            frame.coalesce(1).write.mode("overwrite").parquet(str(out / VIOLATIONS))
+
+        await self._job("write violations", write)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.spark.stop)
