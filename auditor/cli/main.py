@@ -100,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(scan)
     scan.add_argument(
         "--checks",
-        default="replicas,placement,grace,metadata",
+        default=None,
         metavar="LIST",
-        help="comma-separated: replicas, placement, grace, metadata (default: all four)",
+        help="comma-separated: replicas, placement, grace, metadata (default: all four; "
+        "placement,metadata with --from-snapshot)",
     )
     scan.add_argument("--out", required=True, metavar="DIR", help="output directory")
     scan.add_argument("--overwrite", action="store_true", help="replace a previous output")
@@ -243,7 +244,10 @@ async def _scan(args: argparse.Namespace) -> int:
                 _target(args), config, options, args.partitions, Path(args.out), args.overwrite
             )
         scan_args = scan.ScanArgs(
-            checks=scan.parse_checks(args.checks),
+            checks=scan.parse_checks(
+                args.checks
+                or (scan.SNAPSHOT_DEFAULT_CHECKS if args.from_snapshot else scan.DEFAULT_CHECKS)
+            ),
             engine=options,
             partitions=args.partitions,
             out=Path(args.out),

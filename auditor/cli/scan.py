@@ -22,12 +22,25 @@ from auditor.cli.check import render_text
 from auditor.cli.cluster import ClusterTarget, connect
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
-from auditor.scan.engine import EngineOptions, open_engine, require
-from auditor.scan.job import SCAN_CHECKS, ScanResult, run_scan
+from auditor.scan.engine import EngineOptions, require, start_engine
+from auditor.scan.job import (
+    SCAN_CHECKS,
+    ScanResult,
+    run_scan,
+    run_scan_from_snapshot,
+    run_snapshot,
+)
 from auditor.scan.output import SCAN_OUTPUT, check_out_dir, prepare_out_dir, summary_document
 from auditor.scan.partition import ScanSpec
+from auditor.scan.snapshot import (
+    SNAPSHOT_OUTPUT,
+    SnapshotCluster,
+    SnapshotJudge,
+    snapshot_checks,
+)
 
 DEFAULT_CHECKS = "replicas,placement,grace,metadata"
+SNAPSHOT_DEFAULT_CHECKS = "placement,metadata"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +100,7 @@ async def cmd_scan(
         open_context(zk, target.root, manager, config, mark=args.mark) as ctx,
     ):
         prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
-        engine = open_engine(args.engine, args.out)
+        engine = await start_engine(args.engine, args.out)
         try:
             spec = ScanSpec(replace(target, manager=manager), config, args.checks)
             result = await run_scan(
@@ -99,5 +112,58 @@ async def cmd_scan(
             )
         finally:
             await engine.close()
+    _print(result, args.as_json, out)
+    return 1 if result.has_violations else 0
+
+
+async def cmd_snapshot(
+    target: ClusterTarget,
+    config: AuditorConfig,
+    engine_options: EngineOptions,
+    partitions: int,
+    out_dir: Path,
+    overwrite: bool,
+    out: TextIO = sys.stdout,
+) -> int:
+    if partitions < 0:
+        raise ConfigError(f"--partitions must be >= 0 (0: the engine's default), got {partitions}")
+    check_out_dir(out_dir, SNAPSHOT_OUTPUT, overwrite=overwrite)
+    require(engine_options, parquet=True)
+    async with (
+        connect(target) as (zk, manager),
+        open_context(zk, target.root, manager, config) as ctx,
+    ):
+        prepare_out_dir(out_dir, SNAPSHOT_OUTPUT, overwrite=overwrite)
+        engine = await start_engine(engine_options, out_dir)
+        try:
+            spec = ScanSpec(replace(target, manager=manager), config, ())
+            cluster = await run_snapshot(
+                ctx, engine, spec, partitions=partitions or engine.default_partitions(), out=out_dir
+            )
+        finally:
+            await engine.close()
+    out.write(
+        f"snapshot of {cluster.ledgers} ledgers and {len(cluster.locations)} bookie locations "
+        f"written to {out_dir}\n"
+    )
+    return 0
+
+
+async def cmd_scan_snapshot(
+    snapshot: Path, config: AuditorConfig, args: ScanArgs, out: TextIO = sys.stdout
+) -> int:
+    if args.mark:
+        raise ConfigError("--mark needs the live cluster; a snapshot scan writes no marks")
+    checks = snapshot_checks(args.checks)
+    cluster = SnapshotCluster.load(snapshot)
+    check_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
+    require(args.engine, parquet=True)
+    prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
+    engine = await start_engine(args.engine, args.out)
+    try:
+        job = SnapshotJudge(config, checks, cluster)
+        result = await run_scan_from_snapshot(engine, job, snapshot, args.out)
+    finally:
+        await engine.close()
     _print(result, args.as_json, out)
     return 1 if result.has_violations else 0

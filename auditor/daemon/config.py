@@ -18,6 +18,10 @@ Two rules make the daemon differ from a plain merge:
 
 `load_daemon_config` is pure apart from reading the named files, so the daemon
 calls it again on SIGHUP and compares with `DaemonConfig.changed`.
+
+`[scan]` configures the Spark job the leader runs its placement and replicas
+checks through when `daemon.engine = "spark"` (`auditor.daemon.scan_driver`);
+PySpark must then be importable, which is checked here, at start and on reload.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import logging as stdlib_logging
 import os
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -69,7 +73,12 @@ ENV_PREFIX = "BK_AUDITOR_"
 CLIENT_ONLY_ENV = frozenset({"BK_AUDITOR_API_TARGET"})
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-ENGINES = ("asyncio",)
+ENGINES = ("asyncio", "spark")
+
+#: Spark's own default `spark.redaction.regex`: settings whose values the logs must not show.
+SPARK_SECRET = re.compile(r"(?i)secret|password|token|access[.]key")
+#: A Spark setting's key, as `--spark-conf` and Spark's own `--conf` take it.
+SPARK_KEY = re.compile(r"spark\.\S+")
 
 #: BookKeeper's BookieId rule (`[a-zA-Z0-9:-_.\-]+`, where `:-_` is a range), and not "readonly".
 BOOKIE_ID = re.compile(r"[a-zA-Z0-9:-_.\-]+")
@@ -90,6 +99,7 @@ class DaemonSection:
     jitter: float = 0.1
     #: Seconds SIGTERM may take to hand over leadership and stop.
     shutdown_timeout: float = 10.0
+    #: Where the placement and replicas checks run: on the leader's loop, or a Spark job.
     engine: str = "asyncio"
 
 
@@ -132,6 +142,18 @@ class LoggingConfig:
         return int(getattr(stdlib_logging, self.level.upper()))
 
 
+@dataclass(frozen=True, slots=True)
+class ScanSection:
+    """The Spark job of `daemon.engine = "spark"` (unused with the asyncio engine)."""
+
+    #: Spark master URL; empty: `local[*]` (or what `spark-submit` gave).
+    master: str = ""
+    #: Id ranges per check run; 0: the engine's default (two per Spark core).
+    partitions: int = 0
+    #: Extra Spark settings, `spark.*` keys only. A higher layer replaces the whole table.
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+
 _SECTIONS: dict[str, type] = {
     "bookkeeper": BookKeeperConfig,
     "checks": ChecksConfig,
@@ -139,8 +161,10 @@ _SECTIONS: dict[str, type] = {
     "api": ApiConfig,
     "metrics": MetricsConfig,
     "logging": LoggingConfig,
+    "scan": ScanSection,
 }
-assert tuple(_SECTIONS) == TOML_TABLES
+# The one-shot commands read the shared tables of the same file; `[scan]` is the daemon's.
+assert set(TOML_TABLES) <= set(_SECTIONS)
 
 
 def _port(v: int) -> bool:
@@ -167,6 +191,9 @@ _LOGGING_RULES: Rules = {
     "format": (lambda v: v.lower() in LOG_FORMATS, " | ".join(LOG_FORMATS)),
     "level": (lambda v: v.lower() in LOG_LEVELS, " | ".join(LOG_LEVELS)),
 }
+_SCAN_RULES: Rules = {
+    "partitions": (lambda v: v >= 0, "a count >= 0 (0: the engine's default)"),
+}
 _RULES: dict[str, Rules] = {
     "bookkeeper": BK_RULES,
     "checks": CHECKS_RULES,
@@ -174,6 +201,7 @@ _RULES: dict[str, Rules] = {
     "api": _API_RULES,
     "metrics": _METRICS_RULES,
     "logging": _LOGGING_RULES,
+    "scan": _SCAN_RULES,
 }
 
 
@@ -184,6 +212,7 @@ class DaemonConfig:
     api: ApiConfig = field(default_factory=ApiConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    scan: ScanSection = field(default_factory=ScanSection)
     #: From `metadataServiceUri` (`zk+hierarchical://...`); None: read the LAYOUT znode.
     ledger_manager: LedgerManager | None = None
     #: "section.key" -> where its value came from, for every key some layer set.
@@ -231,6 +260,7 @@ class DaemonConfig:
             "api": self.api,
             "metrics": self.metrics,
             "logging": self.logging,
+            "scan": self.scan,
         }
 
     def changed(self, other: DaemonConfig) -> list[str]:
@@ -252,6 +282,11 @@ class DaemonConfig:
             values = {f.name: getattr(section, f.name) for f in fields(section)}
             if name == "api" and values["token"]:
                 values["token"] = "***"
+            if name == "scan":
+                values["spark_conf"] = {
+                    k: "***" if SPARK_SECRET.search(k) else v
+                    for k, v in values["spark_conf"].items()
+                }
             out[name] = values
         return out
 
@@ -410,6 +445,102 @@ def _resolve_api(api: ApiConfig, origins: Mapping[str, str]) -> ApiConfig:
     return replace(api, token=token)
 
 
+_SPARK_CONF_FORM = (
+    "a table of spark.KEY = VALUE, or 'spark.KEY=VALUE;spark.KEY=VALUE' from --set or the "
+    "environment"
+)
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """TOML reads an unquoted `spark.executor.memory = "2g"` as nested tables; undo that."""
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{name}.")
+        else:
+            yield name, value
+
+
+def _spark_value(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    return None
+
+
+def parse_spark_conf(setting: Setting) -> dict[str, str]:
+    """`scan.spark_conf` from a TOML table or from text, every key a `spark.*` one.
+
+    In text (`--set`, environment) settings are separated by `;`, since values
+    such as `spark.jars` hold commas; each is split at its first `=`.
+    """
+    where = f" (from {setting.origin})" if setting.origin else ""
+    pairs: list[tuple[str, Any]]
+    if isinstance(setting.value, dict):
+        pairs = list(_flatten(setting.value))
+    elif isinstance(setting.value, str):
+        pairs = []
+        for item in setting.value.split(";"):
+            if not item.strip():
+                continue
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(
+                    f"scan.spark_conf must be {_SPARK_CONF_FORM}, got {item.strip()!r}{where}"
+                )
+            pairs.append((key.strip(), value.strip()))
+    else:
+        raise ConfigError(
+            f"scan.spark_conf must be {_SPARK_CONF_FORM}, got {setting.value!r}{where}"
+        )
+    conf: dict[str, str] = {}
+    for key, value in pairs:
+        if not SPARK_KEY.fullmatch(key):
+            raise ConfigError(f"scan.spark_conf: {key!r} is not a Spark setting (spark.KEY){where}")
+        text = _spark_value(value)
+        if text is None:
+            raise ConfigError(
+                f"scan.spark_conf: {key} must be a string, number or boolean, got {value!r}{where}"
+            )
+        conf[key] = text
+    return conf
+
+
+@dataclass(frozen=True, slots=True)
+class _ScanScalars:
+    """`[scan]` less `spark_conf`, which `build_section`'s scalar coercion cannot hold."""
+
+    master: str = ""
+    partitions: int = 0
+
+
+def _build_scan(values: Mapping[str, Setting]) -> ScanSection:
+    for key, setting in values.items():
+        if key not in field_names(ScanSection):
+            hint = match_key(ScanSection, key)
+            did_you_mean = f" (did you mean scan.{hint}?)" if hint else ""
+            where = f" (from {setting.origin})" if setting.origin else ""
+            raise ConfigError(f"unknown key scan.{key}{did_you_mean}{where}")
+    scalars = {k: v for k, v in values.items() if k != "spark_conf"}
+    built = build_section("scan", _ScanScalars(), scalars, _SCAN_RULES)
+    conf = parse_spark_conf(values["spark_conf"]) if "spark_conf" in values else {}
+    return ScanSection(master=built.master.strip(), partitions=built.partitions, spark_conf=conf)
+
+
+def _require_engine(daemon: DaemonSection, origins: Mapping[str, str]) -> None:
+    """Without PySpark a Spark daemon fails at start (a reload is refused), not at a check."""
+    if daemon.engine != "spark":
+        return
+    from auditor.scan.engine import EngineOptions, EngineUnavailableError, require
+
+    try:
+        require(EngineOptions("spark"), parquet=False)
+    except EngineUnavailableError as exc:
+        where = origins.get("daemon.engine", "default")
+        raise ConfigError(f"daemon.engine = 'spark' (from {where}): {exc}") from None
+
+
 def validate_identity(identity: str, origin: str = "") -> str:
     """BookKeeper accepts this as a BookieId (the vote's `bookieId`), or ConfigError."""
     where = f" (from {origin})" if origin else ""
@@ -530,7 +661,9 @@ def load_daemon_config(
     built = {
         name: build_section(name, _SECTIONS[name](), merged[name], _RULES[name])
         for name in _SECTIONS
+        if name != "scan"
     }
+    scan = _build_scan(merged["scan"])
     bk: BookKeeperConfig = built["bookkeeper"]
     api: ApiConfig = _resolve_api(built["api"], origins)
     metrics: MetricsConfig = built["metrics"]
@@ -546,6 +679,7 @@ def load_daemon_config(
         daemon, "identity" in merged["daemon"], origins, hints, bk_conf, api.port, hostname
     )
     daemon = replace(daemon, **changes)
+    _require_engine(daemon, origins)
 
     if metrics.enabled and metrics.port and metrics.port == api.port:
         raise ConfigError(
@@ -565,6 +699,7 @@ def load_daemon_config(
         api=api,
         metrics=metrics,
         logging=log_cfg,
+        scan=scan,
         ledger_manager=manager,
         origins=origins,
         files=tuple(files),

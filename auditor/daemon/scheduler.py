@@ -9,6 +9,10 @@ single auditor thread does, so they never stack load on the bookies), wait
 while auto-recovery is disabled, and are skipped while a delayed lost-bookie
 audit is pending. A failing check is logged and tried again at its next slot;
 nothing here lets an exception end the leader's loop except cancellation.
+
+With a `ScanDriver` (`daemon.engine = "spark"`) the placement and replicas
+checks run as a Spark scan job; everything around a run (gating, ctime,
+reports) is the same for both engines.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from auditor.checks.lost_bookie_delay import (
     ScheduleAudit,
 )
 from auditor.checks.runner import driver
+from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
 from auditor.metadata.records import CheckKind
 from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
 from auditor.zk import FencedOutError, NoNodeError
@@ -90,6 +95,7 @@ class LeaderWork:
         on_state: Callable[[Check, str, float | None], None],
         gate: asyncio.Event | None = None,
         rng: random.Random | None = None,
+        scan: ScanDriver | None = None,
     ) -> None:
         self.ctx = ctx
         self.jitter = jitter
@@ -98,6 +104,8 @@ class LeaderWork:
         self.on_state = on_state
         #: Set while ZooKeeper is connected; a SUSPENDED session pauses new checks.
         self.gate = gate
+        #: Runs the checks it `runs` as a Spark job; None: every check in process.
+        self.scan = scan
         self.log = ctx.log.bind(role="leader")
         self.delay = LostBookieDelay()
         self.one_at_a_time = asyncio.Lock()
@@ -116,6 +124,15 @@ class LeaderWork:
             self.log.info("auto-recovery is disabled; checks wait until it is enabled")
             await changed.wait()
 
+    def engine(self, check: Check) -> str:
+        """Where `check` runs: "spark" or "asyncio" (in process)."""
+        return self.scan.name if self.scan is not None and self.scan.runs(check) else IN_PROCESS
+
+    async def _run(self, check: Check) -> CheckReport:
+        if self.scan is not None and self.scan.runs(check):
+            return await self.scan.run(self.ctx, check)
+        return await driver(check)(self.ctx)
+
     async def run_check(self, check: Check, *, periodic: bool) -> None:
         if periodic and check is not Check.BOOKIES and self.delay.should_skip_periodic_check():
             self.log.info("check skipped: a delayed lost-bookie audit is pending", check=str(check))
@@ -126,9 +143,10 @@ class LeaderWork:
             await self.gate.wait()
         async with self.one_at_a_time:
             self.on_state(check, "running", None)
+            self.log.info("check started", check=str(check), engine=self.engine(check))
             started = time.monotonic()
             try:
-                report = await driver(check)(self.ctx)
+                report = await self._run(check)
             except asyncio.CancelledError:
                 raise
             except FencedOutError:

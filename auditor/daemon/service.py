@@ -24,6 +24,7 @@ from typing import Any
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check, CheckReport
 from auditor.daemon.election import Elector, Leadership, current_auditor, election_path
+from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
 from auditor.daemon.state import DaemonState, NotLeaderError, Outcome
 from auditor.logs import get_logger
@@ -227,6 +228,7 @@ class Daemon:
                         on_report=self._on_report,
                         on_state=self._on_state,
                         gate=self._connected,
+                        scan=scan_driver(self.config),
                     )
                     for check, iv in intervals(self.config.auditor.bookkeeper).items():
                         self.state.checks[check].interval_s = iv
@@ -368,7 +370,7 @@ class Daemon:
             ]
             if notify is not None:
                 notify.ready()
-            self.log.info("daemon started", zk=d.zk, ledgers_root=self.root)
+            self.log.info("daemon started", zk=d.zk, ledgers_root=self.root, engine=d.engine)
             contend = asyncio.ensure_future(self._contend(zk))
             await self._stop.wait()
             self.log.info("shutting down")

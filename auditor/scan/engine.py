@@ -17,6 +17,7 @@ from auditor.errors import AuditorError
 from auditor.metadata.walk import IdRange
 from auditor.scan.output import ViolationRow
 from auditor.scan.partition import PartitionResult, ScanSpec, Sink
+from auditor.scan.snapshot import SnapshotJudge, SnapshotPart
 
 ENGINES = ("asyncio", "spark")
 T = TypeVar("T")
@@ -48,6 +49,14 @@ class Engine(Protocol):
 
     async def recheck(
         self, spec: ScanSpec, ledger_ids: list[int], attempt: int, partitions: int
+    ) -> list[PartitionResult]: ...
+
+    async def snapshot_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[SnapshotPart]:
+        """Writes every ledger of the ranges as a row of DIR/ledgers/."""
+        ...
+
+    async def judge_snapshot(
+        self, job: SnapshotJudge, directory: Path
     ) -> list[PartitionResult]: ...
 
     async def write_violations(self, rows: list[ViolationRow]) -> None: ...
@@ -97,8 +106,15 @@ def require(options: EngineOptions, *, parquet: bool) -> None:
         need_pyarrow(options.name)
 
 
+async def start_engine(options: EngineOptions, out: Path | None) -> Engine:
+    """`open_engine` off the event loop: a Spark session takes seconds to start."""
+    import asyncio
+
+    return await asyncio.to_thread(open_engine, options, out)
+
+
 def open_engine(options: EngineOptions, out: Path | None) -> Engine:
-    """The engine, or one line saying what to install."""
+    """The engine, or one line saying what to install (blocks while Spark starts)."""
     if options.name == "asyncio":
         from auditor.scan.local import LocalEngine
 

@@ -37,6 +37,7 @@ from auditor.scan.output import (
 )
 from auditor.scan.partition import PartitionResult, ScanSpec
 from auditor.scan.ranges import plan_ranges
+from auditor.scan.snapshot import CLUSTER, SnapshotCluster, SnapshotJudge, describe_cluster
 
 #: The checks a scan can run, in the order its summary lists them.
 SCAN_CHECKS = (Check.PLACEMENT, Check.REPLICAS, Check.GRACE, Check.METADATA)
@@ -127,4 +128,43 @@ async def run_scan(
         marks_wanted=len(marks),
         marked=len(result.marked),
     )
+    return result
+
+
+async def run_snapshot(
+    ctx: CheckContext, engine: Engine, spec: ScanSpec, *, partitions: int, out: Path
+) -> SnapshotCluster:
+    """Every ledger's metadata into DIR/ledgers/; cluster.json last (it marks completion)."""
+    ranges = await plan_ranges(ctx.zk, ctx.root, ctx.manager, partitions)
+    parts = await engine.snapshot_ranges(spec, ranges)
+    seen: set[str] = set()
+    for p in parts:
+        seen |= p.bookies
+    ledgers = sum(p.ledgers for p in parts)
+    cluster = await describe_cluster(
+        ctx.zk, ctx.root, ctx.manager.value, spec.config, seen, ledgers
+    )
+    write_json(out / CLUSTER, cluster.to_json())
+    ctx.log.info(
+        "snapshot written",
+        ledgers=ledgers,
+        invalid=sum(p.invalid for p in parts),
+        deleted_during_walk=sum(p.deleted for p in parts),
+        bookies=len(cluster.locations),
+        partitions=len(ranges),
+    )
+    return cluster
+
+
+async def run_scan_from_snapshot(
+    engine: Engine, job: SnapshotJudge, directory: Path, out: Path | None
+) -> ScanResult:
+    """The placement and metadata checks over a snapshot: no cluster is contacted."""
+    reports: dict[Check, CheckReport] = {}
+    _absorb(await engine.judge_snapshot(job, directory), reports, [])
+    result = ScanResult([reports[c] for c in SCAN_CHECKS if c in reports], [])
+    if out is not None:
+        await engine.write_violations(violation_rows(result.reports))
+        write_json(out / MARKS, marks_document([], set()))
+        write_json(out / SUMMARY, summary_document(result.reports))
     return result

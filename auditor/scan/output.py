@@ -32,7 +32,9 @@ SUMMARY = "summary.json"
 MARKS = "marks.json"
 SCAN_OUTPUT = (VIOLATIONS, COVERAGE, SUMMARY, MARKS)
 
-#: (name, type, nullable); types are "long", "int", "string".
+#: (name, type, nullable); types are "long", "int", "string", "bool", and two nested ones
+#: of the snapshot: "kv_list" (list of key string / value binary) and "segment_list"
+#: (list of first_entry_id long / bookies list of string).
 Column = tuple[str, str, bool]
 
 VIOLATION_COLUMNS: tuple[Column, ...] = (
@@ -92,14 +94,51 @@ def coverage_row(o: LedgerOutcome) -> CoverageRow:
 def arrow_schema(columns: Sequence[Column]) -> Any:
     import pyarrow as pa
 
-    types = {"long": pa.int64(), "int": pa.int32(), "string": pa.string()}
+    types = {
+        "long": pa.int64(),
+        "int": pa.int32(),
+        "string": pa.string(),
+        "bool": pa.bool_(),
+        "kv_list": pa.list_(
+            pa.struct([pa.field("key", pa.string(), False), pa.field("value", pa.binary(), False)])
+        ),
+        "segment_list": pa.list_(
+            pa.struct(
+                [
+                    pa.field("first_entry_id", pa.int64(), False),
+                    pa.field("bookies", pa.list_(pa.string()), False),
+                ]
+            )
+        ),
+    }
     return pa.schema([pa.field(n, types[t], nullable=null) for n, t, null in columns])
 
 
 def spark_schema(columns: Sequence[Column]) -> Any:
     from pyspark.sql import types as st
 
-    kinds = {"long": st.LongType(), "int": st.IntegerType(), "string": st.StringType()}
+    kinds = {
+        "long": st.LongType(),
+        "int": st.IntegerType(),
+        "string": st.StringType(),
+        "bool": st.BooleanType(),
+        "kv_list": st.ArrayType(
+            st.StructType(
+                [
+                    st.StructField("key", st.StringType(), False),
+                    st.StructField("value", st.BinaryType(), False),
+                ]
+            )
+        ),
+        "segment_list": st.ArrayType(
+            st.StructType(
+                [
+                    st.StructField("first_entry_id", st.LongType(), False),
+                    st.StructField("bookies", st.ArrayType(st.StringType()), False),
+                ]
+            )
+        ),
+    }
     return st.StructType([st.StructField(n, kinds[t], null) for n, t, null in columns])
 
 

@@ -42,8 +42,6 @@ class ScanSpec:
     target: ClusterTarget
     config: AuditorConfig
     checks: tuple[Check, ...]
-    #: Whether marks are wanted at all (they are collected, and written by the driver).
-    mark: bool = False
     #: Whether partitions report per-ledger outcomes (the coverage dataset).
     coverage: bool = True
     log_level: str = "WARNING"
@@ -81,7 +79,8 @@ async def _partition_context(
         open_context(zk, spec.target.root, manager, spec.config, id_range=id_range) as ctx,
     ):
         ctx.on_ledger = sink if spec.coverage else None
-        ctx.deferred_marks = result.marks if spec.mark else None
+        # Marks are always collected (marks.json lists them); only the driver writes.
+        ctx.deferred_marks = result.marks
         yield ctx, result
 
 

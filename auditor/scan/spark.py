@@ -20,7 +20,7 @@ import asyncio
 import os
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from auditor.scan.output import (
     COVERAGE_COLUMNS,
     VIOLATION_COLUMNS,
     VIOLATIONS,
+    Column,
     CoverageRow,
     ViolationRow,
     coverage_row,
@@ -44,6 +45,15 @@ from auditor.scan.partition import (
     recheck,
     run_blocking,
     scan_range,
+)
+from auditor.scan.snapshot import (
+    LEDGER_COLUMNS,
+    LEDGERS,
+    LedgerRow,
+    SnapshotJudge,
+    SnapshotJudgement,
+    SnapshotPart,
+    snapshot_range,
 )
 
 T = TypeVar("T")
@@ -81,6 +91,30 @@ def _recheck_task(
         sink = _row_sink(rows) if spec.coverage else None
         yield RESULT, run_blocking(recheck(spec, batch, attempt, sink), spec.log_level)
         for row in rows:
+            yield ROW, row
+
+    return task
+
+
+def _snapshot_task(spec: ScanSpec) -> Callable[[Iterable[IdRange]], Iterator[tuple[str, Any]]]:
+    def task(ranges: Iterable[IdRange]) -> Iterator[tuple[str, Any]]:
+        for r in ranges:
+            rows: list[LedgerRow] = []
+            yield RESULT, run_blocking(snapshot_range(spec, r, rows.append), spec.log_level)
+            for row in rows:
+                yield ROW, row
+
+    return task
+
+
+def _judge_task(job: SnapshotJudge) -> Callable[[Iterable[Any]], Iterator[tuple[str, Any]]]:
+    def task(rows: Iterable[Any]) -> Iterator[tuple[str, Any]]:
+        out: list[CoverageRow] = []
+        judgement = SnapshotJudgement(job, _row_sink(out) if job.coverage else None)
+        batch = [r.asDict(recursive=True) for r in rows]
+        run_blocking(judgement.judge(batch), job.log_level)
+        yield RESULT, judgement.result()
+        for row in out:
             yield ROW, row
 
     return task
@@ -157,26 +191,40 @@ class SparkEngine:
             self.sc.cancelJobGroup(group)
             raise
 
-    async def _stage(self, what: str, rdd: Any) -> list[PartitionResult]:
+    async def _stage(
+        self, what: str, rdd: Any, dataset: str = COVERAGE, columns: Sequence[Column] = ()
+    ) -> list[Any]:
         from pyspark import StorageLevel
 
         staged = rdd.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            results: list[PartitionResult] = await self._job(
+            results: list[Any] = await self._job(
                 what, lambda: staged.filter(_is_result).map(_payload).collect()
             )
             if self.out is not None:
                 rows = staged.filter(_is_row).map(_payload)
-                await self._job(what, lambda: self._append_coverage(rows))
+                await self._job(what, lambda: self._append(rows, dataset, columns))
             return results
         finally:
             staged.unpersist()
 
-    def _append_coverage(self, rows: Any) -> None:
+    def _append(self, rows: Any, dataset: str, columns: Sequence[Column]) -> None:
         assert self.out is not None
-        df = self.spark.createDataFrame(rows, spark_schema(COVERAGE_COLUMNS))
-        df.write.mode("append").parquet(str(self.out / COVERAGE))
-        self._coverage_written = True
+        df = self.spark.createDataFrame(rows, spark_schema(columns or COVERAGE_COLUMNS))
+        df.write.mode("append").parquet(str(self.out / dataset))
+        if dataset == COVERAGE:
+            self._coverage_written = True
+
+    async def snapshot_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[SnapshotPart]:
+        rdd = self.sc.parallelize(ranges, len(ranges)).mapPartitions(_snapshot_task(spec))
+        return await self._stage(
+            f"snapshot of {len(ranges)} id ranges", rdd, LEDGERS, LEDGER_COLUMNS
+        )
+
+    async def judge_snapshot(self, job: SnapshotJudge, directory: Path) -> list[PartitionResult]:
+        frame = self.spark.read.parquet(str(directory / LEDGERS))
+        rdd = frame.rdd.mapPartitions(_judge_task(job))
+        return await self._stage(f"judge snapshot {directory}", rdd)
 
     async def scan_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[PartitionResult]:
         rdd = self.sc.parallelize(ranges, len(ranges)).mapPartitions(_range_task(spec))

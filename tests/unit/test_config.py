@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from auditor.daemon.config import (
     DaemonSection,
     LoggingConfig,
     MetricsConfig,
+    ScanSection,
     load_daemon_config,
     validate_identity,
 )
@@ -207,7 +211,14 @@ def test_env_keys_match_ignoring_case_and_underscores() -> None:
 
 
 def test_env_spellings_never_collide_within_a_section() -> None:
-    for cls in (BookKeeperConfig, ChecksConfig, DaemonSection, ApiConfig, MetricsConfig):
+    for cls in (
+        BookKeeperConfig,
+        ChecksConfig,
+        DaemonSection,
+        ApiConfig,
+        MetricsConfig,
+        ScanSection,
+    ):
         names = [normalize_key(n) for n in field_names(cls)]
         assert len(names) == len(set(names)), cls
 
@@ -406,7 +417,13 @@ def test_unknown_policy_is_an_error_only_while_placement_runs() -> None:
         ("daemon.jitter=x", r"daemon\.jitter must be a number"),
         ("daemon.shutdown_timeout=0", r"daemon\.shutdown_timeout must be positive"),
         ("daemon.zk_session_timeout=0", r"daemon\.zk_session_timeout must be positive"),
-        ("daemon.engine=trio", r"daemon\.engine must be 'asyncio'"),
+        ("daemon.engine=trio", r"daemon\.engine must be 'asyncio' or 'spark', got 'trio'"),
+        ("scan.partitions=-1", r"scan\.partitions must be a count >= 0 .*\(from --set\)"),
+        ("scan.partitions=many", r"scan\.partitions must be an integer, got 'many'"),
+        ("scan.sparkConf=x", r"unknown key scan\.sparkConf \(did you mean scan\.spark_conf\?\)"),
+        ("scan.spark_conf=executor.memory=2g", r"scan\.spark_conf: 'executor\.memory' is not a"),
+        ("scan.spark_conf=spark.a=1;spark.b", r"scan\.spark_conf must be a table .* 'spark\.b'"),
+        ("scan.spark_conf=spark.=1", r"scan\.spark_conf: 'spark\.' is not a Spark setting"),
         ("daemon.ledgers_root=ledgers", r"daemon\.ledgers_root must be an absolute znode path"),
         ("daemon.metadata_service_uri=http://x/y", r"daemon\.metadata_service_uri: .*scheme"),
         ("daemon.nope=1", r"unknown key daemon\.nope"),
@@ -424,6 +441,148 @@ def test_unknown_policy_is_an_error_only_while_placement_runs() -> None:
 def test_invalid_values_name_their_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_daemon_config(None, [override], env=ZK)
+
+
+# --- scan: the Spark job of daemon.engine = "spark" -------------------------------
+
+
+def test_scan_defaults_and_asyncio_engine() -> None:
+    cfg = load_daemon_config(None, env=ZK, hostname="h")
+    assert cfg.daemon.engine == "asyncio"
+    assert cfg.scan == ScanSection(master="", partitions=0, spark_conf={})
+    assert cfg.describe()["scan"] == {"master": "", "partitions": 0, "spark_conf": {}}
+
+
+def test_scan_from_toml_table_nested_or_quoted(tmp_path: Path) -> None:
+    toml = write(
+        tmp_path,
+        "a.toml",
+        "[daemon]\nengine = 'spark'\n"
+        "[scan]\nmaster = ' spark://m:7077 '\npartitions = 16\n"
+        "[scan.spark_conf]\n"
+        "'spark.executor.memory' = '2g'\n"
+        "spark.executor.cores = 2\n"  # unquoted: TOML nests it; read back as one key
+        "spark.dynamicAllocation.enabled = true\n"
+        "'spark.memory.fraction' = 0.5\n",
+    )
+    cfg = load_daemon_config(toml, env=ZK, hostname="h")
+    assert cfg.daemon.engine == "spark"
+    assert cfg.scan == ScanSection(
+        master="spark://m:7077",
+        partitions=16,
+        spark_conf={
+            "spark.executor.memory": "2g",
+            "spark.executor.cores": "2",
+            "spark.dynamicAllocation.enabled": "true",
+            "spark.memory.fraction": "0.5",
+        },
+    )
+    assert cfg.origin("scan.spark_conf") == toml
+    assert cfg.origin("daemon.engine") == toml
+
+
+def test_scan_from_env_and_set_in_text_form() -> None:
+    env = {
+        **ZK,
+        "BK_AUDITOR_DAEMON_ENGINE": "spark",
+        "BK_AUDITOR_SCAN_MASTER": "local[2]",
+        "BK_AUDITOR_SCAN_SPARK_CONF": "spark.executor.memory=1g; spark.jars=a.jar,b.jar;",
+    }
+    cfg = load_daemon_config(None, env=env, hostname="h")
+    assert cfg.scan.master == "local[2]"
+    assert cfg.scan.spark_conf == {"spark.executor.memory": "1g", "spark.jars": "a.jar,b.jar"}
+    assert cfg.origin("scan.spark_conf") == "environment BK_AUDITOR_SCAN_SPARK_CONF"
+    # --set replaces the whole table; a value may itself hold '='.
+    cfg = load_daemon_config(
+        None,
+        ["scan.spark_conf=spark.driver.extraJavaOptions=-Da=b -Dc=d", "scan.partitions=4"],
+        env=env,
+        hostname="h",
+    )
+    assert cfg.scan.spark_conf == {"spark.driver.extraJavaOptions": "-Da=b -Dc=d"}
+    assert cfg.scan.partitions == 4
+    assert cfg.origin("scan.spark_conf") == "--set"
+    assert load_daemon_config(None, ["scan.spark_conf="], env=env).scan.spark_conf == {}
+
+
+def test_scan_bad_spark_conf_names_key_and_origin(tmp_path: Path) -> None:
+    toml = write(tmp_path, "a.toml", "[scan]\nspark_conf = 3\n")
+    with pytest.raises(
+        ConfigError, match=rf"^scan\.spark_conf must be a table .*got 3 \(from {toml}\)"
+    ):
+        load_daemon_config(toml, env=ZK)
+    toml = write(tmp_path, "b.toml", "[scan.spark_conf]\nexecutor.memory = '2g'\n")
+    with pytest.raises(
+        ConfigError,
+        match=rf"^scan\.spark_conf: 'executor\.memory' is not a Spark .*\(from {toml}\)",
+    ):
+        load_daemon_config(toml, env=ZK)
+    toml = write(tmp_path, "c.toml", "[scan.spark_conf]\n'spark.jars' = ['a.jar']\n")
+    with pytest.raises(ConfigError, match=r"^scan\.spark_conf: spark\.jars must be a string"):
+        load_daemon_config(toml, env=ZK)
+    with pytest.raises(ConfigError, match=r"\(from environment BK_AUDITOR_SCAN_PARTITIONS\)"):
+        load_daemon_config(None, env={**ZK, "BK_AUDITOR_SCAN_PARTITIONS": "-2"})
+
+
+def test_scan_secrets_masked_in_describe() -> None:
+    cfg = load_daemon_config(
+        None,
+        ["scan.spark_conf=spark.hadoop.fs.s3a.access.key=AK;spark.hadoop.fs.s3a.secret.key=SK;"
+         "spark.executor.memory=2g"],
+        env=ZK,
+    )  # fmt: skip
+    assert cfg.describe()["scan"]["spark_conf"] == {
+        "spark.hadoop.fs.s3a.access.key": "***",
+        "spark.hadoop.fs.s3a.secret.key": "***",
+        "spark.executor.memory": "2g",
+    }
+
+
+def test_scan_changes_are_reported_on_reload(tmp_path: Path) -> None:
+    toml = write(tmp_path, "a.toml", "[scan]\nmaster = 'local[2]'\n")
+    first = load_daemon_config(toml, env=ZK, hostname="h")
+    Path(toml).write_text("[scan]\nmaster = 'local[2]'\nspark_conf = 'spark.a=1'\n")
+    second = load_daemon_config(toml, env=ZK, hostname="h")
+    assert first.changed(second) == ["scan.spark_conf"]
+
+
+def test_spark_engine_without_pyspark_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A None entry makes `import pyspark` fail as if the package were not installed.
+    monkeypatch.setitem(sys.modules, "pyspark", None)
+    with pytest.raises(
+        ConfigError,
+        match=r"^daemon\.engine = 'spark' \(from --set\): the Spark engine needs PySpark: "
+        r"pip install 'bookkeeper-auditor\[spark\]'$",
+    ):
+        load_daemon_config(None, ["daemon.engine=spark"], env=ZK)
+    # The asyncio engine does not need it.
+    assert load_daemon_config(None, env=ZK).daemon.engine == "asyncio"
+
+
+def test_run_without_pyspark_exits_2_before_connecting() -> None:
+    # `bk-auditor run` in a process of its own where PySpark cannot be imported.
+    code = (
+        "import sys; sys.modules['pyspark'] = None; from auditor.cli.main import main; "
+        "sys.exit(main(['run', '--zk', '127.0.0.1:1']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("BK_AUDITOR_")},
+            "BK_AUDITOR_DAEMON_ENGINE": "spark",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == (
+        "bk-auditor: error: daemon.engine = 'spark' (from environment BK_AUDITOR_DAEMON_ENGINE): "
+        "the Spark engine needs PySpark: pip install 'bookkeeper-auditor[spark]'\n"
+    )
 
 
 def test_bad_values_from_files_and_env_name_key_and_origin(tmp_path: Path) -> None:

@@ -1,0 +1,317 @@
+"""A metadata snapshot: every ledger's metadata as Parquet, and the checks that run on it.
+
+`bk-auditor snapshot` reads the ledgers through the same partitions as a scan
+and writes DIR/ledgers/ (one row per ledger) and DIR/cluster.json (registered
+and known bookies, and the rack location of every bookie any ensemble names,
+resolved through the configured rack sources at snapshot time). The placement
+and metadata checks then run on the snapshot with no cluster access: the same
+judging code as the live checks, fed records rebuilt from rows and locations
+from cluster.json, so a placement scan of a fresh snapshot equals the live one.
+
+The ledger password is not stored: no check needs it, and a snapshot is a
+file that travels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from auditor.checks.findings import Check, CheckReport, LedgerOutcome
+from auditor.checks.metadata_run import judge_metadata
+from auditor.checks.placement_run import judge_placement, placement_policy
+from auditor.cli.cluster import connect
+from auditor.config import AuditorConfig
+from auditor.errors import ConfigError, FormatError
+from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
+from auditor.metadata.serde import LedgerMetadataFormatError
+from auditor.metadata.walk import IdRange, LedgerRecord
+from auditor.scan.output import Column
+from auditor.scan.partition import PartitionResult, ScanSpec
+from auditor.zk import ZkClient
+
+LEDGERS = "ledgers"
+CLUSTER = "cluster.json"
+SNAPSHOT_OUTPUT = (LEDGERS, CLUSTER)
+FORMAT = 1
+#: Checks that can run on a snapshot (the others need bookies or the marks).
+SNAPSHOT_CHECKS = (Check.PLACEMENT, Check.METADATA)
+
+LEDGER_COLUMNS: tuple[Column, ...] = (
+    ("ledger_id", "long", False),
+    ("path", "string", False),
+    ("znode_version", "long", False),
+    ("format_version", "int", True),
+    ("state", "string", True),
+    ("ensemble_size", "int", True),
+    ("write_quorum", "int", True),
+    ("ack_quorum", "int", True),
+    ("last_entry_id", "long", True),
+    ("length", "long", True),
+    ("digest_type", "string", True),
+    ("ctime", "long", True),
+    ("ctime_stored", "bool", True),
+    ("ctoken", "long", True),
+    ("custom_metadata", "kv_list", True),
+    ("segments", "segment_list", True),
+    ("error", "string", True),
+)
+
+LedgerRow = tuple[Any, ...]
+
+
+class SnapshotError(FormatError):
+    """A snapshot directory that is missing parts or was not written by `snapshot`."""
+
+
+def ledger_row(rec: LedgerRecord) -> LedgerRow:
+    md = rec.metadata
+    if md is None:
+        reason = rec.error.reason if rec.error is not None else "metadata missing"
+        return (rec.ledger_id, rec.path, rec.znode_version, *([None] * 13), reason)
+    return (
+        rec.ledger_id,
+        rec.path,
+        rec.znode_version,
+        md.format_version,
+        md.state.name,
+        md.ensemble_size,
+        md.write_quorum,
+        md.ack_quorum,
+        md.last_entry_id,
+        md.length,
+        md.digest_type.name if md.digest_type is not None else None,
+        md.ctime,
+        md.ctime_stored,
+        md.ctoken,
+        [{"key": k, "value": v} for k, v in md.custom_metadata],
+        [{"first_entry_id": s.first_entry_id, "bookies": list(s.bookies)} for s in md.segments],
+        None,
+    )
+
+
+def record_from_row(row: Mapping[str, Any]) -> LedgerRecord:
+    """The record the live walk would have yielded for this ledger (password aside)."""
+    ledger_id = int(row["ledger_id"])
+    version = int(row["znode_version"])
+    if row["error"] is not None:
+        return LedgerRecord(
+            ledger_id,
+            row["path"],
+            None,
+            version,
+            LedgerMetadataFormatError(ledger_id, str(row["error"])),
+        )
+    md = LedgerMetadata(
+        ledger_id=ledger_id,
+        format_version=int(row["format_version"]),
+        ensemble_size=int(row["ensemble_size"]),
+        write_quorum=int(row["write_quorum"]),
+        ack_quorum=int(row["ack_quorum"]),
+        state=LedgerState[row["state"]],
+        segments=tuple(
+            Segment(int(s["first_entry_id"]), tuple(s["bookies"])) for s in row["segments"]
+        ),
+        last_entry_id=int(row["last_entry_id"]),
+        length=int(row["length"]),
+        digest_type=DigestType[row["digest_type"]] if row["digest_type"] else None,
+        ctime=int(row["ctime"]),
+        ctime_stored=bool(row["ctime_stored"]),
+        ctoken=int(row["ctoken"]) if row["ctoken"] is not None else None,
+        custom_metadata=tuple(
+            (str(kv["key"]), bytes(kv["value"])) for kv in row["custom_metadata"] or ()
+        ),
+    )
+    return LedgerRecord(ledger_id, row["path"], md, version)
+
+
+# --- taking a snapshot --------------------------------------------------------------
+
+
+@dataclass
+class SnapshotPart:
+    """What one partition of a snapshot sends back: counts and the bookies it met."""
+
+    ledgers: int = 0
+    invalid: int = 0
+    deleted: int = 0
+    bookies: set[str] = field(default_factory=set)
+
+
+async def snapshot_range(
+    spec: ScanSpec, id_range: IdRange, emit: Callable[[LedgerRow], None]
+) -> SnapshotPart:
+    part = SnapshotPart()
+    async with connect(spec.target) as (zk, manager):
+        from auditor.metadata.walk import LedgerWalker
+
+        walker = LedgerWalker(zk, spec.target.root, manager, id_range)
+        async for rec in walker.ledgers(concurrency=spec.config.checks.ledger_concurrency):
+            emit(ledger_row(rec))
+            part.ledgers += 1
+            if rec.metadata is None:
+                part.invalid += 1
+            else:
+                part.bookies |= rec.metadata.bookies()
+        part.deleted = walker.stats.deleted_during_walk
+    return part
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotCluster:
+    """cluster.json: what the placement check needs besides the ledgers."""
+
+    root: str
+    manager: str
+    taken_at: str
+    writable: tuple[str, ...]
+    readonly: tuple[str, ...]
+    known: tuple[str, ...]
+    locations: Mapping[str, str]
+    rack_sources: tuple[str, ...]
+    ledgers: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "root": self.root,
+            "manager": self.manager,
+            "taken_at": self.taken_at,
+            "bookies": {"writable": list(self.writable), "readonly": list(self.readonly)},
+            "known_bookies": list(self.known),
+            "locations": dict(sorted(self.locations.items())),
+            "rack_sources": list(self.rack_sources),
+            "ledgers": self.ledgers,
+        }
+
+    @staticmethod
+    def load(directory: Path) -> SnapshotCluster:
+        path = directory / CLUSTER
+        if not (directory / LEDGERS).is_dir() or not path.is_file():
+            raise SnapshotError(
+                f"{directory} is not a complete snapshot (needs {LEDGERS}/ and {CLUSTER})"
+            )
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("format") != FORMAT:
+                raise SnapshotError(f"{path}: unknown snapshot format {doc.get('format')!r}")
+            return SnapshotCluster(
+                root=str(doc["root"]),
+                manager=str(doc["manager"]),
+                taken_at=str(doc["taken_at"]),
+                writable=tuple(doc["bookies"]["writable"]),
+                readonly=tuple(doc["bookies"]["readonly"]),
+                known=tuple(doc["known_bookies"]),
+                locations={str(k): str(v) for k, v in doc["locations"].items()},
+                rack_sources=tuple(doc["rack_sources"]),
+                ledgers=int(doc["ledgers"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SnapshotError(f"{path}: not a snapshot's cluster.json ({exc})") from exc
+
+
+async def describe_cluster(
+    zk: ZkClient, root: str, manager: str, config: AuditorConfig, seen: set[str], ledgers: int
+) -> SnapshotCluster:
+    """Bookies and their locations, through the same sources the live check uses."""
+    from auditor.checks.racks import open_rack_resolver
+    from auditor.metadata.registry import all_known_bookies, read_bookies
+
+    registered = await read_bookies(zk, root)
+    known = registered.available | await all_known_bookies(zk, root)
+    resolver = await open_rack_resolver(zk, root, config)
+    # Known bookies first, in one batch, as the live check does; then every other
+    # bookie some ensemble names.
+    locations = await resolver.locations(sorted(known))
+    locations |= await resolver.locations(sorted(seen - known))
+    return SnapshotCluster(
+        root=root,
+        manager=manager,
+        taken_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        writable=tuple(sorted(registered.writable)),
+        readonly=tuple(sorted(registered.readonly)),
+        known=tuple(sorted(known)),
+        locations=locations,
+        rack_sources=tuple(resolver.source_names),
+        ledgers=ledgers,
+    )
+
+
+# --- judging a snapshot ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotJudge:
+    """What a partition judging snapshot rows needs (picklable)."""
+
+    config: AuditorConfig
+    checks: tuple[Check, ...]
+    cluster: SnapshotCluster
+    coverage: bool = True
+    log_level: str = "WARNING"
+
+
+async def _iterate(records: Iterable[LedgerRecord]) -> AsyncIterator[LedgerRecord]:
+    for rec in records:
+        yield rec
+
+
+class SnapshotJudgement:
+    """Judges batches of snapshot rows; reports accumulate across batches."""
+
+    def __init__(self, job: SnapshotJudge, sink: Callable[[LedgerOutcome], None] | None) -> None:
+        from auditor.logs import get_logger
+
+        self.job = job
+        self.sink = sink or (lambda _: None)
+        self.log = get_logger().bind(source="snapshot")
+        now = datetime.now(UTC).timestamp()
+        self.reports = {c: CheckReport(c, started_at=now) for c in job.checks}
+        cluster = job.cluster
+        self.locations = dict(cluster.locations)
+        known = frozenset(cluster.known)
+        self.policy = placement_policy(
+            job.config.bookkeeper,
+            known,
+            {b: loc for b, loc in self.locations.items() if b in known},
+        )
+
+    async def _locate(self, bookies: Iterable[str]) -> dict[str, str]:
+        return {b: self.locations[b] for b in bookies if b in self.locations}
+
+    async def judge(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        records = [record_from_row(r) for r in rows]
+        if Check.METADATA in self.reports:
+            await judge_metadata(
+                _iterate(records), self.reports[Check.METADATA], log=self.log, outcome=self.sink
+            )
+        if Check.PLACEMENT in self.reports:
+            await judge_placement(
+                _iterate(records),
+                self.policy,
+                self._locate,
+                self.reports[Check.PLACEMENT],
+                log=self.log,
+                outcome=self.sink,
+                mark=None,
+            )
+
+    def result(self) -> PartitionResult:
+        now = datetime.now(UTC).timestamp()
+        for r in self.reports.values():
+            r.finished_at = now
+        return PartitionResult(reports=dict(self.reports))
+
+
+def snapshot_checks(checks: Iterable[Check]) -> tuple[Check, ...]:
+    wanted = tuple(checks)
+    other = [str(c) for c in wanted if c not in SNAPSHOT_CHECKS]
+    if other:
+        raise ConfigError(
+            f"a snapshot can only be judged by the placement and metadata checks, not {other[0]}"
+        )
+    return wanted

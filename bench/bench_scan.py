@@ -1,0 +1,389 @@
+"""`bk-auditor scan` over N closed ledgers: the asyncio engine against Spark at 1, 2, 4 partitions.
+
+The cluster is bench_replicas' (bench/cluster_host.py: 6 emulated bookies and
+ZooKeeper in another process, E=3, W=2, A=2), with a rack map that spreads
+every write quorum over two racks, so the cluster is clean and every run must
+end with exit 0 and the same counts. Each run is the CLI in a subprocess, as
+an operator runs it, with the checks that walk every ledger: replicas (the
+one that asks the bookies), placement and metadata. Grace is left out: it only
+reads the under-replication marks, once, on the driver.
+
+A Spark run is `--master local[P]` for P partitions: one task slot per
+partition, so P partitions really run at once (what P executor cores would
+give). On a host with fewer cores than P that oversubscribes the cores, which
+the output says. The Spark session's own cost is measured apart, in a fresh
+process: start-up, a first trivial job (it starts the Python workers) and a
+warm one.
+
+Wall time is the operator's: process start to exit. The scan phase is read
+from the CLI's own log lines ("scan planned" to "scan finished"), so start-up
+and tear-down show separately. Memory is sampled from /proc: the driver's
+peak (VmHWM) and the peak of the whole process tree (driver, JVM, Python
+workers). Set BENCH_SCAN_LEDGERS to change N, BENCH_SCAN_JSON to a path to
+keep the figures as a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+CHECKS = "replicas,placement,metadata"
+SETTINGS = ("checks.progress_interval=3600",)
+#: Partition counts of the Spark runs (issue #6), and of the asyncio runs.
+SPARK_PARTITIONS = (1, 2, 4)
+ASYNCIO_PARTITIONS = (1, 2)
+RUN_TIMEOUT = 3600.0
+SAMPLE_EVERY = 0.25
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) \[\w+\s*\] (scan \w+)")
+CLI = Path(sys.executable).with_name("bk-auditor")
+
+
+@dataclass
+class Run:
+    engine: str
+    partitions: int
+    master: str = ""
+    exit_code: int = -1
+    wall_s: float = 0.0
+    startup_s: float = 0.0
+    scan_s: float = 0.0
+    teardown_s: float = 0.0
+    ledgers_checked: int = 0
+    ledgers_per_s: float = 0.0
+    scan_ledgers_per_s: float = 0.0
+    driver_peak_rss_mb: float = 0.0
+    tree_peak_rss_mb: float = 0.0
+    load_before: float = 0.0
+    counts: dict[str, Any] = field(default_factory=dict)
+
+
+# --- the machine ----------------------------------------------------------------
+
+
+def _proc_field(path: str, key: str) -> str:
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _java_version() -> str:
+    try:
+        done = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    first = (done.stderr or done.stdout).splitlines()
+    return first[0] if first else "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What the README quotes as "the machine they came from"."""
+    try:
+        import pyspark
+
+        spark_version = str(pyspark.__version__)
+    except ImportError:
+        spark_version = "not installed"
+    mem_kb = _proc_field("/proc/meminfo", "MemTotal").split()
+    return {
+        "cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+        "cores": os.cpu_count(),
+        "ram_gb": round(int(mem_kb[0]) / 2**20, 1) if mem_kb else None,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "pyspark": spark_version,
+        "java": _java_version(),
+    }
+
+
+# --- memory of a process tree ------------------------------------------------------
+
+
+def _status_kb(pid: int, key: str) -> int:
+    value = _proc_field(f"/proc/{pid}/status", key).split()
+    return int(value[0]) if value else 0
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # The command name is in parentheses and may hold spaces.
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+class TreeSampler:
+    """Peak resident memory of a process and of everything it started (JVM, Python workers)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.driver_kb = 0
+        self.tree_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.driver_kb = max(self.driver_kb, _status_kb(self.pid, "VmHWM"))
+            total = sum(_status_kb(p, "VmRSS") for p in _descendants(self.pid))
+            self.tree_kb = max(self.tree_kb, total)
+            self._stop.wait(SAMPLE_EVERY)
+
+    @contextmanager
+    def running(self) -> Iterator[TreeSampler]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+
+# --- one scan ----------------------------------------------------------------------
+
+
+def _log_times(stderr: str) -> dict[str, float]:
+    times: dict[str, float] = {}
+    for line in stderr.splitlines():
+        m = LOG_LINE.match(line)
+        if m:
+            stamp = datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
+            times.setdefault(m.group(2), stamp.timestamp())
+    return times
+
+
+def _summary_counts(doc: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal across runs: per check, ledgers checked and skipped, and counts."""
+    return {
+        check: {
+            "ledgers_checked": r["ledgers_checked"],
+            "ledgers_skipped": r["ledgers_skipped"],
+            "counts": r["counts"],
+            "violations": len(r["violations"]),
+            **({"coverage": r["coverage"]} if "coverage" in r else {}),
+        }
+        for check, r in sorted(doc["reports"].items())
+    }
+
+
+def scan(zk: str, racks: Path, work: Path, run: Run) -> Run:
+    out = work / f"{run.engine}-{run.partitions}"
+    args = [str(CLI), "scan", "--engine", run.engine, "--partitions", str(run.partitions)]
+    if run.master:
+        args += ["--master", run.master]
+    args += ["--zk", zk, "--checks", CHECKS, "--out", str(out), "--overwrite"]
+    for s in (*SETTINGS, f"checks.racks_file={racks}"):
+        args += ["--set", s]
+    run.load_before = round(os.getloadavg()[0], 2)
+    with open(work / f"{out.name}.err", "w+") as err:
+        t0 = time.time()
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
+        with TreeSampler(proc.pid).running() as mem:
+            try:
+                run.exit_code = proc.wait(timeout=RUN_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(
+                    f"{run.engine} x{run.partitions}: no end after {RUN_TIMEOUT}s"
+                ) from None
+        t1 = time.time()
+        err.seek(0)
+        log = err.read()
+    if run.exit_code != 0:
+        raise RuntimeError(
+            f"{run.engine} x{run.partitions}: exit {run.exit_code} on a clean cluster:\n"
+            + log[-4000:]
+        )
+    times = _log_times(log)
+    planned, finished = times.get("scan planned", t0), times.get("scan finished", t1)
+    doc = json.loads((out / "summary.json").read_text())
+    run.wall_s = round(t1 - t0, 1)
+    run.startup_s = round(planned - t0, 1)
+    run.scan_s = round(finished - planned, 1)
+    run.teardown_s = round(t1 - finished, 1)
+    run.ledgers_checked = int(doc["reports"]["replicas"]["ledgers_checked"])
+    run.ledgers_per_s = round(run.ledgers_checked / (t1 - t0), 1)
+    run.scan_ledgers_per_s = round(run.ledgers_checked / max(finished - planned, 1e-9), 1)
+    run.driver_peak_rss_mb = round(mem.driver_kb / 1024, 1)
+    run.tree_peak_rss_mb = round(mem.tree_kb / 1024, 1)
+    run.counts = _summary_counts(doc)
+    return run
+
+
+# --- the Spark session on its own ----------------------------------------------------
+
+
+def spark_probe(master: str) -> dict[str, float]:
+    """A fresh process's Spark costs: session start, first trivial job, a warm job, stop."""
+    from auditor.scan.spark import DEFAULT_CONF
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    t0 = time.monotonic()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("bench-spark-probe").master(master)
+    for key, value in DEFAULT_CONF.items():
+        builder = builder.config(key, value)
+    t1 = time.monotonic()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    t2 = time.monotonic()
+    slots = int(spark.sparkContext.defaultParallelism)
+    spark.sparkContext.parallelize(range(slots), slots).map(lambda x: x + 1).count()
+    t3 = time.monotonic()
+    spark.sparkContext.parallelize(range(slots), slots).map(lambda x: x + 1).count()
+    t4 = time.monotonic()
+    spark.stop()
+    t5 = time.monotonic()
+    return {
+        "import_s": round(t1 - t0, 2),
+        "session_start_s": round(t2 - t1, 2),
+        "first_job_s": round(t3 - t2, 2),
+        "warm_job_s": round(t4 - t3, 2),
+        "stop_s": round(t5 - t4, 2),
+    }
+
+
+def probe(master: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_scan", "--spark-probe", master],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"Spark probe on {master} failed:\n{done.stderr[-4000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+# --- the benchmark -------------------------------------------------------------------
+
+
+def _racks(bookies: list[str], path: Path) -> Path:
+    # Ensembles are 3 consecutive bookies of 6; 3 racks put each write quorum on 2.
+    path.write_text(json.dumps({b: f"/rack-{i % 3}" for i, b in enumerate(bookies)}))
+    return path
+
+
+def _plan() -> list[Run]:
+    runs = [Run("asyncio", p) for p in ASYNCIO_PARTITIONS]
+    runs += [Run("spark", p, f"local[{p}]") for p in SPARK_PARTITIONS]
+    return runs
+
+
+def _line(r: Run, cores: int) -> str:
+    label = f"{r.engine} x{r.partitions}"
+    if r.master:
+        label += f" on {r.master}" + (" (oversubscribed)" if r.partitions > cores else "")
+    return (
+        f"  {label:<38} "
+        f"wall {r.wall_s:7.1f} s = start {r.startup_s:5.1f} + scan {r.scan_s:7.1f} "
+        f"+ stop {r.teardown_s:4.1f}   {r.ledgers_per_s:7.1f} ledgers/s "
+        f"(scan phase {r.scan_ledgers_per_s:7.1f})   "
+        f"driver RSS {r.driver_peak_rss_mb:6.1f} MB, tree {r.tree_peak_rss_mb:6.1f} MB   "
+        f"load {r.load_before}"
+    )
+
+
+def main() -> None:
+    n = int(os.environ.get("BENCH_SCAN_LEDGERS", "100000"))
+    info = machine()
+    cores = int(info["cores"] or 1)
+    print(
+        f"scan: {n} closed ledgers (E=3 W=2 A=2, 6 emulated bookies, ZooKeeper, in another "
+        f"process); checks {CHECKS}; each run is `bk-auditor scan` in a subprocess",
+        flush=True,
+    )
+    print(f"  machine: {json.dumps(info)}", flush=True)
+    print(
+        "  Spark runs use --master local[P] for P partitions (a task slot per partition, so all "
+        f"P run at once); with {cores} cores, P > {cores} oversubscribes them",
+        flush=True,
+    )
+    host = subprocess.Popen(
+        [sys.executable, "-m", "bench.cluster_host", str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert host.stdout is not None
+        ready = json.loads(host.stdout.readline())
+        with tempfile.TemporaryDirectory(prefix="bench-scan-") as tmp:
+            work = Path(tmp)
+            racks = _racks(ready["bookies"], work / "racks.json")
+            probes = {}
+            for p in SPARK_PARTITIONS:
+                probes[f"local[{p}]"] = probe(f"local[{p}]")
+                print(f"  Spark alone, local[{p}]: {json.dumps(probes[f'local[{p}]'])}", flush=True)
+            runs: list[Run] = []
+            for run in _plan():
+                runs.append(scan(ready["zk"], racks, work, run))
+                print(_line(run, cores), flush=True)
+    finally:
+        if host.stdin is not None:
+            host.stdin.close()
+        host.wait(timeout=60)
+    first = runs[0].counts
+    for r in runs[1:]:
+        if r.counts != first:
+            raise RuntimeError(
+                f"{r.engine} x{r.partitions} counted differently from {runs[0].engine} x"
+                f"{runs[0].partitions}:\n{json.dumps(r.counts)}\n{json.dumps(first)}"
+            )
+    if first["replicas"]["ledgers_checked"] != n:
+        raise RuntimeError(f"replicas checked {first['replicas']['ledgers_checked']} of {n}")
+    print(f"  every run: {json.dumps(first)}", flush=True)
+    doc = {
+        "bench": "scan",
+        "ledgers": n,
+        "checks": CHECKS,
+        "machine": info,
+        "spark_probe": probes,
+        "runs": [{k: v for k, v in asdict(r).items() if k != "counts"} for r in runs],
+        "counts": first,
+    }
+    print(json.dumps(doc), flush=True)
+    if os.environ.get("BENCH_SCAN_JSON"):
+        Path(os.environ["BENCH_SCAN_JSON"]).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--spark-probe":
+        print(json.dumps(spark_probe(sys.argv[2])), flush=True)
+    else:
+        main()

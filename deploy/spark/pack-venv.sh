@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Packs bookkeeper-auditor into a virtualenv archive for Spark executors (YARN, standalone):
+# the "venv-pack" way of PySpark's Python package management.
+#
+#   deploy/spark/pack-venv.sh [DIR]        (DIR defaults to the current directory)
+#
+# Writes DIR/pyspark_venv/ (a virtualenv with this checkout and pyarrow installed; use
+# DIR/pyspark_venv/bin/python as the driver's Python in client mode) and
+# DIR/pyspark_venv.tar.gz (ship it with `--archives pyspark_venv.tar.gz#environment`
+# and PYSPARK_PYTHON=./environment/bin/python; see deploy/spark/submit.sh).
+#
+# venv-pack does not pack the interpreter: the archive's bin/python is a link to the
+# Python that made the venv ($PYTHON, default python3.11, resolved to its real path).
+# Every executor host needs that same Python at that same path, and the same OS and CPU
+# architecture as this machine (pyarrow and grpcio are binary wheels). Where that does
+# not hold, use the container image (deploy/spark/Dockerfile) instead.
+set -euo pipefail
+
+PYTHON=${PYTHON:-python3.11}
+dest=$(cd "${1:-.}" && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+venv="$dest/pyspark_venv"
+
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    echo "pack-venv: $PYTHON is older than Python 3.11; set PYTHON=/path/to/python3.11+" >&2
+    exit 2
+}
+# Built from a copy of the sources, so the checkout gets no build/ directory.
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/auditor" "$src/"
+
+rm -rf "$venv" "$dest/pyspark_venv.tar.gz"
+"$PYTHON" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+# A regular (not editable) install: the code must be inside the venv to travel with it.
+# pyspark is not installed: the executors' Spark puts its own on the workers' path.
+"$venv/bin/python" -m pip install --quiet "$src[scan]" venv-pack
+"$venv/bin/venv-pack" --quiet --prefix "$venv" --output "$dest/pyspark_venv.tar.gz"
+echo "pack-venv: wrote $dest/pyspark_venv.tar.gz (interpreter: $(readlink -f "$venv/bin/python"))"
