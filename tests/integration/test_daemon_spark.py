@@ -5,7 +5,9 @@ the loop that serves the emulated bookies: the Spark session starts and its
 actions run in worker threads, so the bookies keep answering the Spark
 tasks (local[2], separate Python workers) meanwhile. The cluster is the
 seeded one, with fewer healthy ledgers; what the metrics publish must be the
-seeded faults, exactly as an in-process leader publishes them.
+seeded faults, exactly as an in-process leader publishes them. Then the
+leader loses its vote in the middle of a Spark run: the run must end with
+its Spark session, and publish nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any
 import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
+from pyspark import SparkContext
 from structlog.testing import capture_logs
 
 from auditor.checks.findings import CATEGORIES, Check
 from auditor.daemon.config import load_daemon_config
+from auditor.daemon.election import election_path
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.metadata.underreplication import UnderreplicationManager
@@ -61,17 +65,23 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+async def _logged(logs: list[dict[str, Any]], event: str, n: int, within: float) -> None:
+    """Polls the captured log until `event` has been logged `n` times."""
+    deadline = time.monotonic() + within
+    while sum(1 for e in logs if e["event"] == event) < n:
+        assert time.monotonic() < deadline, f"{event!r} not logged {n} times in {within}s"
+        await asyncio.sleep(0.05)
+
+
 async def _first_round(d: Daemon, checks: tuple[Check, ...], within: float) -> None:
     """Polls the daemon's state (no event marks a report) until every check has reported."""
     deadline = time.monotonic() + within
     while not all(d.state.checks[c].last_finished is not None for c in checks):
-        assert time.monotonic() < deadline, {
-            str(c): str(d.state.checks[c].outcome) for c in checks
-        }
+        assert time.monotonic() < deadline, {str(c): str(d.state.checks[c].outcome) for c in checks}
         await asyncio.sleep(0.2)
 
 
-async def test_spark_leader_publishes_the_seeded_faults(
+async def test_spark_leader_publishes_the_seeded_faults_and_stops_its_job_when_deposed(
     zk: ZkClient, info_logs: list[dict[str, Any]]
 ) -> None:
     bookies = [BookieEmulator(zk, ledgers_root=ROOT) for _ in range(8)]
@@ -137,9 +147,7 @@ async def test_spark_leader_publishes_the_seeded_faults(
         assert samples["bookkeeper_auditor_ledgers_marked_underreplicated_total", marks] == 3
 
         # Which engine ran what: placement and replicas as Spark jobs, the rest in process.
-        started = {
-            e["check"]: e["engine"] for e in info_logs if e["event"] == "check started"
-        }
+        started = {e["check"]: e["engine"] for e in info_logs if e["event"] == "check started"}
         assert started == {
             **{str(c): "spark" for c in ON_SPARK},
             **{str(c): "asyncio" for c in IN_PROCESS},
@@ -149,6 +157,26 @@ async def test_spark_leader_publishes_the_seeded_faults(
             ("spark", ["placement"]),
             ("spark", ["replicas"]),
         ]
+
+        # Leadership lost mid-run: the replicas job waits at least a read timeout on
+        # 3007's silent bookie, so the vote goes while its Spark stage runs.
+        await daemon.trigger_check(Check.REPLICAS)
+        await _logged(info_logs, "scan planned", 3, within=60)
+        votes = election_path(ROOT)
+        for vote in await zk.get_children(votes):
+            await zk.delete(f"{votes}/{vote}")
+        await _logged(info_logs, "no longer the auditor", 1, within=30)
+        assert SparkContext._active_spark_context is None  # the session ended with the run
+        events = [(e["event"], e.get("check")) for e in info_logs]
+        assert events.count(("check started", "replicas")) == 2
+        assert events.count(("check run", "replicas")) == 1
+        assert events.count(("scan finished", None)) == 2
+        for outcome, n in (("violations", 1), ("failed", 0)):
+            labels = {"check": "replicas", "outcome": outcome}
+            assert (
+                metrics.registry.get_sample_value("bookkeeper_auditor_check_runs_total", labels)
+                == n
+            )
     finally:
         daemon.stop()
         with contextlib.suppress(Exception):

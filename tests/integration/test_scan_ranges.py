@@ -1,0 +1,87 @@
+"""Planning a scan's id ranges from listings, and walking one range, on a real ZooKeeper."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from auditor.metadata.layout import LedgerManager
+from auditor.metadata.paths import LONG_MAX
+from auditor.metadata.walk import IdRange, LedgerWalker
+from auditor.scan.ranges import buckets, plan_ranges
+from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.zk import ZkClient
+
+ENSEMBLE = ["192.0.2.1:3181", "192.0.2.2:3181", "192.0.2.3:3181"]
+#: Ids on both sides of every level boundary of both hierarchical trees.
+EDGE_IDS = [0, 1, 9999, 10000, 123456789, 2147483646, 2147483647, 2147483648, 2**40 + 7, LONG_MAX]
+
+
+async def _write(zk: ZkClient, manager: LedgerManager, ids: list[int]) -> None:
+    w = ClusterWriter(zk, "/ledgers", manager)
+    await w.init_cluster()
+    for i in ids:
+        await w.write_ledger(make_metadata(i, ENSEMBLE))
+
+
+async def _walk(zk: ZkClient, manager: LedgerManager, r: IdRange | None) -> list[int]:
+    return [i async for i in LedgerWalker(zk, "/ledgers", manager, r).ledger_ids()]
+
+
+@pytest.mark.parametrize(
+    ("manager", "ids"),
+    [
+        (LedgerManager.HIERARCHICAL, EDGE_IDS),
+        (LedgerManager.LONG_HIERARCHICAL, EDGE_IDS),
+        (LedgerManager.LEGACY_HIERARCHICAL, [0, 1, 9999, 10000, 123456789, 2147483646]),
+        (LedgerManager.FLAT, [0, 5, 123, 9999999999]),
+    ],
+)
+@pytest.mark.parametrize("partitions", [1, 2, 3, 7, 50])
+async def test_ranges_tile_the_id_space_and_each_ledger_is_walked_once(
+    zk: ZkClient, manager: LedgerManager, ids: list[int], partitions: int
+) -> None:
+    await _write(zk, manager, ids)
+    ranges = await plan_ranges(zk, "/ledgers", manager, partitions)
+    assert ranges[0].lo == 0 and ranges[-1].hi == LONG_MAX + 1
+    assert all(a.hi == b.lo for a, b in itertools.pairwise(ranges))
+    assert len(ranges) == min(partitions, len(ids))
+    walked = [i for r in ranges for i in await _walk(zk, manager, r)]
+    assert walked == ids
+
+
+async def test_a_range_lists_only_the_subtrees_it_overlaps(zk: ZkClient) -> None:
+    ids = [5, 20_005, 30_005, 3_000_000_000]
+    await _write(zk, LedgerManager.HIERARCHICAL, ids)
+    assert await _walk(zk, LedgerManager.HIERARCHICAL, IdRange(20_000, 30_006)) == [20_005, 30_005]
+    assert await _walk(zk, LedgerManager.HIERARCHICAL, IdRange(30_006, LONG_MAX + 1)) == [
+        3_000_000_000
+    ]
+    assert await _walk(zk, LedgerManager.HIERARCHICAL, IdRange(6, 20_005)) == []
+
+
+async def test_many_ledgers_split_evenly_on_exact_ids(zk: ZkClient) -> None:
+    ids = list(range(0, 3000, 3))
+    await _write(zk, LedgerManager.HIERARCHICAL, ids)
+    ranges = await plan_ranges(zk, "/ledgers", LedgerManager.HIERARCHICAL, 4)
+    sizes = [len(await _walk(zk, LedgerManager.HIERARCHICAL, r)) for r in ranges]
+    assert sizes == [250, 250, 250, 250]
+
+
+async def test_plans_on_leaf_directories_when_there_are_enough(zk: ZkClient) -> None:
+    # Ten leaf directories (10,000 ids each), one ledger in each: with 2
+    # partitions the plan stops at the directories and lists no leaf.
+    ids = [k * 10_000 + 7 for k in range(10)]
+    await _write(zk, LedgerManager.HIERARCHICAL, ids)
+    found = await buckets(zk, "/ledgers", LedgerManager.HIERARCHICAL, 2)
+    assert [(b.lo, b.hi) for b in found] == [(k * 10_000, (k + 1) * 10_000) for k in range(10)]
+    ranges = await plan_ranges(zk, "/ledgers", LedgerManager.HIERARCHICAL, 2)
+    assert ranges == [IdRange(0, 50_000), IdRange(50_000, LONG_MAX + 1)]
+
+
+async def test_an_empty_cluster_is_one_range(zk: ZkClient) -> None:
+    await _write(zk, LedgerManager.HIERARCHICAL, [])
+    assert await plan_ranges(zk, "/ledgers", LedgerManager.HIERARCHICAL, 8) == [
+        IdRange(0, LONG_MAX + 1)
+    ]
