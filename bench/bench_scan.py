@@ -67,6 +67,10 @@ class Run:
     scan_ledgers_per_s: float = 0.0
     driver_peak_rss_mb: float = 0.0
     tree_peak_rss_mb: float = 0.0
+    #: CPU seconds of the auditor's processes, of the bookie emulators, of ZooKeeper.
+    cpu_auditor_s: float = 0.0
+    cpu_bookies_s: float = 0.0
+    cpu_zookeeper_s: float = 0.0
     load_before: float = 0.0
     counts: dict[str, Any] = field(default_factory=dict)
 
@@ -115,12 +119,30 @@ def machine() -> dict[str, Any]:
     }
 
 
-# --- memory of a process tree ------------------------------------------------------
+# --- memory and CPU of process trees --------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _status_kb(pid: int, key: str) -> int:
     value = _proc_field(f"/proc/{pid}/status", key).split()
     return int(value[0]) if value else 0
+
+
+def _stat(pid: int | str) -> tuple[str, list[str]]:
+    """(command name, the fields after it) of /proc/PID/stat; the name may hold spaces."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    return text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (its own, not its children's)."""
+    try:
+        rest = _stat(pid)[1]
+    except (OSError, ValueError):
+        return 0.0
+    return (int(rest[11]) + int(rest[12])) / TICK
 
 
 def _descendants(root: int) -> list[int]:
@@ -129,9 +151,7 @@ def _descendants(root: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                # The command name is in parentheses and may hold spaces.
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            ppid = int(_stat(entry)[1][1])
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
@@ -143,21 +163,47 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def cluster_cpu(host: int) -> tuple[float, float]:
+    """CPU seconds so far of the bench cluster: (bookie emulators' process, ZooKeeper's JVM)."""
+    bookies = zookeeper = 0.0
+    for pid in _descendants(host):
+        try:
+            name = _stat(pid)[0]
+        except (OSError, ValueError):
+            continue
+        if name == "java":
+            zookeeper += _cpu_s(pid)
+        elif name.startswith("python"):
+            bookies += _cpu_s(pid)
+    return bookies, zookeeper
+
+
 class TreeSampler:
-    """Peak resident memory of a process and of everything it started (JVM, Python workers)."""
+    """Peak memory and CPU of a process and of everything it started (JVM, Python workers).
+
+    CPU is the last reading of each process seen, so a process's final
+    quarter-second before it exits may be missed.
+    """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.driver_kb = 0
         self.tree_kb = 0
+        self._cpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self._cpu.values())
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.driver_kb = max(self.driver_kb, _status_kb(self.pid, "VmHWM"))
-            total = sum(_status_kb(p, "VmRSS") for p in _descendants(self.pid))
-            self.tree_kb = max(self.tree_kb, total)
+            tree = _descendants(self.pid)
+            self.tree_kb = max(self.tree_kb, sum(_status_kb(p, "VmRSS") for p in tree))
+            for p in tree:
+                self._cpu[p] = max(self._cpu.get(p, 0.0), _cpu_s(p))
             self._stop.wait(SAMPLE_EVERY)
 
     @contextmanager
@@ -197,7 +243,7 @@ def _summary_counts(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def scan(zk: str, racks: Path, work: Path, run: Run) -> Run:
+def scan(zk: str, host: int, racks: Path, work: Path, run: Run) -> Run:
     out = work / f"{run.engine}-{run.partitions}"
     args = [str(CLI), "scan", "--engine", run.engine, "--partitions", str(run.partitions)]
     if run.master:
@@ -206,6 +252,7 @@ def scan(zk: str, racks: Path, work: Path, run: Run) -> Run:
     for s in (*SETTINGS, f"checks.racks_file={racks}"):
         args += ["--set", s]
     run.load_before = round(os.getloadavg()[0], 2)
+    cluster_before = cluster_cpu(host)
     with open(work / f"{out.name}.err", "w+") as err:
         t0 = time.time()
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
@@ -219,6 +266,7 @@ def scan(zk: str, racks: Path, work: Path, run: Run) -> Run:
                     f"{run.engine} x{run.partitions}: no end after {RUN_TIMEOUT}s"
                 ) from None
         t1 = time.time()
+        cluster_after = cluster_cpu(host)
         err.seek(0)
         log = err.read()
     if run.exit_code != 0:
@@ -238,6 +286,9 @@ def scan(zk: str, racks: Path, work: Path, run: Run) -> Run:
     run.scan_ledgers_per_s = round(run.ledgers_checked / max(finished - planned, 1e-9), 1)
     run.driver_peak_rss_mb = round(mem.driver_kb / 1024, 1)
     run.tree_peak_rss_mb = round(mem.tree_kb / 1024, 1)
+    run.cpu_auditor_s = round(mem.cpu_s, 1)
+    run.cpu_bookies_s = round(cluster_after[0] - cluster_before[0], 1)
+    run.cpu_zookeeper_s = round(cluster_after[1] - cluster_before[1], 1)
     run.counts = _summary_counts(doc)
     return run
 
@@ -306,16 +357,16 @@ def _plan() -> list[Run]:
 
 
 def _line(r: Run, cores: int) -> str:
-    label = f"{r.engine} x{r.partitions}"
+    label = f"{r.engine}, {r.partitions} partition{'s' if r.partitions > 1 else ''}"
     if r.master:
-        label += f" on {r.master}" + (" (oversubscribed)" if r.partitions > cores else "")
+        label += f", {r.master}" + (" (oversubscribed)" if r.partitions > cores else "")
     return (
-        f"  {label:<38} "
-        f"wall {r.wall_s:7.1f} s = start {r.startup_s:5.1f} + scan {r.scan_s:7.1f} "
-        f"+ stop {r.teardown_s:4.1f}   {r.ledgers_per_s:7.1f} ledgers/s "
-        f"(scan phase {r.scan_ledgers_per_s:7.1f})   "
-        f"driver RSS {r.driver_peak_rss_mb:6.1f} MB, tree {r.tree_peak_rss_mb:6.1f} MB   "
-        f"load {r.load_before}"
+        f"  {label}: {r.ledgers_per_s:.1f} ledgers/s; wall {r.wall_s:.1f} s = start "
+        f"{r.startup_s:.1f} + scan {r.scan_s:.1f} ({r.scan_ledgers_per_s:.1f} ledgers/s) + stop "
+        f"{r.teardown_s:.1f}\n"
+        f"      peak RSS: driver {r.driver_peak_rss_mb:.1f} MB, with JVM and workers "
+        f"{r.tree_peak_rss_mb:.1f} MB; CPU s: auditor {r.cpu_auditor_s:.1f}, bookies "
+        f"{r.cpu_bookies_s:.1f}, ZooKeeper {r.cpu_zookeeper_s:.1f}; load before {r.load_before}"
     )
 
 
@@ -352,7 +403,7 @@ def main() -> None:
                 print(f"  Spark alone, local[{p}]: {json.dumps(probes[f'local[{p}]'])}", flush=True)
             runs: list[Run] = []
             for run in _plan():
-                runs.append(scan(ready["zk"], racks, work, run))
+                runs.append(scan(ready["zk"], host.pid, racks, work, run))
                 print(_line(run, cores), flush=True)
     finally:
         if host.stdin is not None:

@@ -139,6 +139,14 @@ def _payload(item: tuple[str, Any]) -> Any:
     return item[1]
 
 
+def _quiet_logging() -> dict[str, str]:
+    """Spark's log4j chatter down to errors, for sessions this process starts itself."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return {}  # under spark-submit the JVM is already up, with the user's logging
+    path = Path(__file__).with_name("log4j2.properties")
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}"}
+
+
 class SparkEngine:
     name = "spark"
 
@@ -154,11 +162,16 @@ class SparkEngine:
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         builder = SparkSession.builder.appName("bookkeeper-auditor-scan")
         # Under spark-submit the master comes from there; on its own, a local Spark.
-        if options.master:
-            builder = builder.master(options.master)
-        elif "PYSPARK_GATEWAY_PORT" not in os.environ:
-            builder = builder.master("local[*]")
-        for key, value in {**DEFAULT_CONF, **dict(options.spark_conf)}.items():
+        master = options.master
+        if not master and "PYSPARK_GATEWAY_PORT" not in os.environ:
+            master = "local[*]"
+        if master:
+            builder = builder.master(master)
+        if master.startswith("local"):
+            # A local session talks to itself only: no guessing which interface to bind.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        conf = {**DEFAULT_CONF, **_quiet_logging(), **dict(options.spark_conf)}
+        for key, value in conf.items():
             builder = builder.config(key, value)
         self.spark: Any = builder.getOrCreate()
         self.sc: Any = self.spark.sparkContext

@@ -182,3 +182,20 @@ async def test_check_all_json_and_every_single_check(zk: ZkClient) -> None:
             }
         # Nothing was written without --mark.
         assert await zk.get_children("/ledgers/underreplication/ledgers") == []
+
+
+async def test_metadata_check_reports_undecodable_ledgers_only(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=4)
+        await tc.cluster.write_raw(2, b"BookieMetadataFormatVersion\t3\n\x07garbage")
+        await tc.writer.write_ledger(3, tc.ids, write_quorum=2, num_entries=4)
+        code, out, err = await bk("check", "metadata", "--zk", zk.hosts, "--json")
+        assert code == 1, err
+        doc = one_json(out)
+        assert (doc["check"], doc["ledgers_checked"], doc["counts"]) == (
+            "metadata",
+            3,
+            {"metadata_invalid": 1},
+        )
+        [v] = doc["violations"]
+        assert (v["ledger_id"], v["detail"]["path"]) == (2, "/ledgers/00/0000/L0002")
