@@ -36,6 +36,7 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
 from auditor.errors import ServiceUnavailableError
+from auditor.zk.persistent import Event, Gap, PersistentWatches
 
 ZkStat = ZnodeStat
 ZkError = ZookeeperError
@@ -104,6 +105,7 @@ class ZkClient:
         self._kazoo.add_listener(self._on_state)
         #: (path, version) every write of this view must find unchanged.
         self._fence: tuple[str, int] | None = None
+        self._persistent: PersistentWatches | None = None
 
     def fenced(self, path: str, version: int) -> ZkClient:
         """A view of this session whose writes only happen while `path` is at `version`.
@@ -274,6 +276,28 @@ class ZkClient:
             "get", path, lambda: self._kazoo.get_async(path, watch=on_watch)
         )
         return bytes(data or b""), stat, changed
+
+    async def watch_tree(self, path: str) -> asyncio.Queue[Event | Gap]:
+        """A persistent recursive watch on `path`: every create, data change and delete
+        at or below it, in server order, as a queue; `Gap` when the watch is lost
+        (connection or session loss; re-add it and re-read, events were missed)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event | Gap] = asyncio.Queue()
+
+        def listener(item: Event | Gap) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        if self._persistent is None:
+            self._persistent = PersistentWatches(self._kazoo)
+        pw = self._persistent
+        await self._call("addWatch", path, lambda: pw.add_async(path, listener))
+        return queue
+
+    async def unwatch_tree(self, path: str) -> None:
+        if self._persistent is not None:
+            pw = self._persistent
+            await self._call("removeWatches", path, lambda: pw.remove_async(path))
 
     async def exists(self, path: str) -> ZnodeStat | None:
         stat: ZnodeStat | None = await self._call(
