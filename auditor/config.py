@@ -256,7 +256,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 #: Tables a TOML config file may have; the daemon reads the last four.
-TOML_TABLES = ("bookkeeper", "checks", "daemon", "api", "metrics", "logging")
+TOML_TABLES = ("bookkeeper", "checks", "daemon", "api", "metrics", "logging", "scan")
 
 
 def parse_override(item: str, tables: Iterable[str]) -> tuple[str, str, str]:

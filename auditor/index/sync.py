@@ -1,0 +1,172 @@
+"""Keeping the index current: one full read, then a persistent recursive watch.
+
+The order matters. The watch on the ledgers root is added first, then every
+ledger is read; events that arrive meanwhile only mark ledgers dirty, and the
+dirty ones are read again once the full read is done. A read issued after an
+event returns a state at least as new as that event (ZooKeeper orders a
+session's watch events before the data it reads afterwards), so the index
+ends up current whatever the interleaving; no event's data is trusted, only
+the read it causes. A delete is a read that finds nothing.
+
+A gap (the watch is lost with the connection or the session; events in
+between are gone) sends the index back to the start: add the watch again and
+read everything again, removing ledgers that are gone. It is logged, counted,
+and the index is not `ready` meanwhile, so checks walk ZooKeeper directly
+instead of trusting a copy that may have missed changes.
+
+Events for znodes that are not ledgers (bookie registrations, marks, locks,
+which all live under the ledgers root) are dropped by the shape of the path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+from auditor.index.store import MetadataIndex
+from auditor.metadata.layout import LedgerManager
+from auditor.metadata.walk import LedgerWalker
+from auditor.zk import ZkClient, ZkUnavailableError
+from auditor.zk.persistent import Event, Gap, PersistentWatchUnsupported
+
+_LEGACY = re.compile(r"^/(\d{2})/(\d{4})/L(\d{4})$")
+_LONG = re.compile(r"^/(\d{3})/(\d{4})/(\d{4})/(\d{4})/L(\d{4})$")
+_FLAT = re.compile(r"^/L(\d{10})$")
+
+
+def ledger_id_of(manager: LedgerManager, root: str, path: str) -> int | None:
+    """The ledger a znode path names, or None when it is not a ledger's znode."""
+    if not path.startswith(root + "/"):
+        return None
+    rel = path[len(root) :]
+    patterns: tuple[re.Pattern[str], ...]
+    if manager is LedgerManager.FLAT:
+        patterns = (_FLAT,)
+    elif manager is LedgerManager.LEGACY_HIERARCHICAL:
+        patterns = (_LEGACY,)
+    elif manager is LedgerManager.LONG_HIERARCHICAL:
+        patterns = (_LONG,)
+    else:
+        patterns = (_LEGACY, _LONG)
+    for pattern in patterns:
+        m = pattern.match(rel)
+        if m is not None:
+            return int("".join(m.groups()))
+    return None
+
+
+class IndexSync:
+    """Runs for as long as the leader leads; `ready` is set while the index is current."""
+
+    def __init__(
+        self,
+        zk: ZkClient,
+        index: MetadataIndex,
+        *,
+        concurrency: int = 100,
+        log: Any,
+        on_resync: Callable[[str], None] | None = None,
+        retry_delay: float = 1.0,
+    ) -> None:
+        self.zk = zk
+        self.index = index
+        self.concurrency = concurrency
+        self.log = log.bind(component="index")
+        self.on_resync = on_resync
+        self.retry_delay = retry_delay
+        self.ready = asyncio.Event()
+        self.loads = 0
+        self.resyncs = 0
+        self.events = 0
+        self.rereads = 0
+        self.last_load_seconds = 0.0
+        self.dirty: set[int] = set()
+        #: Notified whenever the index changed after being loaded (reads after events).
+        self.changed = asyncio.Condition()
+        self._walker = LedgerWalker(zk, index.root, index.manager)
+
+    async def run(self) -> None:
+        while True:
+            queue = await self._watch()
+            await self._load()
+            self.ready.set()
+            reason = await self._follow(queue)
+            self.ready.clear()
+            self.resyncs += 1
+            self.log.warning("index watch lost; reading every ledger again", reason=reason)
+            if self.on_resync is not None:
+                self.on_resync(reason)
+
+    async def _watch(self) -> asyncio.Queue[Event | Gap]:
+        while True:
+            try:
+                return await self.zk.watch_tree(self.index.root)
+            except PersistentWatchUnsupported:
+                raise
+            except ZkUnavailableError as exc:
+                self.log.info("index cannot watch yet; retrying", error=str(exc))
+                await asyncio.sleep(self.retry_delay)
+
+    async def _load(self) -> None:
+        """Reads every ledger; ledgers the index had that the walk did not see are gone."""
+        started = time.monotonic()
+        self.dirty.clear()  # everything is read now; what changes meanwhile is queued
+        before = array("q", self.index.ids())
+        pos = 0
+        walker = LedgerWalker(self.zk, self.index.root, self.index.manager)
+        async for rec in walker.ledgers(concurrency=self.concurrency):
+            while pos < len(before) and before[pos] < rec.ledger_id:
+                self.index.remove(before[pos])
+                pos += 1
+            if pos < len(before) and before[pos] == rec.ledger_id:
+                pos += 1
+            self.index.put(rec)
+        for ledger_id in before[pos:]:
+            self.index.remove(ledger_id)
+        self.loads += 1
+        async with self.changed:
+            self.changed.notify_all()
+        self.last_load_seconds = time.monotonic() - started
+        self.log.info(
+            "index loaded",
+            ledgers=len(self.index),
+            seconds=round(self.last_load_seconds, 3),
+            bookies=len(self.index.tables.bookies),
+        )
+
+    async def _follow(self, queue: asyncio.Queue[Event | Gap]) -> str:
+        """Applies events until the watch is lost; returns why it was."""
+        while True:
+            item = await queue.get()
+            while True:
+                if isinstance(item, Gap):
+                    return item.state
+                self._note(item)
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+            await self._reread()
+
+    def _note(self, event: Event) -> None:
+        ledger_id = ledger_id_of(self.index.manager, self.index.root, event.path)
+        if ledger_id is not None:
+            self.events += 1
+            self.dirty.add(ledger_id)
+
+    async def _reread(self) -> None:
+        while self.dirty:
+            batch = [self.dirty.pop() for _ in range(min(self.concurrency, len(self.dirty)))]
+            reads = await asyncio.gather(*(self._walker.read(i) for i in batch))
+            for ledger_id, rec in zip(batch, reads, strict=True):
+                self.rereads += 1
+                if rec is None:
+                    self.index.remove(ledger_id)
+                else:
+                    self.index.put(rec)
+        async with self.changed:
+            self.changed.notify_all()
