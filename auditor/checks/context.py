@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from auditor.bookie.client import BookieClient
 from auditor.checks.findings import CheckReport, LedgerOutcome, PendingMark
@@ -20,8 +20,11 @@ from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.registry import BookieSet, read_bookies, resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.metadata.walk import IdRange, LedgerWalker
+from auditor.metadata.walk import IdRange, LedgerWalker, Walker
 from auditor.zk import ZkClient
+
+if TYPE_CHECKING:
+    from auditor.index.sync import IndexSync
 
 
 @dataclass
@@ -42,6 +45,10 @@ class CheckContext:
     #: When set, marks are collected here instead of written: a scan writes them
     #: once, from its driver, after the retry stages.
     deferred_marks: list[PendingMark] | None = None
+    #: Told how many ledgers wait for the replicas check's delayed re-check.
+    on_retry_queue: Callable[[int], None] | None = None
+    #: The leader's metadata index; walks read it while it is current.
+    index: IndexSync | None = None
 
     def __post_init__(self) -> None:
         self.urm = UnderreplicationManager(
@@ -50,7 +57,11 @@ class CheckContext:
             store_ctime=self.config.bookkeeper.storeSystemTimeAsLedgerUnderreplicatedMarkTime,
         )
 
-    def walker(self) -> LedgerWalker:
+    def walker(self) -> Walker:
+        if self.index is not None and self.index.ready.is_set():
+            from auditor.index.store import IndexWalker
+
+            return IndexWalker(self.index.index, self.zk, self.id_range)
         return LedgerWalker(self.zk, self.root, self.manager, self.id_range)
 
     def outcome(self, outcome: LedgerOutcome) -> None:

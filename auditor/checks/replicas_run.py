@@ -57,7 +57,7 @@ from auditor.checks.replicas import (
 from auditor.metadata.model import LedgerMetadata, LedgerState
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.underreplication import UnderreplicatedLedger
-from auditor.metadata.walk import LedgerRecord, LedgerWalker
+from auditor.metadata.walk import LedgerRecord, Walker
 
 #: How often a ledger whose metadata keeps changing under us is analysed again.
 MAX_REANALYSES = 3
@@ -74,7 +74,7 @@ class ReplicasRun:
         self.ctx = ctx
         self.cfg = ctx.config
         self.report = CheckReport(Check.REPLICAS, started_at=ctx.clock(), coverage=Coverage())
-        self.walker: LedgerWalker = ctx.walker()
+        self.walker: Walker = ctx.walker()
         self.retry: array[int] = array("q")
         self.registered = BookieSet(frozenset(), frozenset())
         self.log = ctx.log.bind(check="replicas")
@@ -324,21 +324,29 @@ class ReplicasRun:
         self.registered = await self.ctx.registered()
         self.marks = {ur.ledger_id: ur async for ur in self.ctx.urm.list_underreplicated()}
 
+    def _queue_changed(self) -> None:
+        if self.ctx.on_retry_queue is not None:
+            self.ctx.on_retry_queue(len(self.retry))
+
     async def first_pass(self) -> None:
         final = self.cfg.checks.retry_attempts == 0
         await self._pool(self._walk(final=final), final=final)
+        self._queue_changed()
 
     async def retry_pass(self, pending: Any, attempt: int) -> None:
         """Checks `pending` ledger ids again; the caller has waited `checks.retry_delay`."""
         self.registered = await self.ctx.registered()
         final = attempt >= self.cfg.checks.retry_attempts
         await self._pool(self._reread(pending), final=final)
+        self._queue_changed()
 
     def finish(self) -> CheckReport:
         deleted = self.walker.stats.deleted_during_walk
         if deleted:
             self.report.ledgers_skipped[str(SkipReason.DELETED)] += deleted
         self.report.finished_at = self.ctx.clock()
+        if self.ctx.on_retry_queue is not None:
+            self.ctx.on_retry_queue(0)
         return self.report
 
     async def run(self) -> CheckReport:

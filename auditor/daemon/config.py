@@ -97,6 +97,9 @@ class DaemonSection:
     zk_session_timeout: float = 10.0
     #: Each scheduled run moves by up to this fraction of its interval.
     jitter: float = 0.1
+    #: Keep every ledger's metadata in memory on the leader, current through a
+    #: persistent watch, so checks after the first read no ledger from ZooKeeper.
+    metadata_index: bool = True
     #: Seconds SIGTERM may take to hand over leadership and stop.
     shutdown_timeout: float = 10.0
     #: Where the placement and replicas checks run: on the leader's loop, or a Spark job.

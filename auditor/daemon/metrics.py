@@ -144,6 +144,26 @@ class Metrics:
             "0 while BookKeeper's autorecovery 'disable' flag is set, else 1.",
             registry=r,
         )
+        self._index_ledgers = Gauge(
+            f"{PREFIX}_index_ledgers",
+            "Ledgers in the leader's metadata index (0 when there is none).",
+            registry=r,
+        )
+        self._index_bytes = Gauge(
+            f"{PREFIX}_index_bytes_per_ledger",
+            "Memory of the metadata index per ledger, as of its last full load.",
+            registry=r,
+        )
+        self._index_loads = Counter(
+            f"{PREFIX}_index_loads",
+            "Full reads of every ledger into the metadata index (the first, and after gaps).",
+            registry=r,
+        )
+        self._index_resyncs = Counter(
+            f"{PREFIX}_index_resyncs",
+            "Times the index's watch was lost (connection or session) and it re-read everything.",
+            registry=r,
+        )
         self._build = Gauge(
             f"{PREFIX}_build_info", "The running version, as a label.", ["version"], registry=r
         )
@@ -215,6 +235,17 @@ class Metrics:
 
     def bookie_request(self, op: str, status: str) -> None:
         self._bookie_requests.labels(op, status).inc()
+
+    def index_loaded(self, ledgers: int, bytes_per_ledger: float) -> None:
+        self._index_loads.inc()
+        self._index_ledgers.set(ledgers)
+        self._index_bytes.set(round(bytes_per_ledger, 1))
+
+    def index_resynced(self) -> None:
+        self._index_resyncs.inc()
+
+    def set_index_ledgers(self, n: int) -> None:
+        self._index_ledgers.set(n)
 
     def set_retry_queue(self, n: int) -> None:
         self._retry_queue.set(n)

@@ -141,9 +141,22 @@ class LeaderWork:
         await self._wait_enabled()
         if self.gate is not None:
             await self.gate.wait()
+        if self.ctx.index is not None:
+            # The first run after election is the index's load; a check that
+            # started walking ZooKeeper meanwhile would read everything twice.
+            await self.ctx.index.usable()
         async with self.one_at_a_time:
             self.on_state(check, "running", None)
-            self.log.info("check started", check=str(check), engine=self.engine(check))
+            index = self.ctx.index
+            engine = self.engine(check)
+            # Where the check's walk reads ledger metadata from (Spark tasks read ZooKeeper).
+            indexed = engine == "asyncio" and index is not None and index.ready.is_set()
+            self.log.info(
+                "check started",
+                check=str(check),
+                engine=engine,
+                metadata="index" if indexed else "zookeeper",
+            )
             started = time.monotonic()
             try:
                 report = await self._run(check)

@@ -27,6 +27,8 @@ from auditor.daemon.election import Elector, Leadership, current_auditor, electi
 from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
 from auditor.daemon.state import DaemonState, NotLeaderError, Outcome
+from auditor.index.store import MetadataIndex
+from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
@@ -208,6 +210,7 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.set_leader(True)
         self.log.info("elected auditor", vote=leadership.vote_path)
+        index = self._start_index(leadership.zk)
         try:
             while not self._stop.is_set() and not self._depose.is_set():
                 self._restart_work.clear()
@@ -215,8 +218,10 @@ class Daemon:
                     leadership.zk, self.root, self.manager, self.config.auditor, mark=True
                 ) as ctx:
                     ctx.log = ctx.log.bind(identity=self.state.identity)
+                    ctx.index = index[0] if index is not None else None
                     if self.metrics is not None:
                         ctx.bookies.observer = self.metrics.bookie_request
+                        ctx.on_retry_queue = self.metrics.set_retry_queue
                         # After a fail-over the stored ctimes say when checks last ran.
                         for check, kind in CTIME_KIND.items():
                             ctime = await ctx.urm.get_check_ctime(kind)
@@ -259,11 +264,35 @@ class Daemon:
                             self.log.error("leader work failed; stepping down", error=str(exc))
                         return
         finally:
+            if index is not None:
+                index[1].cancel()
+                await asyncio.gather(index[1], return_exceptions=True)
+                if self.metrics is not None:
+                    self.metrics.set_index_ledgers(0)
             self.work = None
             self.state.is_leader = False
             if self.metrics is not None:
                 self.metrics.set_leader(False)
             self.log.info("no longer the auditor")
+
+    def _start_index(self, zk: ZkClient) -> tuple[IndexSync, asyncio.Task[None]] | None:
+        """The leader's metadata index, loading in the background (checks wait for it)."""
+        if not self.config.daemon.metadata_index:
+            return None
+        assert self.manager is not None
+        sync = IndexSync(
+            zk,
+            MetadataIndex(self.root, self.manager),
+            concurrency=self.config.auditor.checks.ledger_concurrency,
+            log=self.log,
+        )
+        metrics = self.metrics
+        if metrics is not None:
+            sync.on_loaded = lambda s: metrics.index_loaded(
+                len(s.index), s.index.bytes_per_ledger()
+            )
+            sync.on_resync = lambda _reason: metrics.index_resynced()
+        return sync, asyncio.ensure_future(sync.run())
 
     async def _watch_vote(self, elector: Elector, leadership: Leadership) -> None:
         """After a reconnect (same session), lead on only if our vote is still first."""

@@ -87,19 +87,56 @@ class IndexSync:
         self.dirty: set[int] = set()
         #: Notified whenever the index changed after being loaded (reads after events).
         self.changed = asyncio.Condition()
+        self.failed: BaseException | None = None
+        self._failed = asyncio.Event()
+        #: Told after each full load (metrics: size, bytes per ledger).
+        self.on_loaded: Callable[[IndexSync], None] | None = None
         self._walker = LedgerWalker(zk, index.root, index.manager)
 
     async def run(self) -> None:
-        while True:
-            queue = await self._watch()
-            await self._load()
-            self.ready.set()
-            reason = await self._follow(queue)
+        """Until cancelled; a failure it cannot retry (an old server) ends it, and
+        checks then walk ZooKeeper as if there were no index."""
+        try:
+            while True:
+                try:
+                    queue = await self._watch()
+                    await self._load()
+                except ZkUnavailableError as exc:
+                    self.log.warning("index load interrupted; starting again", error=str(exc))
+                    await asyncio.sleep(self.retry_delay)
+                    continue
+                self.ready.set()
+                reason = await self._follow(queue)
+                self.ready.clear()
+                self.resyncs += 1
+                self.log.warning("index watch lost; reading every ledger again", reason=reason)
+                if self.on_resync is not None:
+                    self.on_resync(reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failed = exc
             self.ready.clear()
-            self.resyncs += 1
-            self.log.warning("index watch lost; reading every ledger again", reason=reason)
-            if self.on_resync is not None:
-                self.on_resync(reason)
+            self._failed.set()
+            self.log.error(
+                "metadata index stopped; checks walk ZooKeeper",
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    async def usable(self) -> bool:
+        """Waits until the index is current (True) or has given up (False)."""
+        if self.ready.is_set():
+            return True
+        waits = [
+            asyncio.ensure_future(self.ready.wait()),
+            asyncio.ensure_future(self._failed.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self.ready.is_set()
 
     async def _watch(self) -> asyncio.Queue[Event | Gap]:
         while True:
@@ -131,6 +168,8 @@ class IndexSync:
         async with self.changed:
             self.changed.notify_all()
         self.last_load_seconds = time.monotonic() - started
+        if self.on_loaded is not None:
+            self.on_loaded(self)
         self.log.info(
             "index loaded",
             ledgers=len(self.index),
@@ -150,7 +189,11 @@ class IndexSync:
                     item = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     break
-            await self._reread()
+            try:
+                await self._reread()
+            except ZkUnavailableError as exc:
+                # A read that failed may have been the only news of a change.
+                return f"re-read failed: {exc}"
 
     def _note(self, event: Event) -> None:
         ledger_id = ledger_id_of(self.index.manager, self.index.root, event.path)

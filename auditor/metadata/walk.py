@@ -16,6 +16,7 @@ import re
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerMetadata
@@ -93,6 +94,20 @@ class LedgerRecord:
     metadata: LedgerMetadata | None
     znode_version: int
     error: LedgerMetadataFormatError | None = None
+
+
+class Walker(Protocol):
+    """What a check driver walks: ZooKeeper itself, or the leader's index of it."""
+
+    stats: WalkStats
+
+    async def max_ledger_id(self) -> int | None: ...
+
+    def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]: ...
+
+    def ledger_ids(self) -> AsyncIterator[int]: ...
+
+    async def read(self, ledger_id: int, path: str | None = None) -> LedgerRecord | None: ...
 
 
 class LedgerWalker:
