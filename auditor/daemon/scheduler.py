@@ -138,6 +138,10 @@ class LeaderWork:
             self.log.info("check skipped: a delayed lost-bookie audit is pending", check=str(check))
             self.on_report(check, None, 0.0, "skipped")
             return
+        # The check's task is under way: what follows may wait (auto-recovery
+        # disabled, ZooKeeper suspended, the index loading), and "check started"
+        # says when it actually begins.
+        self.log.info("check due", check=str(check), periodic=periodic)
         await self._wait_enabled()
         if self.gate is not None:
             await self.gate.wait()

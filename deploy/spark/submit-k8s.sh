@@ -49,7 +49,7 @@ driver_pod="bk-auditor-$1-$(date -u +%Y%m%d%H%M%S)-driver"
 
 # spark.default.parallelism: every task slot of the job. The scan splits
 # checks.bookie_max_in_flight by it, and by default plans two id ranges per slot; left
-# unset it is whatever cores had registered when the session started. Dynamic allocation
+# unset it is the cores registered when the scan plans (at least 2). Dynamic allocation
 # stays off for the same reason: executors added later would exceed the split cap.
 submitted=0
 # shellcheck disable=SC2086  # SUBMIT_OPTS is a list of options on purpose
