@@ -20,6 +20,7 @@
 set -euo pipefail
 
 : "${MASTER:?set MASTER to the cluster manager URL (yarn, spark://HOST:7077, ...)}"
+[ -d "${VENV_DIR:-.}" ] || { echo "submit: VENV_DIR ${VENV_DIR:-.} is not a directory" >&2; exit 2; }
 venv_dir=$(cd "${VENV_DIR:-.}" && pwd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 [ -f "$venv_dir/pyspark_venv.tar.gz" ] || {
