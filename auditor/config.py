@@ -47,6 +47,8 @@ class BookKeeperConfig:
     """BookKeeper's keys (names as in bk_server.conf), with BookKeeper's defaults and units."""
 
     zkTimeout: int = 10000  # ms
+    #: Create znodes with creator-only ACLs (needs ZooKeeper credentials), as BookKeeper does.
+    zkEnableSecurity: bool = False
     readEntryTimeout: int = 5  # s, the client's per-read timeout
     lostBookieRecoveryDelay: int = 0  # s
     underreplicatedLedgerRecoveryGracePeriod: int = 0  # s; 0 = off

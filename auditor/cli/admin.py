@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from auditor.api import TARGET_ENV, TOKEN_ENV
 from auditor.checks.findings import Check
-from auditor.cli.cluster import ClusterTarget, connect, target_from_args
+from auditor.cli.cluster import ClusterTarget, connect, security_from_args, target_from_args
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.records import RecordFormatError, decode_auditor_vote
 from auditor.metadata.underreplication import UnderreplicationManager
@@ -321,7 +321,10 @@ async def cmd_health(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> ClusterTarget:
-    return target_from_args(args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout)
+    security = security_from_args(args.zk_auth_file, args.zk_enable_security)
+    return target_from_args(
+        args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
+    )
 
 
 def _seconds(text: str) -> int:

@@ -17,10 +17,14 @@ import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from auditor.cli import admin
-from auditor.cli.cluster import ClusterTarget, target_from_args
+from auditor.cli.cluster import ClusterTarget, security_from_args, target_from_args
 from auditor.errors import AuditorError, ConfigError
+
+if TYPE_CHECKING:
+    from auditor.config import AuditorConfig
 
 EXIT_INTERNAL = 70
 
@@ -40,6 +44,17 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledgers-root", metavar="PATH", help="ledgers root (default /ledgers)")
     p.add_argument(
         "--timeout", type=float, default=10.0, help="seconds for connecting and for each call"
+    )
+    p.add_argument(
+        "--zk-auth-file",
+        metavar="FILE",
+        help="ZooKeeper credentials, e.g. digest:USER:PASSWORD (or set BK_AUDITOR_ZK_AUTH)",
+    )
+    p.add_argument(
+        "--zk-enable-security",
+        action="store_true",
+        help="create znodes with creator-only ACLs, as BookKeeper's zkEnableSecurity "
+        "(also bookkeeper.zkEnableSecurity in --config)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -146,8 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _target(args: argparse.Namespace) -> ClusterTarget:
-    return target_from_args(args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout)
+def _target(args: argparse.Namespace, config: AuditorConfig | None = None) -> ClusterTarget:
+    """The cluster, with credentials; `--config`'s zkEnableSecurity counts as the flag does."""
+    secure = args.zk_enable_security or (config is not None and config.bookkeeper.zkEnableSecurity)
+    security = security_from_args(args.zk_auth_file, secure)
+    return target_from_args(
+        args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
+    )
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
@@ -220,7 +240,9 @@ async def _check(args: argparse.Namespace) -> int:
     configure_logging()
     try:
         config = load_config(args.config, args.overrides)
-        return await cmd_check(_target(args), args.which, config, as_json=args.json, mark=args.mark)
+        return await cmd_check(
+            _target(args, config), args.which, config, as_json=args.json, mark=args.mark
+        )
     except AuditorError as exc:
         print(f"bk-auditor: error: {exc}", file=sys.stderr)
         return 2
@@ -241,7 +263,12 @@ async def _scan(args: argparse.Namespace) -> int:
         options = EngineOptions(args.engine, args.master, scan.parse_spark_conf(args.spark_conf))
         if args.command == "snapshot":
             return await scan.cmd_snapshot(
-                _target(args), config, options, args.partitions, Path(args.out), args.overwrite
+                _target(args, config),
+                config,
+                options,
+                args.partitions,
+                Path(args.out),
+                args.overwrite,
             )
         scan_args = scan.ScanArgs(
             checks=scan.parse_checks(
@@ -257,7 +284,7 @@ async def _scan(args: argparse.Namespace) -> int:
         )
         if args.from_snapshot:
             return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args)
-        return await scan.cmd_scan(_target(args), config, scan_args)
+        return await scan.cmd_scan(_target(args, config), config, scan_args)
     except AuditorError as exc:
         print(f"bk-auditor: error: {exc}", file=sys.stderr)
         return 2

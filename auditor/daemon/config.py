@@ -55,6 +55,7 @@ from auditor.config import (
 )
 from auditor.errors import ConfigError
 from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT, LedgerManager, parse_metadata_service_uri
+from auditor.zk.security import ZkCredentials, ZkSecurity, parse_zk_auth, read_zk_auth_file
 
 DEFAULT_API_PORT = 9876
 DEFAULT_METRICS_PORT = 9877
@@ -95,6 +96,9 @@ class DaemonSection:
     ledgers_root: str = DEFAULT_LEDGERS_ROOT
     #: Seconds; defaults to `bookkeeper.zkTimeout`.
     zk_session_timeout: float = 10.0
+    #: ZooKeeper credentials (`digest:USER:PASSWORD`, `sasl:GSSAPI[:...]`), or a file of them.
+    zk_auth: str = field(default="", repr=False)
+    zk_auth_file: str = ""
     #: Each scheduled run moves by up to this fraction of its interval.
     jitter: float = 0.1
     #: Keep every ledger's metadata in memory on the leader, current through a
@@ -222,6 +226,8 @@ class DaemonConfig:
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: The files read, lowest precedence first.
     files: tuple[str, ...] = field(default=(), compare=False)
+    #: From `daemon.zk_auth[_file]` and `bookkeeper.zkEnableSecurity` (those keys compare).
+    zk_security: ZkSecurity = field(default_factory=ZkSecurity, compare=False, repr=False)
 
     @property
     def bookkeeper(self) -> BookKeeperConfig:
@@ -285,6 +291,8 @@ class DaemonConfig:
             values = {f.name: getattr(section, f.name) for f in fields(section)}
             if name == "api" and values["token"]:
                 values["token"] = "***"
+            if name == "daemon" and values["zk_auth"]:
+                values["zk_auth"] = "***"
             if name == "scan":
                 values["spark_conf"] = {
                     k: "***" if SPARK_SECRET.search(k) else v
@@ -531,6 +539,35 @@ def _build_scan(values: Mapping[str, Setting]) -> ScanSection:
     return ScanSection(master=built.master.strip(), partitions=built.partitions, spark_conf=conf)
 
 
+DAEMON_ZK_HINT = (
+    "set daemon.zk_auth_file to a file holding them, or daemon.zk_auth "
+    "(BK_AUDITOR_DAEMON_ZK_AUTH), e.g. digest:USER:PASSWORD or sasl:GSSAPI"
+)
+
+
+def _resolve_zk_security(
+    daemon: DaemonSection, bk: BookKeeperConfig, origins: Mapping[str, str]
+) -> ZkSecurity:
+    """The daemon's ZooKeeper credentials and ACL policy, refused at start when unusable."""
+    creds = ZkCredentials()
+    if daemon.zk_auth and daemon.zk_auth_file:
+        raise ConfigError("daemon.zk_auth and daemon.zk_auth_file are both set; set one")
+    if daemon.zk_auth_file:
+        where = origins.get("daemon.zk_auth_file", "")
+        _check_file("daemon.zk_auth_file", daemon.zk_auth_file, where)
+        creds = read_zk_auth_file(daemon.zk_auth_file, f"daemon.zk_auth_file {daemon.zk_auth_file}")
+    elif daemon.zk_auth.strip():
+        where = origins.get("daemon.zk_auth", "")
+        creds = parse_zk_auth(
+            daemon.zk_auth, "daemon.zk_auth" + (f" from {where}" if where else "")
+        )
+    try:
+        return ZkSecurity(creds, bk.zkEnableSecurity, hint=DAEMON_ZK_HINT)
+    except ConfigError as exc:
+        where = origins.get("bookkeeper.zkEnableSecurity", "default")
+        raise ConfigError(f"{exc} (zkEnableSecurity from {where})") from None
+
+
 def _require_engine(daemon: DaemonSection, origins: Mapping[str, str]) -> None:
     """Without PySpark a Spark daemon fails at start (a reload is refused), not at a check."""
     if daemon.engine != "spark":
@@ -683,6 +720,7 @@ def load_daemon_config(
     )
     daemon = replace(daemon, **changes)
     _require_engine(daemon, origins)
+    zk_security = _resolve_zk_security(daemon, bk, origins)
 
     if metrics.enabled and metrics.port and metrics.port == api.port:
         raise ConfigError(
@@ -706,4 +744,5 @@ def load_daemon_config(
         ledger_manager=manager,
         origins=origins,
         files=tuple(files),
+        zk_security=zk_security,
     )

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
+from auditor.zk.security import ZkSecurity
 
 if TYPE_CHECKING:
     from auditor.daemon.config import DaemonConfig
@@ -51,6 +52,8 @@ class ScanDriver:
     timeout: float
     #: Id ranges per run; 0: the engine's default.
     partitions: int = 0
+    #: The daemon's ZooKeeper credentials: partitions need them on a secured ZooKeeper.
+    security: ZkSecurity | None = None
 
     @property
     def name(self) -> str:
@@ -68,7 +71,9 @@ class ScanDriver:
         engine = await _open(self.options)
         try:
             spec = ScanSpec(
-                target=ClusterTarget(self.hosts, ctx.root, ctx.manager, self.timeout),
+                target=ClusterTarget(
+                    self.hosts, ctx.root, ctx.manager, self.timeout, self.security or ZkSecurity()
+                ),
                 config=ctx.config,
                 checks=(check,),
                 coverage=False,
@@ -119,4 +124,5 @@ def scan_driver(config: DaemonConfig) -> ScanDriver | None:
         hosts=config.daemon.zk,
         timeout=config.auditor.zk_timeout,
         partitions=scan.partitions,
+        security=config.zk_security,
     )

@@ -379,7 +379,10 @@ class Daemon:
         if signals:
             self._install_signals()
         zk = ZkClient(
-            d.zk, timeout=self.config.auditor.zk_timeout, session_timeout=d.zk_session_timeout
+            d.zk,
+            timeout=self.config.auditor.zk_timeout,
+            session_timeout=d.zk_session_timeout,
+            security=self.config.zk_security,
         )
         self.zk = zk
         follow = asyncio.ensure_future(self._follow_connection(zk))

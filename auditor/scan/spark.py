@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from auditor.checks.findings import LedgerOutcome
+from auditor.errors import AuditorError
 from auditor.metadata.walk import IdRange
 from auditor.scan.engine import EngineOptions, EngineUnavailableError, chunks
 from auditor.scan.output import (
@@ -139,6 +140,27 @@ def _payload(item: tuple[str, Any]) -> Any:
     return item[1]
 
 
+class SparkJobError(AuditorError):
+    """A Spark job of the scan failed."""
+
+    exit_code = 2
+
+
+def _first_line(exc: BaseException) -> str:
+    """The useful line of a Spark/Python worker failure (they carry whole tracebacks)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error:" in ln or "Exception:" in ln:
+            return ln[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _uri(path: Path) -> str:
+    """An explicit file: URI, so Hadoop does not resolve the path against fs.defaultFS
+    (HDFS on a typical YARN setup) while the JSON files go to the driver's disk."""
+    return path.resolve().as_uri()
+
+
 def _quiet_logging() -> dict[str, str]:
     """Spark's log4j chatter down to errors, for sessions this process starts itself."""
     if "PYSPARK_GATEWAY_PORT" in os.environ:
@@ -171,6 +193,9 @@ class SparkEngine:
             # A local session talks to itself only: no guessing which interface to bind.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf = {**DEFAULT_CONF, **_quiet_logging(), **dict(options.spark_conf)}
+        if "PYSPARK_GATEWAY_PORT" in os.environ:
+            # Under spark-submit the user's --conf decide; only theirs are applied.
+            conf = dict(options.spark_conf)
         for key, value in conf.items():
             builder = builder.config(key, value)
         self.spark: Any = builder.getOrCreate()
@@ -203,6 +228,10 @@ class SparkEngine:
         except asyncio.CancelledError:
             self.sc.cancelJobGroup(group)
             raise
+        except Exception as exc:
+            # A failed Spark job (executors without the project, a lost stage, ...)
+            # is an operator's problem to fix, said in one line.
+            raise SparkJobError(f"Spark job '{what}' failed: {_first_line(exc)}") from exc
 
     async def _stage(
         self, what: str, rdd: Any, dataset: str = COVERAGE, columns: Sequence[Column] = ()
@@ -224,7 +253,7 @@ class SparkEngine:
     def _append(self, rows: Any, dataset: str, columns: Sequence[Column]) -> None:
         assert self.out is not None
         df = self.spark.createDataFrame(rows, spark_schema(columns or COVERAGE_COLUMNS))
-        df.write.mode("append").parquet(str(self.out / dataset))
+        df.write.mode("append").parquet(_uri(self.out / dataset))
         if dataset == COVERAGE:
             self._coverage_written = True
 
@@ -235,7 +264,7 @@ class SparkEngine:
         )
 
     async def judge_snapshot(self, job: SnapshotJudge, directory: Path) -> list[PartitionResult]:
-        frame = self.spark.read.parquet(str(directory / LEDGERS))
+        frame = self.spark.read.parquet(_uri(directory / LEDGERS))
         rdd = frame.rdd.mapPartitions(_judge_task(job))
         return await self._stage(f"judge snapshot {directory}", rdd)
 
@@ -259,11 +288,11 @@ class SparkEngine:
             # The driver's own rows (the grace check) join the executors' coverage.
             if self._driver_rows or not self._coverage_written:
                 df = self.spark.createDataFrame(self._driver_rows, spark_schema(COVERAGE_COLUMNS))
-                df.coalesce(1).write.mode("append").parquet(str(out / COVERAGE))
+                df.coalesce(1).write.mode("append").parquet(_uri(out / COVERAGE))
                 self._driver_rows.clear()
                 self._coverage_written = True
             frame = self.spark.createDataFrame(rows, spark_schema(VIOLATION_COLUMNS))
-            frame.coalesce(1).write.mode("overwrite").parquet(str(out / VIOLATIONS))
+            frame.coalesce(1).write.mode("overwrite").parquet(_uri(out / VIOLATIONS))
 
         await self._job("write violations", write)
 

@@ -17,7 +17,12 @@ It also has to build big clusters cheaply and break on demand:
   with connections left open), add latency, answer with a chosen status,
   crash (close everything, unregister) and restart with the same id and data.
 * Counters (requests received per operation, requests in flight and their
-  maximum, connections accepted) let tests assert what the client did.
+  maximum, connections accepted, list requests per ledger) let tests assert
+  what the client did; `stats()` is all of them as one JSON-able dict.
+* A bookie in a process of its own (`run_emulator`, benchmarks) is seeded
+  from a compact file (`write_seed_file`) rather than over the wire, and
+  writes its counters to a file on SIGUSR1 (SIGUSR2 resets them first) and
+  when it stops, so whoever started it can count what a client sent.
 
 Like a bookie, a frame that is not a valid v3 `Request` ends the connection.
 Requests are handled inline unless latency or a pause defers them, so answers
@@ -29,10 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
+import os
+import signal
+import struct
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import Final
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
 
 from auditor.bookie.availability import Availability
 from auditor.bookie.protocol import (
@@ -51,6 +61,7 @@ from auditor.bookie.protocol import (
     master_key,
     response_header,
 )
+from auditor.errors import FormatError
 from auditor.metadata.model import DigestType
 from auditor.metadata.registry import register_bookie, unregister_bookie
 from auditor.proto import bookkeeper_protocol_pb2 as pb
@@ -60,10 +71,13 @@ __all__ = [
     "BodyFactory",
     "BookieEmulator",
     "Latency",
+    "SeedFileError",
     "Storage",
     "default_body",
     "make_body_factory",
+    "read_seed_file",
     "run_emulator",
+    "write_seed_file",
 ]
 
 #: Builds the stored body of a seeded entry: (ledger_id, entry_id) -> body.
@@ -162,6 +176,60 @@ def _as_runs(entries: Iterable[int | range]) -> list[tuple[int, int]]:
     if runs and runs[0][0] < 0:
         raise ValueError(f"entry ids must be >= 0, got {runs[0][0]}")
     return runs
+
+
+#: A seed file: this magic, then per ledger its id and run count, then its runs.
+SEED_MAGIC: Final = b"BKEMSEED"
+_SEED_LEDGER: Final = struct.Struct("<qI")
+_SEED_RUN: Final = struct.Struct("<qq")
+
+
+class SeedFileError(FormatError):
+    """A seed file that is not one `write_seed_file` wrote."""
+
+
+def write_seed_file(
+    path: str | Path, ledgers: Iterable[tuple[int, Sequence[tuple[int, int]]]]
+) -> int:
+    """Writes (ledger id, half-open entry runs) pairs for `load_seed_file`; returns how many.
+
+    A benchmark's bookie holds 10^5 ledgers in a process of its own; seeding
+    it over the wire would measure the emulator, and pickling its state would
+    tie the file to this module's internals. This is 12 bytes a ledger and 16 a run.
+    """
+    count = 0
+    with open(path, "wb") as f:
+        f.write(SEED_MAGIC)
+        for ledger_id, runs in ledgers:
+            f.write(_SEED_LEDGER.pack(ledger_id, len(runs)))
+            for start, stop in runs:
+                if not 0 <= start < stop:
+                    raise ValueError(f"ledger {ledger_id}: bad entry run [{start}, {stop})")
+                f.write(_SEED_RUN.pack(start, stop))
+            count += 1
+    return count
+
+
+def read_seed_file(path: str | Path) -> Iterator[tuple[int, list[tuple[int, int]]]]:
+    """The (ledger id, runs) pairs of a seed file, in file order."""
+    data = Path(path).read_bytes()
+    if not data.startswith(SEED_MAGIC):
+        raise SeedFileError(f"{path}: not a bookie emulator seed file")
+    pos = len(SEED_MAGIC)
+    while pos < len(data):
+        if pos + _SEED_LEDGER.size > len(data):
+            raise SeedFileError(f"{path}: truncated at byte {pos}")
+        ledger_id, count = _SEED_LEDGER.unpack_from(data, pos)
+        pos += _SEED_LEDGER.size
+        end = pos + count * _SEED_RUN.size
+        if end > len(data):
+            raise SeedFileError(f"{path}: ledger {ledger_id} truncated at byte {pos}")
+        runs = [_SEED_RUN.unpack_from(data, at) for at in range(pos, end, _SEED_RUN.size)]
+        for start, stop in runs:
+            if not 0 <= start < stop:
+                raise SeedFileError(f"{path}: ledger {ledger_id}: bad entry run [{start}, {stop})")
+        pos = end
+        yield ledger_id, runs
 
 
 class _Ledger:
@@ -380,6 +448,8 @@ class BookieEmulator:
         self.in_flight = 0
         self.max_in_flight = 0
         self.connections_accepted = 0
+        #: GET_LIST_OF_ENTRIES_OF_LEDGER requests received, per ledger id.
+        self.list_requests: Counter[int] = Counter()
 
     # --- identity and lifecycle ------------------------------------------------------
 
@@ -535,6 +605,14 @@ class BookieEmulator:
         if runs:
             ledger.seed(runs, body_factory or default_body)
 
+    def load_seed_file(self, path: str | Path) -> int:
+        """Seeds every ledger of a `write_seed_file` file (default bodies); returns how many."""
+        count = 0
+        for ledger_id, runs in read_seed_file(path):
+            self.put_ledger(ledger_id, [range(start, stop) for start, stop in runs])
+            count += 1
+        return count
+
     def put_entry(self, ledger_id: int, entry_id: int, body: bytes) -> None:
         """Stores one body as given (as if it had been added)."""
         if entry_id < 0:
@@ -579,6 +657,36 @@ class BookieEmulator:
         self.answered.clear()
         self.max_in_flight = self.in_flight
         self.connections_accepted = 0
+        self.list_requests.clear()
+
+    def stats(self) -> dict[str, Any]:
+        """Every counter as plain JSON values (for a process that reports to another).
+
+        `lists_per_ledger` maps "how many list requests a ledger got" to how
+        many ledgers got that many: {"1": n} is one request per ledger listed.
+        In flight means received and not yet answered: a request is answered
+        as soon as it is read unless latency or a pause defers it, so without
+        those the maximum stays near 1 however many the client has sent.
+        """
+        per_ledger = Counter(self.list_requests.values())
+        return {
+            "bookie_id": self.bookie_id if self.port else None,
+            "ledgers": len(self._ledgers),
+            "received": {op.name.lower(): n for op, n in sorted(self.received.items())},
+            "answered": {op.name.lower(): n for op, n in sorted(self.answered.items())},
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "connections_accepted": self.connections_accepted,
+            "list_requests": self.list_requests.total(),
+            "ledgers_listed": len(self.list_requests),
+            "lists_per_ledger": {str(k): v for k, v in sorted(per_ledger.items())},
+        }
+
+    def write_stats(self, path: str | Path) -> None:
+        """`stats()` as JSON, replacing `path` at once (a reader never sees half a file)."""
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(json.dumps(self.stats()) + "\n")
+        os.replace(tmp, path)
 
     def _count(self, op: Operation | None) -> int:
         return self.received.total() if op is None else self.received[op]
@@ -601,6 +709,8 @@ class BookieEmulator:
     def _received(self, peer: _Peer, request: pb.Request) -> None:
         op = _operation(request.header.operation)
         self.received[op] += 1
+        if op is Operation.GET_LIST_OF_ENTRIES_OF_LEDGER:
+            self.list_requests[request.getListOfEntriesOfLedgerRequest.ledgerId] += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         if self._count_waiters:
@@ -837,19 +947,54 @@ def _status_reply(request: pb.Request, op: Operation, status: Status) -> pb.Resp
 
 
 async def run_emulator(
-    zk_hosts: str, host: str, port: int, ledgers_root: str, storage: str, readonly: bool
+    zk_hosts: str,
+    host: str,
+    port: int,
+    ledgers_root: str,
+    storage: str,
+    readonly: bool,
+    *,
+    seed: str | Path | None = None,
+    stats: str | Path | None = None,
+    latency_ms: float = 0.0,
 ) -> None:
-    """Runs one emulated bookie registered in ZooKeeper until cancelled."""
+    """Runs one emulated bookie registered in ZooKeeper until cancelled.
+
+    `seed` is a `write_seed_file` file loaded before the bookie registers (so
+    once it is registered it holds everything). With `stats`, the counters
+    are written there on SIGUSR1, reset and then written on SIGUSR2, and
+    written when the bookie stops. `latency_ms` delays every answer.
+    """
     zk = ZkClient(zk_hosts)
     await zk.start()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
     try:
         emulator = BookieEmulator(
             zk, host=host, port=port, ledgers_root=ledgers_root, storage=storage, readonly=readonly
         )
+        if seed is not None:
+            emulator.load_seed_file(seed)
+        if latency_ms > 0:
+            emulator.set_latency(latency_ms / 1000.0)
+        if stats is not None:
+            out = stats
+
+            def reset_and_write() -> None:
+                emulator.reset_stats()
+                emulator.write_stats(out)
+
+            loop.add_signal_handler(signal.SIGUSR1, emulator.write_stats, out)
+            loop.add_signal_handler(signal.SIGUSR2, reset_and_write)
+            handled += [signal.SIGUSR1, signal.SIGUSR2]
         await emulator.start()
         try:
             await asyncio.Event().wait()
         finally:
+            if stats is not None:
+                emulator.write_stats(stats)
             await emulator.stop()
     finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
         await zk.close()

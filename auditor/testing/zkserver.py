@@ -54,10 +54,23 @@ def four_letter(port: int, word: str, timeout: float = 1.0) -> str:
 class ZooKeeperServer:
     """One standalone server; `start()` blocks until it serves (or raises)."""
 
-    def __init__(self, base_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: Path | None = None,
+        port: int | None = None,
+        *,
+        require_digest_auth: bool = False,
+        super_password: str = "",
+    ) -> None:
+        """`require_digest_auth`: every session must `addauth digest` before any request
+        (ZooKeeper 3.7+'s `enforce.auth`), as a secured BookKeeper's ZooKeeper would.
+        `super_password`: the digest user `super` with it bypasses every ACL (an admin).
+        """
         self._own_dir = base_dir is None
         self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-zk-"))
         self.port = port or free_port()
+        self.require_digest_auth = require_digest_auth
+        self.super_password = super_password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -82,11 +95,30 @@ class ZooKeeperServer:
                     "maxClientCnxns=0",
                     # Large multi-ops from the cluster writer stay well below this.
                     "jute.maxbuffer=8388608",
+                    *self._auth_lines(),
                     "",
                 ]
             )
         )
         return cfg
+
+    def _auth_lines(self) -> list[str]:
+        if not self.require_digest_auth:
+            return []
+        return [
+            "authProvider.1=org.apache.zookeeper.server.auth.DigestAuthenticationProvider",
+            "enforce.auth.enabled=true",
+            "enforce.auth.schemes=digest",
+        ]
+
+    def _jvm_options(self) -> list[str]:
+        if not self.super_password:
+            return []
+        from kazoo.security import make_digest_acl_credential
+
+        # "super:<base64 sha1>", the form DigestAuthenticationProvider.superDigest takes.
+        digest = make_digest_acl_credential("super", self.super_password)
+        return [f"-Dzookeeper.DigestAuthenticationProvider.superDigest={digest}"]
 
     def start(self, timeout: float = 30.0) -> None:
         if not ZK_JAR.exists():
@@ -105,6 +137,7 @@ class ZooKeeperServer:
                 "-Xmx256m",
                 "-Djute.maxbuffer=8388608",
                 "-Dzookeeper.admin.enableServer=false",
+                *self._jvm_options(),
                 "-cp",
                 classpath,
                 MAIN_CLASS,

@@ -9,11 +9,19 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotE
 
 from auditor.zk.client import (
     FencedOutError,
+    ZkAuthError,
     ZkClient,
     ZkError,
     ZkStat,
     ZkTimeoutError,
     ZkUnavailableError,
+)
+from auditor.zk.security import (
+    SaslOptions,
+    ZkCredentials,
+    ZkSecurity,
+    parse_zk_auth,
+    read_zk_auth_file,
 )
 
 __all__ = [
@@ -23,9 +31,15 @@ __all__ = [
     "NoNodeError",
     "NodeExistsError",
     "NotEmptyError",
+    "SaslOptions",
+    "ZkAuthError",
     "ZkClient",
+    "ZkCredentials",
     "ZkError",
+    "ZkSecurity",
     "ZkStat",
     "ZkTimeoutError",
     "ZkUnavailableError",
+    "parse_zk_auth",
+    "read_zk_auth_file",
 ]

@@ -10,7 +10,14 @@ reads can be in flight without holding a thread each.
 The kazoo exceptions callers branch on (no node, node exists, bad version, not
 empty) are re-exported unchanged; connection-level failures become
 `ZkUnavailableError` and a missed deadline `ZkTimeoutError`, both operator
-errors with a readable message.
+errors with a readable message. Refusals (a server that requires
+authentication, rejected credentials, a node whose ACL does not admit us)
+become `ZkAuthError`, which says how credentials are given.
+
+Credentials and the ACL of created znodes come from one `ZkSecurity`; the ACL
+is kazoo's `default_acl`, so every create (plain, with parents, in a multi-op,
+and inside kazoo's Lock recipe that casts election votes) gets it without the
+callers knowing.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
+    AuthFailedError,
     ConnectionClosedError,
     ConnectionLoss,
+    NoAuthError,
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
+    SessionClosedRequireSaslError,
     SessionExpiredError,
     ZookeeperError,
 )
@@ -35,8 +45,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
-from auditor.errors import ServiceUnavailableError
+from auditor.errors import AuditorError, ServiceUnavailableError
 from auditor.zk.persistent import Event, Gap, PersistentWatches
+from auditor.zk.security import ZkSecurity
 
 ZkStat = ZnodeStat
 ZkError = ZookeeperError
@@ -49,6 +60,7 @@ _CONNECTION_ERRORS = (
     OperationTimeoutError,
     KazooTimeoutError,
 )
+_AUTH_ERRORS = (SessionClosedRequireSaslError, AuthFailedError, NoAuthError)
 
 
 class ZkUnavailableError(ServiceUnavailableError):
@@ -57,6 +69,17 @@ class ZkUnavailableError(ServiceUnavailableError):
 
 class ZkTimeoutError(ZkUnavailableError):
     """A ZooKeeper call did not complete within its deadline."""
+
+
+class ZkAuthError(AuditorError):
+    """ZooKeeper refused this session: it needs authentication, rejected the credentials,
+    or a node's ACL does not admit our identity.
+
+    Not a `ZkUnavailableError`: waiting does not help, the configuration must
+    change, hence the exit code of a configuration error.
+    """
+
+    exit_code = 2
 
 
 class FencedOutError(ZkUnavailableError):
@@ -73,7 +96,8 @@ class ZkClient:
 
     `hosts` is a kazoo connect string (`h1:2181,h2:2181/chroot`). `timeout` bounds
     every call and the initial connect; `session_timeout` is what we ask the
-    server for.
+    server for. `security` holds the credentials sent on every (re)connect and
+    the ACL every znode this session creates gets (default: none, open ACLs).
     """
 
     def __init__(
@@ -84,9 +108,11 @@ class ZkClient:
         session_timeout: float = 30.0,
         read_only: bool = False,
         client_id: tuple[int, bytes] | None = None,
+        security: ZkSecurity | None = None,
     ) -> None:
         self.hosts = hosts
         self.timeout = timeout
+        self.security = security or ZkSecurity()
         # Fail fast while connecting (as Patroni does) instead of retrying forever
         # inside kazoo: our own deadlines decide how long to wait.
         self._kazoo = KazooClient(
@@ -95,6 +121,9 @@ class ZkClient:
             connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
             read_only=read_only,
             client_id=client_id,
+            auth_data=self.security.auth_data,
+            sasl_options=self.security.sasl_options(),
+            default_acl=self.security.default_acl,
         )
         self._listeners: list[asyncio.Queue[KazooState]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,12 +152,35 @@ class ZkClient:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         try:
+            # With a chroot kazoo's start reads it: a refusal can surface right here.
             await asyncio.to_thread(self._kazoo.start, self.timeout)
+        except _AUTH_ERRORS as exc:
+            await asyncio.to_thread(self._stop_quietly)
+            raise self._auth_error(exc, "connect", "/") from exc
         except (KazooTimeoutError, *_CONNECTION_ERRORS) as exc:
             await asyncio.to_thread(self._stop_quietly)
             raise ZkUnavailableError(
                 f"cannot connect to ZooKeeper at {self.hosts} within {self.timeout:g}s"
             ) from exc
+
+    def _auth_error(self, exc: BaseException, what: str, path: str) -> ZkAuthError:
+        creds = self.security.credentials
+        if isinstance(exc, SessionClosedRequireSaslError):
+            # The server decides before looking at the request: naming it would mislead.
+            lacking = "" if not creds else f" (it did not accept {creds.describe()})"
+            return ZkAuthError(
+                f"ZooKeeper at {self.hosts} requires authentication and closed this "
+                f"session{lacking}: {self.security.hint}"
+            )
+        if isinstance(exc, AuthFailedError):
+            return ZkAuthError(
+                f"ZooKeeper at {self.hosts} rejected this session's credentials "
+                f"({creds.describe()})"
+            )
+        who = f"as {creds.describe()}" if creds else f"unauthenticated; {self.security.hint}"
+        return ZkAuthError(
+            f"ZooKeeper denied {what} {path}: its ACL does not admit this session ({who})"
+        )
 
     async def close(self) -> None:
         await asyncio.to_thread(self._stop_quietly)
@@ -219,10 +271,18 @@ class ZkClient:
             raise ZkTimeoutError(
                 f"ZooKeeper {what} {path} did not complete within {self.timeout:g}s"
             ) from exc
+        except _AUTH_ERRORS as exc:
+            raise self._auth_error(exc, what, path) from exc
         except _CONNECTION_ERRORS as exc:
             raise ZkUnavailableError(
                 f"ZooKeeper {what} {path} failed: {type(exc).__name__}"
             ) from exc
+
+    def _raise_outcome(self, outcome: BaseException, what: str, path: str) -> None:
+        """A failed op of a multi, raised as a lone call of it would have been."""
+        if isinstance(outcome, _AUTH_ERRORS):
+            raise self._auth_error(outcome, what, path) from outcome
+        raise outcome
 
     async def get(self, path: str) -> tuple[bytes, ZnodeStat]:
         data, stat = await self._call("get", path, lambda: self._kazoo.get_async(path))
@@ -299,6 +359,11 @@ class ZkClient:
             pw = self._persistent
             await self._call("removeWatches", path, lambda: pw.remove_async(path))
 
+    async def get_acls(self, path: str) -> tuple[list[Any], ZnodeStat]:
+        """A node's ACL (kazoo `ACL`s: `perms`, `id.scheme`, `id.id`) and its stat."""
+        acls, stat = await self._call("get_acls", path, lambda: self._kazoo.get_acls_async(path))
+        return list(acls), stat
+
     async def exists(self, path: str) -> ZnodeStat | None:
         stat: ZnodeStat | None = await self._call(
             "exists", path, lambda: self._kazoo.exists_async(path)
@@ -352,7 +417,7 @@ class ZkClient:
                 f"refused to {what} {path}: {fence_path} is gone or changed (leadership lost)"
             )
         if isinstance(outcome, BaseException):
-            raise outcome
+            self._raise_outcome(outcome, what, path)
         return results
 
     async def ensure_path(self, path: str) -> None:
@@ -393,6 +458,9 @@ class ZkClient:
             return tx.commit_async()
 
         results = await self._call("multi-create", items[0][0] if items else "", start)
+        for (path, _), r in zip(items, results, strict=False):
+            if isinstance(r, _AUTH_ERRORS):
+                self._raise_outcome(r, "create", path)
         for r in results:
             if isinstance(r, BaseException):
                 raise r

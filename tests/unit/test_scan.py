@@ -137,3 +137,18 @@ def test_an_undecodable_ledger_keeps_its_reason() -> None:
     back = record_from_row(row)
     assert back.metadata is None and back.znode_version == 2
     assert back.error is not None and back.error.reason == err.reason
+
+
+def test_a_failed_spark_job_is_one_line() -> None:
+    from auditor.scan.spark import _first_line
+
+    worker_failure = RuntimeError(
+        "An error occurred while calling o123.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+        "Traceback (most recent call last):\n"
+        '  File "/opt/spark/python/pyspark/worker.py", line 1, in main\n'
+        "ModuleNotFoundError: No module named 'auditor'\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner...\n"
+    )
+    assert _first_line(worker_failure) == "ModuleNotFoundError: No module named 'auditor'"
+    assert _first_line(RuntimeError("")) == "RuntimeError"

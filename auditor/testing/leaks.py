@@ -1,0 +1,137 @@
+"""What a test leaves behind: asyncio tasks, file descriptors, TCP connections to bookies.
+
+A fault (a crashed, paused or erroring bookie) must cost nothing that outlives
+the check that met it: no task still waiting for an answer, no connection the
+client forgot to close. Fault tests take a `snapshot()` once their cluster is
+built and call `assert_no_leaks` once their checks are done; the helpers read
+Linux's /proc, which is where these tests run.
+
+Counting has to allow for things that are not leaks:
+* tasks that existed before the snapshot (fixtures', the test's own) are
+  not counted, and tasks still finishing get a bounded wait before they are;
+* a bookie emulator learns that a client closed its connection only when its
+  selector reports it, a loop iteration or two later, with no event to await,
+  so its connection count is polled briefly;
+* file descriptors may go down (a crashed emulator that stays down closed its
+  listening socket); they may go up by `fd_slack`, which tests set to what
+  a library keeps open for the life of the process (gRPC's pollers), never to
+  cover connections, which are counted exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from auditor.testing.bookie import BookieEmulator
+
+__all__ = [
+    "Snapshot",
+    "assert_no_leaks",
+    "open_fds",
+    "snapshot",
+    "tcp_connections",
+    "wait_disconnected",
+]
+
+_TCP_LISTEN: Final = "0A"
+_PROC_TCP: Final = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    tasks: frozenset[asyncio.Task[Any]]
+    fds: int
+
+
+def open_fds() -> int:
+    """File descriptors this process holds open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _socket_inodes() -> set[int]:
+    inodes: set[int] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed between listdir and readlink
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def tcp_connections(ports: Iterable[int]) -> int:
+    """This process's TCP sockets, other than listeners, with either end on one of `ports`.
+
+    /proc/net/tcp lists the whole network namespace; only rows whose socket
+    inode one of our descriptors points at are ours (a socket in TIME_WAIT
+    has no descriptor left and is not counted).
+    """
+    wanted = set(ports)
+    mine = _socket_inodes()
+    count = 0
+    for table in _PROC_TCP:
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) < 10 or cols[3] == _TCP_LISTEN or int(cols[9]) not in mine:
+                continue
+            local = int(cols[1].rsplit(":", 1)[1], 16)
+            remote = int(cols[2].rsplit(":", 1)[1], 16)
+            if local in wanted or remote in wanted:
+                count += 1
+    return count
+
+
+def snapshot() -> Snapshot:
+    """The tasks alive now (the caller's included) and the open descriptors."""
+    return Snapshot(frozenset(asyncio.all_tasks()), open_fds())
+
+
+async def _until(done: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def wait_disconnected(bookies: Sequence[BookieEmulator], timeout: float = 5.0) -> None:
+    """Returns once no emulator has a client connection left; fails after `timeout`."""
+    ok = await _until(lambda: all(b.open_connections == 0 for b in bookies), timeout)
+    assert ok, {b.bookie_id: b.open_connections for b in bookies if b.open_connections}
+
+
+async def assert_no_leaks(
+    before: Snapshot,
+    *,
+    bookies: Sequence[BookieEmulator] = (),
+    fd_slack: int = 0,
+    timeout: float = 5.0,
+) -> None:
+    """Fails if tasks, bookie connections or descriptors outlive what `before` saw.
+
+    New tasks get up to `timeout` to finish (awaited, not polled); emulators
+    must see every connection closed, and no socket of this process may still
+    be connected to one of their ports.
+    """
+    current = asyncio.current_task()
+    extra = {t for t in asyncio.all_tasks() if t not in before.tasks and t is not current}
+    if extra:
+        await asyncio.wait(extra, timeout=timeout)
+    leaked = sorted(t.get_name() for t in extra if not t.done())
+    assert leaked == [], f"tasks still running: {leaked}"
+    await wait_disconnected(bookies, timeout)
+    ports = [b.port for b in bookies if b.port]
+    assert tcp_connections(ports) == 0, "a socket of this process is still connected to a bookie"
+    fds = open_fds()
+    assert fds <= before.fds + fd_slack, f"{fds - before.fds} file descriptors more than before"

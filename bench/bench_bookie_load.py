@@ -1,0 +1,130 @@
+"""`bookie-load`: what the auditor asks of the bookies, counted by the bookies themselves.
+
+A cluster of N ledgers whose bookies answer after BENCH_LATENCY_MS (default
+5 ms), so requests pile up in flight as they would against disks and a
+network; without latency an emulator answers each request as soon as it
+reads it and in-flight counts say nothing. On it:
+
+* the auditor (index load, replicas, placement, then both checks warm) with
+  the default configuration: every phase's requests per (ledger, bookie)
+  and per operation, and the most in flight at each bookie;
+* the replicas check with 2,000 ledgers at once, so that the demand on each
+  bookie (about 1,000 requests) is far above the cap, with the default cap
+  and with a cap of 16: the cap, not the demand, must bound what a bookie sees;
+* the floor (bench/worker.py), which sends everything at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from auditor.config import ChecksConfig
+from bench.cluster import BenchCluster, Measured
+from bench.common import bench_n, emit, env_int, say
+
+LIST = "get_list_of_entries_of_ledger"
+AUDITOR_PHASES = ("index", "replicas", "placement", "warm-replicas", "warm-placement")
+LISTING_PHASES = ("replicas", "warm-replicas")
+HIGH_CONCURRENCY = 2000
+SMALL_CAP = 16
+
+
+def _pairs(counters: list[dict[str, Any]]) -> int:
+    """(ledger, bookie) pairs of the cluster: every bookie holds the ledgers it is in."""
+    return sum(int(s["ledgers"]) for s in counters)
+
+
+def _requests(counters: list[dict[str, Any]]) -> int:
+    return sum(sum(s["received"].values()) for s in counters)
+
+
+def _one_list_each(counters: list[dict[str, Any]]) -> bool:
+    """Each bookie got exactly one list request for each ledger it holds, and nothing else."""
+    return all(
+        s["lists_per_ledger"] == {"1": s["ledgers"]} and s["received"] == {LIST: s["ledgers"]}
+        for s in counters
+    )
+
+
+def _max_in_flight(m: Measured, phase: str) -> list[int]:
+    return [int(s["max_in_flight"]) for s in m.counters[phase]]
+
+
+async def measure(n: int) -> dict[str, Any]:
+    latency = float(env_int("BENCH_LATENCY_MS", 5))
+    cap = ChecksConfig().bookie_max_in_flight
+    load = round(os.getloadavg()[0], 2)
+    async with BenchCluster(n, latency_ms=latency) as cluster:
+        auditor = await cluster.measure("auditor", "--warm")
+        say("bookie-load: auditor done")
+        high = await cluster.measure(
+            "replicas", "--set", f"checks.ledger_concurrency={HIGH_CONCURRENCY}"
+        )
+        say("bookie-load: replicas with high concurrency done")
+        small = await cluster.measure(
+            "replicas",
+            "--set",
+            f"checks.ledger_concurrency={HIGH_CONCURRENCY}",
+            "--set",
+            f"checks.bookie_max_in_flight={SMALL_CAP}",
+        )
+        say("bookie-load: replicas with a small cap done")
+        floor = await cluster.measure("floor")
+        say("bookie-load: floor done")
+    pairs = _pairs(auditor.counters["replicas"])
+    per_phase = {p: round(_requests(auditor.counters[p]) / pairs, 4) for p in AUDITOR_PHASES}
+    one_list = all(_one_list_each(auditor.counters[p]) for p in LISTING_PHASES)
+    one_list = one_list and all(
+        per_phase[p] == 0 for p in AUDITOR_PHASES if p not in LISTING_PHASES
+    )
+    seen = {
+        f"auditor, ledger_concurrency=100, cap {cap}": (
+            [
+                max(_max_in_flight(auditor, p)[i] for p in AUDITOR_PHASES)
+                for i in range(len(auditor.counters["replicas"]))
+            ],
+            cap,
+        ),
+        f"replicas, ledger_concurrency={HIGH_CONCURRENCY}, cap {cap}": (
+            _max_in_flight(high, "replicas"),
+            cap,
+        ),
+        f"replicas, ledger_concurrency={HIGH_CONCURRENCY}, cap {SMALL_CAP}": (
+            _max_in_flight(small, "replicas"),
+            SMALL_CAP,
+        ),
+        f"floor, cap {cap}": (_max_in_flight(floor, "floor"), cap),
+    }
+    under_cap = all(max(per_bookie) <= limit for per_bookie, limit in seen.values())
+    return {
+        "bench": "bookie-load",
+        "n": n,
+        "latency_ms": latency,
+        "load_avg_before": load,
+        "ledger_bookie_pairs": pairs,
+        "requests_per_ledger_bookie": per_phase,
+        "list_requests_per_ledger": {
+            p: [s["lists_per_ledger"] for s in auditor.counters[p]] for p in LISTING_PHASES
+        },
+        "other_runs_requests_per_ledger_bookie": {
+            "replicas_high_concurrency": round(_requests(high.counters["replicas"]) / pairs, 4),
+            "replicas_small_cap": round(_requests(small.counters["replicas"]) / pairs, 4),
+            "floor": round(_requests(floor.counters["floor"]) / pairs, 4),
+        },
+        "max_in_flight_per_bookie": {k: v[0] for k, v in seen.items()},
+        "target": "exactly one list request per (ledger, bookie) per replicas run; "
+        "in-flight never above the cap",
+        "met_one_list": one_list,
+        "met_cap": under_cap,
+        "met": one_list and under_cap,
+    }
+
+
+def main() -> None:
+    emit(asyncio.run(measure(bench_n())))
+
+
+if __name__ == "__main__":
+    main()
