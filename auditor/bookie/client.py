@@ -17,11 +17,14 @@ that a check can neither hurt a bookie nor be misled by one:
 * DbLedgerStorage bookies never answer a list request for a ledger they hold
   (the request dies inside the bookie). While a bookie's ability to list is
   unknown, only one list request at a time goes to it (the probe); the others
-  wait for the probe's verdict. An EOK proves it can list; a timeout proves it
-  cannot, and from then on (until the verdict expires) every list request to
-  it returns `CannotList` at once without touching the network. So learning
-  costs one timeout per bookie, and a silent bookie is never reported as one
-  missing entries. ENOLEDGER proves nothing: the bookie checks that a ledger
+  wait for the probe's verdict. An EOK proves it can list; a timeout, while a
+  GET_BOOKIE_INFO sent beside the probe is answered, proves it cannot, and
+  from then on (until the verdict expires) every list request to it returns
+  `CannotList` at once without touching the network. So learning costs one
+  timeout per bookie, and a silent bookie is never reported as one missing
+  entries. A bookie that answers neither is stalled, not unable to list: the
+  probe's timeout is returned as such and nothing is learnt, so a passing
+  stall does not downgrade the bookie to first/last-entry probing. ENOLEDGER proves nothing: the bookie checks that a ledger
   exists before it tries (and, on DbLedgerStorage, fails) to list it.
   Without read worker threads a DbLedgerStorage bookie closes the connection
   instead of staying silent, so repeated disconnects on list probes also mean
@@ -92,6 +95,7 @@ class _Bookie:
         "list_disconnects",
         "probe",
         "retry_at",
+        "stalled",
         "slots",
         "unmatched",
         "waiting",
@@ -112,6 +116,9 @@ class _Bookie:
         self.list_cap_until = 0.0
         self.list_disconnects = 0
         self.probe: asyncio.Event | None = None
+        #: A probe that found the bookie answering nothing (not even bookie info),
+        #: with its answer: the requests that waited on that probe share it.
+        self.stalled: tuple[asyncio.Event, NoAnswer] | None = None
         #: Unmatched responses seen on connections already replaced.
         self.unmatched = 0
 
@@ -318,17 +325,34 @@ class BookieClient:
                 return await self._list(b, request, request_timeout)
             if b.probe is None:
                 break
-            await b.probe.wait()
+            waited = b.probe
+            await waited.wait()
             if self._closed:
                 return _CLOSED
+            if b.stalled is not None and b.stalled[0] is waited:
+                return b.stalled[1]
         probe = b.probe = asyncio.Event()
+        # Beside the probe, a request every bookie answers: a list request that
+        # times out while this one is answered is a bookie that cannot list; if
+        # both go unanswered the bookie is stalled (a GC pause, a dead disk), which
+        # proves nothing about listing and must not turn off full verification.
+        alive = asyncio.ensure_future(
+            self.get_bookie_info(bookie_id, 0, request_timeout=request_timeout)
+        )
         try:
             outcome = await self._list(b, request, request_timeout)
+            if isinstance(outcome, NoAnswer) and outcome.reason is Unanswered.TIMEOUT:
+                if isinstance(await alive, NoAnswer):
+                    # The requests that waited on this probe get its answer without
+                    # a timeout each; a later request probes again.
+                    b.stalled = (probe, outcome)
+                    return outcome
             self._learn(b, outcome)
             if b.list_cap is ListCapability.CANNOT_LIST and isinstance(outcome, NoAnswer):
                 return CannotList(bookie_id, b.list_cap_until)
             return outcome
         finally:
+            alive.cancel()
             if b.probe is probe:
                 b.probe = None
             probe.set()

@@ -12,16 +12,19 @@ Counting has to allow for things that are not leaks:
 * a bookie emulator learns that a client closed its connection only when its
   selector reports it, a loop iteration or two later, with no event to await,
   so its connection count is polled briefly;
+* garbage not yet collected can hold a descriptor (kazoo's selectors, for
+  one), so both counts are taken after `gc.collect()`;
 * file descriptors may go down (a crashed emulator that stays down closed its
   listening socket); they may go up by `fd_slack`, which tests set to what
-  a library keeps open for the life of the process (gRPC's pollers), never to
-  cover connections, which are counted exactly.
+  a library opens once and keeps for the life of the process (gRPC's poller),
+  never to cover connections, which are counted exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -93,11 +96,12 @@ def tcp_connections(ports: Iterable[int]) -> int:
 
 def snapshot() -> Snapshot:
     """The tasks alive now (the caller's included) and the open descriptors."""
+    gc.collect()
     return Snapshot(frozenset(asyncio.all_tasks()), open_fds())
 
 
-async def _until(done: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
+async def _until(done: Callable[[], bool], within: float) -> bool:
+    deadline = time.monotonic() + within
     while not done():
         if time.monotonic() >= deadline:
             return False
@@ -105,9 +109,9 @@ async def _until(done: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-async def wait_disconnected(bookies: Sequence[BookieEmulator], timeout: float = 5.0) -> None:
-    """Returns once no emulator has a client connection left; fails after `timeout`."""
-    ok = await _until(lambda: all(b.open_connections == 0 for b in bookies), timeout)
+async def wait_disconnected(bookies: Sequence[BookieEmulator], within: float = 5.0) -> None:
+    """Returns once no emulator has a client connection left; fails after `within` seconds."""
+    ok = await _until(lambda: all(b.open_connections == 0 for b in bookies), within)
     assert ok, {b.bookie_id: b.open_connections for b in bookies if b.open_connections}
 
 
@@ -116,22 +120,23 @@ async def assert_no_leaks(
     *,
     bookies: Sequence[BookieEmulator] = (),
     fd_slack: int = 0,
-    timeout: float = 5.0,
+    within: float = 5.0,
 ) -> None:
     """Fails if tasks, bookie connections or descriptors outlive what `before` saw.
 
-    New tasks get up to `timeout` to finish (awaited, not polled); emulators
+    New tasks get up to `within` seconds to finish (awaited, not polled); emulators
     must see every connection closed, and no socket of this process may still
     be connected to one of their ports.
     """
     current = asyncio.current_task()
     extra = {t for t in asyncio.all_tasks() if t not in before.tasks and t is not current}
     if extra:
-        await asyncio.wait(extra, timeout=timeout)
+        await asyncio.wait(extra, timeout=within)
     leaked = sorted(t.get_name() for t in extra if not t.done())
     assert leaked == [], f"tasks still running: {leaked}"
-    await wait_disconnected(bookies, timeout)
+    await wait_disconnected(bookies, within)
     ports = [b.port for b in bookies if b.port]
     assert tcp_connections(ports) == 0, "a socket of this process is still connected to a bookie"
+    gc.collect()  # objects already dropped may still hold a descriptor until collected
     fds = open_fds()
     assert fds <= before.fds + fd_slack, f"{fds - before.fds} file descriptors more than before"
