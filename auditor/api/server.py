@@ -316,7 +316,8 @@ class ApiServer:
                 _log.exception("health_refresh_failed")
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._health_interval)
+                async with asyncio.timeout(self._health_interval):
+                    await self._wake.wait()
 
     async def stop(self, grace: float) -> None:
         """Health says NOT_SERVING first, in-flight calls get `grace` seconds, new calls fail."""

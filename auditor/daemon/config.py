@@ -46,6 +46,7 @@ from auditor.config import (
     ChecksConfig,
     Rules,
     Setting,
+    brief_repr,
     build_section,
     field_names,
     match_key,
@@ -379,7 +380,7 @@ def _toml_layer(path: str) -> _Layer:
         if table not in _SECTIONS:
             raise ConfigError(f"unknown config table [{table}] (in {path})")
         if not isinstance(values, dict):
-            raise ConfigError(f"{table} must be a table, got {values!r} (in {path})")
+            raise ConfigError(f"{table} must be a table, got {brief_repr(values)} (in {path})")
         for key, value in values.items():
             layer[table][key] = Setting(value, str(path))
     return layer
@@ -462,14 +463,25 @@ _SPARK_CONF_FORM = (
 )
 
 
-def _flatten(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """TOML reads an unquoted `spark.executor.memory = "2g"` as nested tables; undo that."""
-    for key, value in table.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            yield from _flatten(value, f"{name}.")
+def _flatten(table: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """TOML reads an unquoted `spark.executor.memory = "2g"` as nested tables; undo that.
+
+    Iterative, in the tables' order: dotted keys nest without limit.
+    """
+    stack: list[Iterator[tuple[str, Any]]] = [iter(table.items())]
+    prefixes = [""]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+            prefixes.pop()
+            continue
+        name = prefixes[-1] + item[0]
+        if isinstance(item[1], dict):
+            stack.append(iter(item[1].items()))
+            prefixes.append(f"{name}.")
         else:
-            yield name, value
+            yield name, item[1]
 
 
 def _spark_value(value: Any) -> str | None:
@@ -503,7 +515,7 @@ def parse_spark_conf(setting: Setting) -> dict[str, str]:
             pairs.append((key.strip(), value.strip()))
     else:
         raise ConfigError(
-            f"scan.spark_conf must be {_SPARK_CONF_FORM}, got {setting.value!r}{where}"
+            f"scan.spark_conf must be {_SPARK_CONF_FORM}, got {brief_repr(setting.value)}{where}"
         )
     conf: dict[str, str] = {}
     for key, value in pairs:
@@ -512,7 +524,8 @@ def parse_spark_conf(setting: Setting) -> dict[str, str]:
         text = _spark_value(value)
         if text is None:
             raise ConfigError(
-                f"scan.spark_conf: {key} must be a string, number or boolean, got {value!r}{where}"
+                f"scan.spark_conf: {key} must be a string, number or boolean, "
+                f"got {brief_repr(value)}{where}"
             )
         conf[key] = text
     return conf

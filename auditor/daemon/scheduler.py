@@ -197,7 +197,8 @@ class LeaderWork:
             self.on_state(check, "scheduled", self.ctx.clock() + delay)
             trigger = self.triggers[check]
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(trigger.wait(), delay)
+                async with asyncio.timeout(delay):  # not wait_for: see ZkClient._call
+                    await trigger.wait()
             manual = trigger.is_set()
             trigger.clear()
             await self.run_check(check, periodic=not manual)

@@ -32,7 +32,7 @@ from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
-from auditor.zk import FencedOutError, KazooState, ZkClient
+from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
 
 
 class Daemon:
@@ -298,8 +298,16 @@ class Daemon:
         """After a reconnect (same session), lead on only if our vote is still first."""
         zk = self._zk()
         while True:
-            stat, changed = await zk.exists_watched(leadership.vote_path)
-            if stat is None or not await elector.still_leading(leadership):
+            # While disconnected nothing can be read; a session that survives the
+            # outage keeps its vote, and a lost one ends leadership elsewhere (LOST).
+            await self._connected.wait()
+            try:
+                stat, changed = await zk.exists_watched(leadership.vote_path)
+                leading = stat is not None and await elector.still_leading(leadership)
+            except ZkUnavailableError:
+                await asyncio.sleep(0.1)  # the state change that explains it is on its way
+                continue
+            if not leading:
                 self.log.error("our vote is gone or no longer first; stepping down")
                 self._depose.set()
                 return

@@ -37,6 +37,7 @@ from kazoo.exceptions import (
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
+    SASLException,
     SessionClosedRequireSaslError,
     SessionExpiredError,
     ZookeeperError,
@@ -91,6 +92,28 @@ class FencedOutError(ZkUnavailableError):
     """
 
 
+def _end_session_on_sasl_refusal(kazoo: KazooClient) -> None:
+    """Makes a refused SASL exchange end the session as AUTH_FAILED.
+
+    kazoo 2.11 handles only AuthFailedError there; a server that answers a bad
+    password with "session closed, SASL required" (or a pure-sasl library
+    error) kills kazoo's connection thread, leaving a session that is neither
+    connected nor lost (python-zk/kazoo#594, fixed after 2.11). As
+    AuthFailedError kazoo stops cleanly and our calls say the credentials were
+    rejected. kazoo is pinned, so wrapping this one private method is safe.
+    """
+    connection = kazoo._connection
+    authenticate = connection._authenticate_with_sasl
+
+    def refusal_ends_session(host: str, timeout: float) -> None:
+        try:
+            authenticate(host, timeout)
+        except (SessionClosedRequireSaslError, SASLException) as exc:
+            raise AuthFailedError(f"SASL authentication refused: {type(exc).__name__}") from exc
+
+    connection._authenticate_with_sasl = refusal_ends_session
+
+
 class ZkClient:
     """One ZooKeeper session, used from asyncio.
 
@@ -125,6 +148,8 @@ class ZkClient:
             sasl_options=self.security.sasl_options(),
             default_acl=self.security.default_acl,
         )
+        if self.security.credentials.sasl is not None:
+            _end_session_on_sasl_refusal(self._kazoo)
         self._listeners: list[asyncio.Queue[KazooState]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         try:
@@ -266,7 +291,11 @@ class ZkClient:
 
         try:
             start().rawlink(on_done)
-            return await asyncio.wait_for(fut, self.timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that arrives as the call completes, and a cancelled
+            # task (a deposed leader's) would then run on.
+            async with asyncio.timeout(self.timeout):
+                return await fut
         except TimeoutError as exc:
             raise ZkTimeoutError(
                 f"ZooKeeper {what} {path} did not complete within {self.timeout:g}s"

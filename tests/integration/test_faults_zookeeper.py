@@ -1,0 +1,241 @@
+"""ZooKeeper faults under a running leader: restarted mid-check, unreachable past the session
+timeout (a partition, through a proxy that can be cut).
+
+A ZooKeeper server of this module's own is stopped and started (its data is
+kept), so no other test sees the outage. The bookies register through a client
+with a long session, which outlives the outages; the daemon's session is short.
+Outcomes are exact: after the fault, the checks report the seeded faults and
+nothing else, the same daemon leads (or leads again, with a new vote, when its
+session expired), and marks are the ones the checks call for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from auditor.checks.findings import ALL_CHECKS, Check
+from auditor.daemon.config import load_daemon_config
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.service import Daemon
+from auditor.testing.bookie import BookieEmulator
+from auditor.testing.netproxy import TcpProxy
+from auditor.testing.seeded import ROOT, build_seeded_cluster
+from auditor.testing.zkserver import ZooKeeperServer
+from auditor.zk import ZkClient, ZkUnavailableError
+
+pytestmark = pytest.mark.slow
+
+SESSION = 4.0
+VOTES = f"{ROOT}/underreplication/auditorelection"
+
+
+@pytest.fixture(scope="module")
+def own_zk() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        with capture_logs() as captured:
+            _SEEN.clear()
+            _LOGS[:] = [captured]
+            yield captured
+    finally:
+        structlog.configure(**saved)
+
+
+_SEEN: list[MutableMapping[str, Any]] = []
+#: The current test's captured log (for failure messages).
+_LOGS: list[list[MutableMapping[str, Any]]] = []
+
+
+async def _until(what: str, done: Callable[[], bool], within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, f"not within {within}s: {what} " + str(
+            [(e["event"], e.get("check"), e.get("error")) for e in (_LOGS or [[]])[0][-25:]]
+        )
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _leader(
+    own_zk: ZooKeeperServer, session: float, *sets: str, via: TcpProxy | None = None
+) -> AsyncIterator[tuple[Daemon, ZkClient, list[BookieEmulator]]]:
+    chroot = f"/f-{uuid.uuid4().hex[:8]}"
+    hosts = f"{own_zk.hosts}{chroot}"
+    daemon_hosts = f"{via.address}{chroot}" if via is not None else hosts
+    async with ZkClient(own_zk.hosts, timeout=10) as root:
+        await root.ensure_path(hosts[len(own_zk.hosts) :])
+    # A long session for the bookies' registrations: they outlive every outage here.
+    zk = ZkClient(hosts, timeout=30, session_timeout=60)
+    await zk.start()
+    bookies = [BookieEmulator(zk, ledgers_root=ROOT) for _ in range(8)]
+    daemon: Daemon | None = None
+    run: asyncio.Future[Any] | None = None
+    try:
+        for b in bookies:
+            await b.start()
+        await build_seeded_cluster(zk, bookies, healthy=300)
+        await bookies[6].crash()
+        bookies[7].pause()
+        cfg = load_daemon_config(
+            None,
+            [
+                f"daemon.zk={daemon_hosts}",
+                "daemon.identity=zk-faults:1",
+                "daemon.jitter=0",
+                f"daemon.zk_session_timeout={session}",
+                "auditorPeriodicBookieCheckInterval=3600",
+                "auditorPeriodicCheckInterval=3600",
+                "auditorPeriodicPlacementPolicyCheckInterval=3600",
+                "auditorReplicasCheckInterval=3600",
+                "underreplicatedLedgerRecoveryGracePeriod=3600",
+                "readEntryTimeout=1",
+                "checks.retry_delay=0.2",
+                "checks.retry_attempts=1",
+                *sets,
+            ],
+            env={},
+        )
+        daemon = Daemon(cfg, metrics=Metrics())
+        run = asyncio.ensure_future(daemon.run(signals=False))
+        d = daemon
+        await _until(
+            "first round", lambda: all(d.state.checks[c].last_finished for c in ALL_CHECKS), 120
+        )
+        yield daemon, zk, bookies
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        if run is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(run, 30)
+        bookies[7].resume()
+        for b in bookies:
+            if b.running:
+                # After a ZooKeeper outage the registrations may be gone already.
+                with contextlib.suppress(ZkUnavailableError):
+                    await b.stop()
+        await zk.close()
+
+
+Outcome = tuple[dict[str, int], list[tuple[int, str, str | None]]]
+
+
+def _finished_since(daemon: Daemon, check: Check, before: float | None) -> Callable[[], bool]:
+    return lambda: daemon.state.checks[check].last_finished != before
+
+
+def _more(logs: list[MutableMapping[str, Any]], event: str, n: int) -> Callable[[], bool]:
+    return lambda: _count(logs, event) > n
+
+
+def _count(logs: list[MutableMapping[str, Any]], event: str) -> int:
+    return sum(1 for e in logs if e["event"] == event)
+
+
+def _outcome(daemon: Daemon, check: Check) -> Outcome:
+    report = daemon.state.checks[check].last_report
+    assert report is not None, check
+    found = sorted((v.ledger_id, str(v.category), v.bookie) for v in report.violations)
+    return report.counts(), found
+
+
+async def _rerun_until_ok(daemon: Daemon, check: Check) -> int:
+    """Triggers `check` until a run completes (a run cut by the outage fails); returns runs."""
+    for attempt in range(1, 4):
+        # Elected is logged before the leader's work exists; triggers need the work.
+        await _until("leader work", lambda: daemon.state.is_leader and daemon.work is not None)
+        before = daemon.state.checks[check].last_finished
+        await daemon.trigger_check(check)
+        await _until(f"{check} run", _finished_since(daemon, check, before))
+        if daemon.state.checks[check].last_error is None:
+            return attempt
+    raise AssertionError(f"{check} kept failing: {daemon.state.checks[check].last_error}")
+
+
+async def test_zookeeper_restarted_in_the_middle_of_each_check(
+    own_zk: ZooKeeperServer, logs: list[MutableMapping[str, Any]]
+) -> None:
+    # Checks walk ZooKeeper here (no index), so an outage hits them mid-walk; the
+    # session (30 s) outlives a restart of the server, slow as a JVM start may be.
+    async with _leader(own_zk, 30, "daemon.metadata_index=false") as (daemon, zk, _):
+        [vote] = await zk.get_children(VOTES)
+        for check in (Check.PLACEMENT, Check.REPLICAS, Check.LEDGERS, Check.BOOKIES):
+            # What a run finds now (the first round's marks make later runs skip
+            # those ledgers); the run cut by the restart must end up the same.
+            await _rerun_until_ok(daemon, check)
+            control = _outcome(daemon, check)
+            started = _count(logs, "check started")
+            ended = _finished_since(daemon, check, daemon.state.checks[check].last_finished)
+            await daemon.trigger_check(check)
+            await _until(f"{check} started", _more(logs, "check started", started))
+            await asyncio.to_thread(own_zk.restart)
+            await _until(f"{check} ended", ended)
+            if daemon.state.checks[check].last_error is not None:
+                await _rerun_until_ok(daemon, check)
+            assert _outcome(daemon, check) == control, check
+            # The session outlived the outage: the same vote, the same leader.
+            assert await zk.get_children(VOTES) == [vote]
+            assert daemon.state.is_leader
+        assert not any(e["event"] == "no longer the auditor" for e in logs)
+
+
+async def test_zookeeper_unreachable_longer_than_the_session_timeout(
+    own_zk: ZooKeeperServer, logs: list[MutableMapping[str, Any]]
+) -> None:
+    host, port = own_zk.hosts.rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    await proxy.start()
+    try:
+        async with _leader(own_zk, SESSION, via=proxy) as (daemon, zk, _):
+            control = {}
+            for check in ALL_CHECKS:
+                await _rerun_until_ok(daemon, check)
+                control[check] = _outcome(daemon, check)
+            [vote] = await zk.get_children(VOTES)
+            elected = _count(logs, "elected auditor")
+            # A partition: the server runs on and expires the daemon's session, which
+            # takes the daemon's vote with it.
+            gone, changed = await zk.exists_watched(f"{VOTES}/{vote}")
+            assert gone is not None
+            proxy.cut()
+            await asyncio.wait_for(changed.wait(), SESSION * 4)
+            assert await zk.exists(f"{VOTES}/{vote}") is None
+            proxy.mend()
+            # Back on the network the daemon learns its session is gone, steps down,
+            # and wins again with a new vote.
+            await _until(
+                "elected again",
+                lambda: _count(logs, "elected auditor") > elected,
+                within=60,
+            )
+            assert any(e["event"] == "no longer the auditor" for e in logs)
+            now = await zk.get_children(VOTES)
+            assert len(now) == 1 and now != [vote]
+            # The stored check times say the checks ran recently, so the new leader
+            # waits for their next turn; run them now and compare.
+            for check in ALL_CHECKS:
+                await _rerun_until_ok(daemon, check)
+                assert _outcome(daemon, check) == control[check], check
+    finally:
+        await proxy.stop()
