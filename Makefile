@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.stamp-python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: all demo test lint typecheck proto proto-check promtool promtool-check unit bench clean system venv
+.PHONY: all demo test lint typecheck proto proto-check promtool promtool-check unit bench clean system venv fuzz
 
 all: test
 
@@ -72,8 +72,28 @@ promtool-check: promtool
 unit: $(STAMP_PY)
 	@$(PY) -m pytest -q
 
+# One JSON line per figure on stdout, progress on stderr; see bench/README.md.
+# BENCH_N=100000 (ledgers), BENCH_ONLY=scrutiny,memory,... (figures), BENCH_PROFILE=DIR (py-spy).
 bench: $(STAMP_PY)
 	@$(PY) -m bench
+
+# Long fuzzing with atheris (libFuzzer), which `make test` does not install: each harness
+# in fuzz/ runs for FUZZ_SECONDS; corpus and crash inputs stay in FUZZ_DIR/<target>/.
+# `make test` runs the same targets through hypothesis (tests/fuzz). See fuzz/README.md.
+FUZZ_SECONDS ?= 60
+FUZZ_DIR ?= /tmp/bk-auditor-fuzz
+FUZZ_TARGETS ?= metadata frames availability racks config
+
+fuzz: $(STAMP_PY)
+	@$(PY) -c 'import atheris' 2>/dev/null || $(PY) -m pip install -q atheris
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_DIR)/$$t/corpus || exit 1; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s (corpus and crashes in $(FUZZ_DIR)/$$t)"; \
+	  $(PY) fuzz/fuzz_$$t.py $(FUZZ_DIR)/$$t/corpus -max_total_time=$(FUZZ_SECONDS) \
+	    -timeout=10 -rss_limit_mb=2048 -artifact_prefix=$(FUZZ_DIR)/$$t/ \
+	    -print_final_stats=1 >$(FUZZ_DIR)/$$t/log 2>&1 || { tail -40 $(FUZZ_DIR)/$$t/log; exit 1; }; \
+	  grep -E '^(Done|stat::(number_of_executed_units|peak_rss_mb))' $(FUZZ_DIR)/$$t/log; \
+	done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

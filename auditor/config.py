@@ -16,6 +16,7 @@ reads a Java properties file such as BookKeeper's `bk_server.conf`.
 from __future__ import annotations
 
 import re
+import reprlib
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -140,16 +141,32 @@ class AuditorConfig:
         return self.bookkeeper.zkTimeout / 1000.0
 
 
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel = 3
+
+
+def brief_repr(value: Any) -> str:
+    """`repr(value)` for an error message, cut short for tables and arrays.
+
+    TOML dotted keys nest tables thousands deep without any recursion in the
+    parser (`a.a.a...a = 1`), and `repr` of such a value raises RecursionError.
+    """
+    if isinstance(value, dict | list):
+        return _BRIEF.repr(value)
+    return repr(value)
+
+
 def _coerce(name: str, value: Any, target: type) -> Any:
+    shown = brief_repr(value)
     if target is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
+        raise ConfigError(f"{name} must be true or false, got {shown}")
     if target is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
+            raise ConfigError(f"{name} must be an integer, got {shown}")
         if isinstance(value, int):
             return value
         if isinstance(value, str):
@@ -157,10 +174,10 @@ def _coerce(name: str, value: Any, target: type) -> Any:
                 return int(value.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
+        raise ConfigError(f"{name} must be an integer, got {shown}")
     if target is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{name} must be a number, got {value!r}")
+            raise ConfigError(f"{name} must be a number, got {shown}")
         if isinstance(value, int | float):
             return float(value)
         if isinstance(value, str):
@@ -168,9 +185,9 @@ def _coerce(name: str, value: Any, target: type) -> Any:
                 return float(value.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{name} must be a number, got {value!r}")
+        raise ConfigError(f"{name} must be a number, got {shown}")
     if not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {value!r}")
+        raise ConfigError(f"{name} must be a string, got {shown}")
     return value
 
 
@@ -255,6 +272,9 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {p}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    except RecursionError:
+        # tomllib recurses once per level of nested arrays and inline tables.
+        raise ConfigError(f"config file {p} nests arrays or tables too deeply") from None
 
 
 #: Tables a TOML config file may have; the daemon reads the last four.
@@ -280,11 +300,13 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     the table explicitly.
     """
     data: dict[str, Any] = read_toml(path) if path is not None else {}
-    bk = dict(data.pop("bookkeeper", {}) or {})
-    checks = dict(data.pop("checks", {}) or {})
-    for section in data:
+    for section, values in data.items():
         if section not in TOML_TABLES:
             raise ConfigError(f"unknown config table [{section}]")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{section} must be a table, got {brief_repr(values)} (in {path})")
+    bk = dict(data.pop("bookkeeper", {}))
+    checks = dict(data.pop("checks", {}))
     for item in overrides:
         table, name, value = parse_override(item, ("bookkeeper", "checks"))
         (checks if table == "checks" else bk)[name] = value
@@ -319,17 +341,21 @@ def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
     i = 0
     while i < len(lines):
         lineno = i + 1
-        line = lines[i].lstrip(_WS)
+        part = lines[i].lstrip(_WS)
         i += 1
-        if not line or line[0] in "#!":
+        if not part or part[0] in "#!":
             continue
-        while _odd_backslashes(line):
-            line = line[:-1]
+        # Only the newest part is examined: the joined line ends in it, and what came
+        # before ends in an even run of backslashes once its continuation one is cut,
+        # so the parity is the part's own. Re-examining the whole line was quadratic.
+        parts = [part]
+        while _odd_backslashes(parts[-1]):
+            parts[-1] = parts[-1][:-1]
             if i >= len(lines):
                 break
-            line += lines[i].lstrip(_WS)
+            parts.append(lines[i].lstrip(_WS))
             i += 1
-        yield lineno, line
+        yield lineno, "".join(parts)
 
 
 def _unescape(raw: str) -> str:

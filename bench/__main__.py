@@ -1,18 +1,107 @@
-"""Run every ``bench/bench_*.py`` module's ``main()``, in name order."""
+"""`make bench`: every benchmark, one JSON line per figure on stdout, progress on stderr.
+
+    BENCH_N=100000 BENCH_ONLY=scrutiny,memory python -m bench
+
+Figures: codec, scrutiny, scrutiny-warm, naive, memory, bookie-load,
+naive-latency, failover, spark. BENCH_ONLY picks some (by figure name); a benchmark whose
+figures are all left out does not run. The first line describes the machine.
+Each benchmark sets up its own cluster and tears it down; one that fails
+prints `{"bench": ..., "error": ...}` and the others still run; the exit
+status is then 1. Knobs: BENCH_N (ledgers, default 100,000), BENCH_REPEAT
+(floor/auditor alternations, default 2), BENCH_NAIVE_N (default 2,000),
+BENCH_LATENCY_MS (bookie-load, default 5), BENCH_SESSION_TIMEOUT (failover,
+default 6).
+"""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from pathlib import Path
+import asyncio
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from bench import (
+    bench_bookie_load,
+    bench_codec,
+    bench_failover,
+    bench_memory,
+    bench_scrutiny,
+    bench_spark,
+)
+from bench.common import bench_n, emit, machine, say
+
+Figures = list[dict[str, Any]]
 
 
-def run() -> None:
-    here = Path(__file__).parent
-    for module in sorted(pkgutil.iter_modules([str(here)]), key=lambda m: m.name):
-        if module.name.startswith("bench_"):
-            importlib.import_module(f"bench.{module.name}").main()
+def _codec(n: int) -> Figures:
+    return list(bench_codec.figures())
+
+
+def _scrutiny(n: int) -> Figures:
+    return list(asyncio.run(bench_scrutiny.measure(n)).values())
+
+
+def _memory(n: int) -> Figures:
+    return [asyncio.run(bench_memory.measure(n))]
+
+
+def _bookie_load(n: int) -> Figures:
+    return asyncio.run(bench_bookie_load.measure(n))
+
+
+def _failover(n: int) -> Figures:
+    return [asyncio.run(bench_failover.measure(n))]
+
+
+def _spark(n: int) -> Figures:
+    return bench_spark.measure(n)
+
+
+#: Benchmarks in the order they run, each with the figures it produces.
+BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
+    ("codec", ("codec",), _codec),
+    ("scrutiny", ("scrutiny", "scrutiny-warm", "naive"), _scrutiny),
+    ("memory", ("memory",), _memory),
+    ("bookie-load", ("bookie-load", "naive-latency"), _bookie_load),
+    ("failover", ("failover",), _failover),
+    ("spark", ("spark",), _spark),
+]
+FIGURES = [f for _, figures, _ in BENCHMARKS for f in figures]
+
+
+def selected() -> set[str]:
+    raw = os.environ.get("BENCH_ONLY", "")
+    wanted = {name.strip() for name in raw.split(",") if name.strip()}
+    unknown = wanted - set(FIGURES)
+    if unknown:
+        raise SystemExit(f"BENCH_ONLY: unknown {sorted(unknown)}; figures are {FIGURES}")
+    return wanted or set(FIGURES)
+
+
+def run() -> int:
+    # SIGTERM stops like Ctrl-C: clusters are torn down (processes stopped, files removed).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    wanted = selected()
+    n = bench_n()
+    emit({"bench": "machine", **machine()})
+    failed = False
+    for name, figures, bench in BENCHMARKS:
+        if not wanted & set(figures):
+            continue
+        say(f"{name}: starting (n={n})")
+        try:
+            for figure in bench(n):
+                if figure["bench"] in wanted:
+                    emit(figure)
+        except Exception as exc:
+            failed = True
+            traceback.print_exc(file=sys.stderr)
+            emit({"bench": name, "error": f"{type(exc).__name__}: {exc}"})
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    run()
+    sys.exit(run())

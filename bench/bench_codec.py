@@ -1,20 +1,21 @@
-"""Entry-availability codec: range arithmetic versus a brute-force set, on a 1M-entry ledger.
+"""`codec`: entry-availability range arithmetic versus a brute-force set, on a 1M-entry ledger.
 
-Each line of output is one JSON object. ``decode_ms`` is the shared cost of parsing
-the bookie's answer; ``missing_ms`` is the range computation (count plus the list of
-missing ranges); ``brute_ms`` builds a Python set of the available entries and loops
-over every expected entry; ``speedup`` is ``brute_ms / missing_ms``.
+Each line of output is one JSON object (`"bench": "codec"`, one per shape).
+``decode_ms`` is the shared cost of parsing the bookie's answer; ``missing_ms``
+is the range computation (count plus the list of missing ranges); ``brute_ms``
+builds a Python set of the available entries and loops over every expected
+entry; ``speedup`` is ``brute_ms / missing_ms``.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TypeVar
 
 from auditor.bookie.availability import Availability
+from bench.common import emit
 
 ENTRIES = 1_000_000
 ENSEMBLE, QUORUM, BOOKIE = 3, 2, 0
@@ -62,7 +63,7 @@ def missing_ranges(availability: Availability) -> tuple[int, list[tuple[int, int
     return result.count, result.ranges()
 
 
-def main() -> None:
+def figures() -> Iterator[dict[str, object]]:
     for name, built in shapes():
         data = built.encode()
         decode_s, availability = best_of(5, partial(Availability.decode, data))
@@ -70,24 +71,24 @@ def main() -> None:
         brute_s, brute = best_of(2, partial(brute_force, availability, 0, ENTRIES - 1))
         assert count == len(brute)
         assert [e for start, end in found for e in range(start, end + 1)] == brute
-        print(
-            json.dumps(
-                {
-                    "bench": "availability",
-                    "shape": name,
-                    "entries": ENTRIES,
-                    "groups": availability.group_count,
-                    "bytes": len(data),
-                    "missing": count,
-                    "decode_ms": round(decode_s * 1e3, 3),
-                    "missing_ms": round(missing_s * 1e3, 3),
-                    "brute_ms": round(brute_s * 1e3, 3),
-                    "speedup": round(brute_s / missing_s, 1),
-                    "speedup_with_decode": round((decode_s + brute_s) / (decode_s + missing_s), 1),
-                }
-            ),
-            flush=True,
-        )
+        yield {
+            "bench": "codec",
+            "shape": name,
+            "entries": ENTRIES,
+            "groups": availability.group_count,
+            "bytes": len(data),
+            "missing": count,
+            "decode_ms": round(decode_s * 1e3, 3),
+            "missing_ms": round(missing_s * 1e3, 3),
+            "brute_ms": round(brute_s * 1e3, 3),
+            "speedup": round(brute_s / missing_s, 1),
+            "speedup_with_decode": round((decode_s + brute_s) / (decode_s + missing_s), 1),
+        }
+
+
+def main() -> None:
+    for figure in figures():
+        emit(figure)
 
 
 if __name__ == "__main__":

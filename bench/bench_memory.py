@@ -2,7 +2,8 @@
 
 Each size gets its own cluster, and the auditor runs in a process of its own
 (bench/worker.py: index load, replicas and placement over the index, both
-once more warm), so `ru_maxrss` is the auditor's peak and nothing else's.
+once more warm), so its peak RSS (VmHWM; not `ru_maxrss`, which a child
+inherits from its parent) is the auditor's and nothing else's.
 Everything but the index is meant to stay flat in the number of ledgers (the
 walks stream, only ids of ledgers waiting for a retry are kept), so the
 target compares the peaks with the index taken out: the index's own size is

@@ -17,13 +17,13 @@ TASK is one of:
   ask each ensemble bookie in turn, analyse; `--limit` ledgers only.
 * `replicas`: the replicas check alone, walking ZooKeeper (no index).
 
-The worker runs in a process of its own so that its peak RSS
-(`ru_maxrss`) and CPU time are the workload's alone: the cluster, its
-writer and the bench's bookkeeping live elsewhere. It prints one JSON line
+The worker runs in a process of its own so that its peak RSS and CPU time
+are the workload's alone: the cluster, its writer and the bench's
+bookkeeping live elsewhere. It prints one JSON line
 per phase on stdout and then waits for a line on stdin before going on, so
 the bench can read the bookies' counters and the cluster's CPU between
 phases; the last line has `"phase": "done"` with the process's peak RSS
-and CPU seconds.
+(VmHWM, see `usage`) and CPU seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import sys
 import time
@@ -62,26 +63,33 @@ MANAGER = LedgerManager.HIERARCHICAL
 FLOOR_WINDOW = 20_000
 
 
-def rss_kb() -> int:
+def status_kb(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
 
 
 def usage() -> dict[str, Any]:
+    """Peak and current RSS, and CPU seconds so far, of this process.
+
+    The peak is VmHWM, the high-water mark of this process's own address
+    space. `ru_maxrss` would be wrong here: Linux carries it across fork and
+    exec, so a child's starts at its parent's RSS at the fork (the bench
+    process, which has just built a cluster of 3N ledgers).
+    """
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {
-        "maxrss_kb": ru.ru_maxrss,
-        "rss_kb": rss_kb(),
+        "maxrss_kb": status_kb("VmHWM"),
+        "rss_kb": status_kb("VmRSS"),
         "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
     }
 
 
 async def phase(name: str, **fields: Any) -> None:
     """Reports a phase and waits for the bench to say go on."""
-    print(json.dumps({"phase": name, **fields, **usage()}), flush=True)
+    print(json.dumps({"phase": name, "pid": os.getpid(), **fields, **usage()}), flush=True)
     await asyncio.to_thread(sys.stdin.readline)
 
 

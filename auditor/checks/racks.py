@@ -77,8 +77,17 @@ class RackSourceError(FormatError):
 
 
 def normalize_location(raw: str) -> str | None:
-    """A location in BookKeeper's normal form, or None when it says nothing."""
-    text = raw.strip().rstrip("/")
+    """A location in BookKeeper's normal form, or None when it says nothing.
+
+    Trailing slashes and whitespace go together, however they interleave
+    (`"r1 /"` is `/r1`): stripping one and then the other could leave the
+    other at the end, and the result would not be in normal form.
+    """
+    text = raw.strip()
+    end = len(text)
+    while end and (text[end - 1] == "/" or text[end - 1].isspace()):
+        end -= 1
+    text = text[:end]
     if not text:
         return None
     return text if text.startswith("/") else "/" + text
@@ -177,7 +186,9 @@ def parse_json_racks(text: str, source: str) -> dict[str, str]:
     """`{"<key>": "<location>", ...}`; null or empty locations mean unknown."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:
+        # Besides JSONDecodeError: ValueError for an integer of more than 4300 digits,
+        # RecursionError for arrays or objects nested about a thousand deep.
         raise RackSourceError(f"{source} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise RackSourceError(
@@ -227,7 +238,7 @@ def parse_pulsar_racks(data: bytes, source: str) -> StaticMapping:
         return StaticMapping(f"znode:{source}", {}, {})
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError too
         raise RackSourceError(f"rack znode {source} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise RackSourceError(f"rack znode {source} must hold a JSON object of groups")

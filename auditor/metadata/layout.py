@@ -69,6 +69,24 @@ def _manager_from_name(name: str) -> LedgerManager | None:
     return None
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _java_int(text: str) -> int | None:
+    """A non-negative `Integer.parseInt` value in ASCII digits, or None.
+
+    `str.isdigit` is not enough: it accepts digits `int()` refuses (`²`), and
+    `int()` refuses more than 4300 digits.
+    """
+    if _DIGITS.fullmatch(text) is None:
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > 10:
+        return None
+    value = int(digits)
+    return value if value < 2**31 else None
+
+
 def parse_layout(data: bytes) -> Layout:
     """Parses a ledgers-root LAYOUT znode."""
     try:
@@ -76,19 +94,20 @@ def parse_layout(data: bytes) -> Layout:
     except UnicodeDecodeError as exc:
         raise LayoutError("LAYOUT is not UTF-8 text") from exc
     lines = text.split("\n")
-    if len(lines) < 2 or not lines[0].strip().isdigit():
+    version = _java_int(lines[0].strip())
+    if len(lines) < 2 or version is None:
         raise LayoutError(f"LAYOUT is not '<version>\\n<manager>:<version>': {text[:80]!r}")
-    version = int(lines[0].strip())
     if not 1 <= version <= LAYOUT_FORMAT_VERSION:
         raise LayoutError(f"unsupported LAYOUT format version {version}")
     body = lines[1].strip()
     name, sep, mver = body.rpartition(":")
-    if not sep or not mver.isdigit():
+    manager_version = _java_int(mver)
+    if not sep or manager_version is None:
         raise LayoutError(f"LAYOUT manager line is not '<manager>:<version>': {body[:80]!r}")
     manager = _manager_from_name(name)
     if manager is None:
         raise LayoutError(f"unknown ledger manager in LAYOUT: {name!r}")
-    return Layout(manager, int(mver), version)
+    return Layout(manager, manager_version, version)
 
 
 @dataclass(frozen=True, slots=True)

@@ -338,10 +338,14 @@ def decode_bookie_service_info(data: bytes) -> BookieServiceInfo:
         )
         for e in msg.endpoints
     )
+    try:
+        pairs = list(msg.properties.items())
+    except UnicodeDecodeError:
+        # upb hands back bytes for a bad string value but raises for a bad map key.
+        raise RecordFormatError(_BSI, "property name is not valid UTF-8") from None
     properties = tuple(
         sorted(
-            (_utf8(_BSI, k, "property name"), _utf8(_BSI, v, "property value"))
-            for k, v in msg.properties.items()
+            (_utf8(_BSI, k, "property name"), _utf8(_BSI, v, "property value")) for k, v in pairs
         )
     )
     return BookieServiceInfo(endpoints, properties)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from auditor.errors import ServiceUnavailableError
@@ -23,6 +25,10 @@ from auditor.errors import ServiceUnavailableError
 ZK_JAR = Path(os.environ.get("BK_AUDITOR_ZK_JAR", "/usr/share/java/zookeeper.jar"))
 ZK_CONF_DIR = Path("/etc/zookeeper/conf")
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+_AUTH_PROVIDERS = {
+    "digest": "org.apache.zookeeper.server.auth.DigestAuthenticationProvider",
+    "sasl": "org.apache.zookeeper.server.auth.SASLAuthenticationProvider",
+}
 
 
 class ZooKeeperServerError(ServiceUnavailableError):
@@ -59,18 +65,25 @@ class ZooKeeperServer:
         base_dir: Path | None = None,
         port: int | None = None,
         *,
-        require_digest_auth: bool = False,
+        require_auth: Sequence[str] = (),
         super_password: str = "",
+        sasl_users: Mapping[str, str] | None = None,
     ) -> None:
-        """`require_digest_auth`: every session must `addauth digest` before any request
-        (ZooKeeper 3.7+'s `enforce.auth`), as a secured BookKeeper's ZooKeeper would.
-        `super_password`: the digest user `super` with it bypasses every ACL (an admin).
+        """`require_auth`: the schemes ("digest", "sasl") of which every session must have
+        authenticated with one before any request (ZooKeeper 3.7+'s `enforce.auth`), as a
+        secured BookKeeper's ZooKeeper would. `super_password`: the digest user `super`
+        with it bypasses every ACL (an admin). `sasl_users`: user -> password for SASL
+        DIGEST-MD5 (a JAAS `Server` section with ZooKeeper's DigestLoginModule).
         """
+        unknown = set(require_auth) - set(_AUTH_PROVIDERS)
+        if unknown:
+            raise ValueError(f"require_auth takes {sorted(_AUTH_PROVIDERS)}, got {sorted(unknown)}")
         self._own_dir = base_dir is None
         self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-zk-"))
         self.port = port or free_port()
-        self.require_digest_auth = require_digest_auth
+        self.require_auth = tuple(require_auth)
         self.super_password = super_password
+        self.sasl_users = dict(sasl_users or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -103,22 +116,37 @@ class ZooKeeperServer:
         return cfg
 
     def _auth_lines(self) -> list[str]:
-        if not self.require_digest_auth:
-            return []
-        return [
-            "authProvider.1=org.apache.zookeeper.server.auth.DigestAuthenticationProvider",
-            "enforce.auth.enabled=true",
-            "enforce.auth.schemes=digest",
-        ]
+        schemes = sorted({*self.require_auth, *(["sasl"] if self.sasl_users else [])})
+        lines = [f"authProvider.{i}={_AUTH_PROVIDERS[s]}" for i, s in enumerate(schemes, 1)]
+        if self.require_auth:
+            lines += ["enforce.auth.enabled=true", f"enforce.auth.schemes={','.join(schemes)}"]
+        return lines
 
     def _jvm_options(self) -> list[str]:
-        if not self.super_password:
-            return []
-        from kazoo.security import make_digest_acl_credential
+        options: list[str] = []
+        if self.super_password:
+            from kazoo.security import make_digest_acl_credential
 
-        # "super:<base64 sha1>", the form DigestAuthenticationProvider.superDigest takes.
-        digest = make_digest_acl_credential("super", self.super_password)
-        return [f"-Dzookeeper.DigestAuthenticationProvider.superDigest={digest}"]
+            # "super:<base64 sha1>", the form DigestAuthenticationProvider.superDigest takes.
+            digest = make_digest_acl_credential("super", self.super_password)
+            options.append(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={digest}")
+        if self.sasl_users:
+            options.append(f"-Djava.security.auth.login.config={self._write_jaas()}")
+        return options
+
+    def _write_jaas(self) -> Path:
+        users = []
+        for user, password in self.sasl_users.items():
+            if not re.fullmatch(r"[\w.-]+", user) or '"' in password or "\\" in password:
+                raise ValueError(f"SASL user {user!r}: use plain names and unquoted passwords")
+            users.append(f'  user_{user}="{password}"')
+        jaas = self.base_dir / "jaas.conf"
+        jaas.write_text(
+            "Server {\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n"
+            + "\n".join(users)
+            + ";\n};\n"
+        )
+        return jaas
 
     def start(self, timeout: float = 30.0) -> None:
         if not ZK_JAR.exists():

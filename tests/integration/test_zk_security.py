@@ -1,7 +1,8 @@
 """ZooKeeper security: digest credentials, a server that requires them, and BookKeeper's ACLs.
 
-A ZooKeeper of its own (module scope) enforces digest authentication, as a
-secured BookKeeper's would; a `super` admin creates each test's chroot. With
+A ZooKeeper of its own (module scope) enforces authentication (digest, or SASL
+DIGEST-MD5 from a JAAS `Server` section), as a secured BookKeeper's would; a
+`super` admin creates each test's chroot. With
 `zkEnableSecurity` everything the auditor creates must carry CREATOR_ALL_ACL:
 all permissions for the creating identity, none for anybody else.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -17,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from auditor.cli.main import main
 from auditor.daemon.config import load_daemon_config
 from auditor.daemon.election import current_auditor, election_path, ordered_votes
 from auditor.daemon.service import Daemon
 from auditor.errors import ConfigError
+from auditor.logs import configure_logging
 from auditor.metadata.records import CheckKind
 from auditor.metadata.underreplication import (
     MarkOutcome,
@@ -42,6 +45,7 @@ ROOT = "/ledgers"
 ADMIN_PASSWORD = "admin-secret"
 ALICE = "digest:alice:alice-secret"
 BOB = "digest:bob:bob-secret"
+SASL_USER, SASL_PASSWORD = "bk", "bk-secret"
 #: READ | WRITE | CREATE | DELETE | ADMIN
 ALL = 31
 
@@ -63,7 +67,11 @@ async def acl_of(zk: ZkClient, path: str) -> list[tuple[int, str, str]]:
 
 @pytest.fixture(scope="module")
 def secure_server() -> Iterator[ZooKeeperServer]:
-    server = ZooKeeperServer(require_digest_auth=True, super_password=ADMIN_PASSWORD)
+    server = ZooKeeperServer(
+        require_auth=("digest", "sasl"),
+        super_password=ADMIN_PASSWORD,
+        sasl_users={SASL_USER: SASL_PASSWORD},
+    )
     server.start()
     try:
         yield server
@@ -88,17 +96,23 @@ async def alice(hosts: str) -> AsyncIterator[ZkClient]:
         yield zk
 
 
-@pytest.fixture
-def no_env_auth(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("BK_AUDITOR_ZK_AUTH", raising=False)
-
-
-async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """The CLI in a thread (it runs its own event loop), with what it printed."""
-    capsys.readouterr()
-    rc = await asyncio.to_thread(main, list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+async def run_cli(*argv: str, zk_auth: str | None = None) -> tuple[int, str, str]:
+    """`bk-auditor` as operators run it: a process, credentials (if any) in its environment."""
+    env = {k: v for k, v in os.environ.items() if k != "BK_AUDITOR_ZK_AUTH"}
+    if zk_auth is not None:
+        env["BK_AUDITOR_ZK_AUTH"] = zk_auth
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "auditor",
+        *argv,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def auth_file(tmp_path: Path, text: str) -> str:
@@ -111,10 +125,8 @@ def auth_file(tmp_path: Path, text: str) -> str:
 # --- the one-shot CLI ---------------------------------------------------------------------
 
 
-async def test_unauthenticated_cli_gets_one_line_and_exit_2(
-    hosts: str, capsys: pytest.CaptureFixture[str], no_env_auth: None
-) -> None:
-    rc, out, err = await run_cli(capsys, "ledgers", "--zk", hosts)
+async def test_unauthenticated_cli_gets_one_line_and_exit_2(hosts: str) -> None:
+    rc, out, err = await run_cli("ledgers", "--zk", hosts)
     assert (rc, out) == (2, "")
     assert err == (
         f"bk-auditor: error: ZooKeeper at {hosts} requires authentication and closed this "
@@ -123,33 +135,32 @@ async def test_unauthenticated_cli_gets_one_line_and_exit_2(
     )
 
 
-async def test_authenticated_cli_reads_and_another_identity_is_denied(
-    hosts: str,
-    alice: ZkClient,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def secured_cluster(alice: ZkClient) -> None:
+    """A cluster BookKeeper wrote with zkEnableSecurity: every znode is alice's alone."""
     writer = ClusterWriter(alice, ROOT)
     await writer.init_cluster()
     await writer.write_ledger(make_metadata(7, ["b1:3181", "b2:3181"]))
 
-    # Credentials from a file...
-    monkeypatch.delenv("BK_AUDITOR_ZK_AUTH", raising=False)
+
+async def test_authenticated_cli_reads(hosts: str, alice: ZkClient, tmp_path: Path) -> None:
+    await secured_cluster(alice)
+    # Credentials from a file (which wins over the environment)...
     rc, out, err = await run_cli(
-        capsys, "ledgers", "--zk", hosts, "--json", "--zk-auth-file", auth_file(tmp_path, ALICE)
-    )
+        "ledgers", "--zk", hosts, "--json", "--zk-auth-file", auth_file(tmp_path, ALICE),
+        zk_auth=BOB,
+    )  # fmt: skip
     assert (rc, err) == (0, "1 ledgers, 0 corrupt, 0 deleted during the walk\n")
     assert [line.split('"ledger_id": ')[1].split(",")[0] for line in out.splitlines()] == ["7"]
 
     # ... or from the environment.
-    monkeypatch.setenv("BK_AUDITOR_ZK_AUTH", ALICE)
-    rc, out, err = await run_cli(capsys, "list-underreplicated", "--zk", hosts)
-    assert (rc, out) == (0, "")
+    rc, out, err = await run_cli("list-underreplicated", "--zk", hosts, zk_auth=ALICE)
+    assert (rc, out, err) == (0, "", "0 under-replicated ledgers; auto-recovery enabled\n")
 
+
+async def test_another_identity_is_denied_in_one_line(hosts: str, alice: ZkClient) -> None:
+    await secured_cluster(alice)
     # Another authenticated identity passes the server's gate but not alice's ACLs.
-    monkeypatch.setenv("BK_AUDITOR_ZK_AUTH", BOB)
-    rc, out, err = await run_cli(capsys, "ledgers", "--zk", hosts)
+    rc, out, err = await run_cli("ledgers", "--zk", hosts, zk_auth=BOB)
     assert (rc, out) == (2, "")
     assert err == (
         f"bk-auditor: error: ZooKeeper denied get {ROOT}/LAYOUT: its ACL does not admit "
@@ -157,12 +168,10 @@ async def test_authenticated_cli_reads_and_another_identity_is_denied(
     )
 
 
-async def test_zk_enable_security_without_credentials_fails_before_connecting(
-    capsys: pytest.CaptureFixture[str], no_env_auth: None
-) -> None:
+async def test_zk_enable_security_without_credentials_fails_before_connecting() -> None:
     # Port 9 (discard): nothing listens; the refusal must come before any connect.
     rc, out, err = await run_cli(
-        capsys, "check", "placement", "--zk", "127.0.0.1:9", "--set", "zkEnableSecurity=true"
+        "check", "placement", "--zk", "127.0.0.1:9", "--set", "zkEnableSecurity=true"
     )
     assert (rc, out) == (2, "")
     assert err == (
@@ -265,6 +274,8 @@ async def test_daemon_with_credentials_from_env_leads_with_creator_only_votes(
         },
     )
     assert cfg.describe()["daemon"]["zk_auth"] == "***"
+    # Earlier in-process commands may have left structlog writing to a closed stream.
+    configure_logging("console", level="WARNING")
     daemon = Daemon(cfg, metrics=None)
     run = asyncio.ensure_future(daemon.run(signals=False))
     try:
@@ -329,10 +340,9 @@ def test_credential_forms() -> None:
     assert creds.describe() == "digest user alice, digest user bob"
     assert not ZkCredentials()
     assert ZkSecurity().default_acl is None  # kazoo's default: OPEN_ACL_UNSAFE
-    assert ZkSecurity(creds, True).default_acl is not None
-    assert [(a.perms, a.id.scheme, a.id.id) for a in ZkSecurity(creds, True).default_acl] == [
-        (ALL, "auth", "")
-    ]
+    acl = ZkSecurity(creds, True).default_acl
+    assert acl is not None
+    assert [(a.perms, a.id.scheme, a.id.id) for a in acl] == [(ALL, "auth", "")]
 
 
 @pytest.mark.parametrize(
@@ -374,3 +384,21 @@ def test_sasl_options_pass_through_to_kazoo_when_pure_sasl_is_there() -> None:
         "password": "p,w=d",
     }
     assert sec.auth_data == []
+
+
+async def test_sasl_digest_md5_session_creates_creator_only_znodes(hosts: str) -> None:
+    """kazoo's SASL runs on pure-sasl, an optional package: without it this cannot run."""
+    pytest.importorskip("puresasl")
+    sasl = f"sasl:DIGEST-MD5:username={SASL_USER},password={SASL_PASSWORD}"
+    async with ZkClient(hosts, security=security(sasl, enable=True)) as zk:
+        urm = UnderreplicationManager(zk, ROOT)
+        await urm.mark_underreplicated(9, ["b1:3181"])
+        assert await acl_of(zk, ur_ledger_path(urm.base, 9)) == [(ALL, "sasl", SASL_USER)]
+    wrong = security(f"sasl:DIGEST-MD5:username={SASL_USER},password=not-{SASL_PASSWORD}")
+    with pytest.raises(ZkAuthError) as info:
+        # The refusal ends the session as it starts (kazoo reads the chroot then).
+        async with ZkClient(hosts, security=wrong):
+            pass
+    assert str(info.value) == (
+        f"ZooKeeper at {hosts} rejected this session's credentials (sasl DIGEST-MD5 as bk)"
+    )
