@@ -15,6 +15,8 @@ reads a Java properties file such as BookKeeper's `bk_server.conf`.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 import reprlib
 import tomllib
@@ -178,14 +180,16 @@ def _coerce(name: str, value: Any, target: type) -> Any:
     if target is float:
         if isinstance(value, bool):
             raise ConfigError(f"{name} must be a number, got {shown}")
+        number: float | None = None
         if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise ConfigError(f"{name} must be a number, got {shown}")
+            number = float(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value.strip())
+        # inf and nan are numbers to Python, never a sensible timeout or delay.
+        if number is not None and math.isfinite(number):
+            return number
+        raise ConfigError(f"{name} must be a finite number, got {shown}")
     if not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, got {shown}")
     return value

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
+from typing import Any
 
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
 from auditor.testing.zkserver import ZooKeeperServer
 from auditor.zk import ZkClient
@@ -38,3 +42,15 @@ async def zk(zk_server: ZooKeeperServer, zk_hosts: str) -> AsyncIterator[ZkClien
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+def info_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """Log events at info level and up, whatever an earlier test configured."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(**saved)

@@ -24,8 +24,9 @@ that a check can neither hurt a bookie nor be misled by one:
   timeout per bookie, and a silent bookie is never reported as one missing
   entries. A bookie that answers neither is stalled, not unable to list: the
   probe's timeout is returned as such and nothing is learnt, so a passing
-  stall does not downgrade the bookie to first/last-entry probing. ENOLEDGER proves nothing: the bookie checks that a ledger
-  exists before it tries (and, on DbLedgerStorage, fails) to list it.
+  stall does not downgrade the bookie to first/last-entry probing. ENOLEDGER
+  proves nothing: the bookie checks that a ledger exists before it tries (and,
+  on DbLedgerStorage, fails) to list it.
   Without read worker threads a DbLedgerStorage bookie closes the connection
   instead of staying silent, so repeated disconnects on list probes also mean
   "cannot list".
@@ -95,8 +96,8 @@ class _Bookie:
         "list_disconnects",
         "probe",
         "retry_at",
-        "stalled",
         "slots",
+        "stalled",
         "unmatched",
         "waiting",
     )
@@ -341,12 +342,15 @@ class BookieClient:
         )
         try:
             outcome = await self._list(b, request, request_timeout)
-            if isinstance(outcome, NoAnswer) and outcome.reason is Unanswered.TIMEOUT:
-                if isinstance(await alive, NoAnswer):
-                    # The requests that waited on this probe get its answer without
-                    # a timeout each; a later request probes again.
-                    b.stalled = (probe, outcome)
-                    return outcome
+            if (
+                isinstance(outcome, NoAnswer)
+                and outcome.reason is Unanswered.TIMEOUT
+                and isinstance(await alive, NoAnswer)
+            ):
+                # The requests that waited on this probe get its answer without a
+                # timeout each; a later request probes again.
+                b.stalled = (probe, outcome)
+                return outcome
             self._learn(b, outcome)
             if b.list_cap is ListCapability.CANNOT_LIST and isinstance(outcome, NoAnswer):
                 return CannotList(bookie_id, b.list_cap_until)

@@ -9,22 +9,17 @@ reading every ledger again: one load, whatever happens after.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import pytest
-import structlog
-from structlog.testing import capture_logs
 
 from auditor.checks.findings import Category, Check
-from auditor.daemon.config import load_daemon_config
 from auditor.daemon.metrics import Metrics
-from auditor.daemon.service import Daemon
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.inprocess import fast_config, running
 from auditor.testing.seeded import EXPECTED, ROOT, build_seeded_cluster
 from auditor.zk import ZkClient
 
@@ -32,17 +27,6 @@ pytestmark = pytest.mark.slow
 
 HEALTHY = 200
 LEDGERS = HEALTHY + 8
-
-
-@pytest.fixture
-def info_logs() -> Iterator[list[MutableMapping[str, Any]]]:
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        with capture_logs() as logs:
-            yield logs
-    finally:
-        structlog.configure(**saved)
 
 
 async def _until(what: str, done: Callable[[], bool], within: float = 60) -> None:
@@ -68,28 +52,10 @@ async def test_checks_after_the_first_read_the_index_which_follows_the_cluster(
     await build_seeded_cluster(zk, bookies, healthy=HEALTHY)
     await bookies[6].crash()
     bookies[7].pause()
-    cfg = load_daemon_config(
-        None,
-        [
-            f"daemon.zk={zk.hosts}",
-            "daemon.identity=index-auditor:1",
-            "daemon.jitter=0",
-            "auditorPeriodicBookieCheckInterval=3600",
-            "auditorPeriodicCheckInterval=0",
-            "auditorPeriodicPlacementPolicyCheckInterval=3600",
-            "auditorReplicasCheckInterval=3600",
-            "underreplicatedLedgerRecoveryGracePeriod=3600",
-            "readEntryTimeout=1",
-            "checks.retry_delay=0.2",
-            "checks.retry_attempts=1",
-        ],
-        env={},
-    )
+    cfg = fast_config(zk.hosts, "index-auditor:1", ["auditorPeriodicCheckInterval=0"])
     metrics = Metrics()
-    daemon = Daemon(cfg, metrics=metrics)
-    run = asyncio.ensure_future(daemon.run(signals=False))
-    checks = daemon.state.checks
-    try:
+    async with running(cfg, metrics) as daemon:
+        checks = daemon.state.checks
         first = (Check.BOOKIES, Check.PLACEMENT, Check.REPLICAS, Check.GRACE)
         await _until("first round", lambda: all(checks[c].last_finished for c in first))
         for check in first:
@@ -131,11 +97,7 @@ async def test_checks_after_the_first_read_the_index_which_follows_the_cluster(
         assert _sample(metrics, "bookkeeper_auditor_index_loads_total") == 1
         assert _sample(metrics, "bookkeeper_auditor_index_resyncs_total") == 0
         assert all(e["metadata"] == "index" for e in info_logs if e["event"] == "check started")
-    finally:
-        daemon.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(run, 30)
-        bookies[7].resume()
-        for b in bookies:
-            if b.running:
-                await b.stop()
+    bookies[7].resume()
+    for b in bookies:
+        if b.running:
+            await b.stop()

@@ -1,0 +1,53 @@
+"""A daemon in the test's own process, on the loop that serves the emulated bookies.
+
+Several integration tests (and the demo) run `Daemon` in-process so they can
+read its state, trigger checks and capture its logs; this holds what they
+share: a configuration with fast retries and hour-long intervals (checks run
+in the first round and when triggered), and a context manager that runs the
+daemon and stops it however the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from auditor.daemon.config import DaemonConfig, load_daemon_config
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.service import Daemon
+
+#: Every periodic check once an hour (so: in the first round, then on trigger), short
+#: timeouts and retry delays, no jitter.
+FAST = (
+    "daemon.jitter=0",
+    "auditorPeriodicBookieCheckInterval=3600",
+    "auditorPeriodicCheckInterval=3600",
+    "auditorPeriodicPlacementPolicyCheckInterval=3600",
+    "auditorReplicasCheckInterval=3600",
+    "underreplicatedLedgerRecoveryGracePeriod=3600",
+    "readEntryTimeout=1",
+    "checks.retry_delay=0.2",
+    "checks.retry_attempts=1",
+)
+
+
+def fast_config(hosts: str, identity: str, extra: Sequence[str] = ()) -> DaemonConfig:
+    """FAST, then `extra` (later settings win)."""
+    return load_daemon_config(
+        None,
+        [f"daemon.zk={hosts}", f"daemon.identity={identity}", *FAST, *extra],
+        env={},
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(config: DaemonConfig, metrics: Metrics | None = None) -> AsyncIterator[Daemon]:
+    daemon = Daemon(config, metrics=metrics)
+    run = asyncio.ensure_future(daemon.run(signals=False))
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(run, 30)
