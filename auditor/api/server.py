@@ -64,10 +64,19 @@ async def _next(it: AsyncIterator[T]) -> T | None:
 
 
 class _Servicer(pb_grpc.AuditorServiceServicer):
-    def __init__(self, control: DaemonControl, token: str | None, mtls: bool) -> None:
+    def __init__(
+        self, control: DaemonControl, token: str | None, mtls: bool, protect_reads: bool = False
+    ) -> None:
         self._control = control
         self._token = token.encode() if token else None
         self._mtls = mtls
+        #: Reads need the same credentials as mutations (reports name ledgers and
+        #: bookies; some sites treat that as confidential). Health stays open.
+        self._protect_reads = protect_reads
+
+    async def _read(self, context: grpc.aio.ServicerContext, what: str) -> None:
+        if self._protect_reads:
+            await self._authorise(context, what)
 
     # --- plumbing -----------------------------------------------------------------
 
@@ -142,11 +151,13 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
     async def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatusResponse:
+        await self._read(context, "GetStatus")
         return convert.status_response(self._control.state)
 
     async def GetReport(
         self, request: pb.GetReportRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetReportResponse:
+        await self._read(context, "GetReport")
         check: Check = await self._name(context, convert.parse_check, request.check)
         cs = self._control.state.checks.get(check)
         if cs is None or cs.last_report is None:
@@ -164,6 +175,7 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
     async def ListViolations(
         self, request: pb.ListViolationsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Violation]:
+        await self._read(context, "ListViolations")
         check = (
             await self._name(context, convert.parse_check, request.check) if request.check else None
         )
@@ -178,6 +190,7 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
     async def ListUnderReplicated(
         self, request: pb.ListUnderReplicatedRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.UnderReplicatedLedger]:
+        await self._read(context, "ListUnderReplicated")
         marks = self._control.list_underreplicated()
         while True:
             ur = await self._guard(context, "listing under-replicated ledgers", _next(marks))
@@ -191,6 +204,7 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
     async def GetLostBookieRecoveryDelay(
         self, request: pb.GetLostBookieRecoveryDelayRequest, context: grpc.aio.ServicerContext
     ) -> pb.LostBookieRecoveryDelay:
+        await self._read(context, "GetLostBookieRecoveryDelay")
         seconds = await self._guard(
             context,
             "reading lostBookieRecoveryDelay",
@@ -366,6 +380,7 @@ async def start_api_server(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_client_ca: str | None = None,
+    protect_reads: bool = False,
     heartbeat_timeout: float = 30.0,
     health_interval: float = 1.0,
     max_report_bytes: int = 256 * 1024 * 1024,
@@ -389,7 +404,8 @@ async def start_api_server(
         ]
     )
     pb_grpc.add_AuditorServiceServicer_to_server(
-        _Servicer(control, token or None, mtls=bool(tls_client_ca)), server
+        _Servicer(control, token or None, mtls=bool(tls_client_ca), protect_reads=protect_reads),
+        server,
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -40,6 +40,7 @@ async def cmd_run(
             tls_cert=api.tls_cert or None,
             tls_key=api.tls_key or None,
             tls_client_ca=api.tls_client_ca or None,
+            protect_reads=api.protect_reads,
         )
 
     notifier = Notifier()

@@ -122,6 +122,9 @@ class ApiConfig:
     #: Bearer token for mutating calls; after loading it also holds `token_file`'s content.
     token: str = field(default="", repr=False)
     token_file: str = ""
+    #: Reads (status, reports, violations, marks) need the token or a client
+    #: certificate too; health checks and reflection never do.
+    protect_reads: bool = False
 
     @property
     def tls(self) -> bool:
@@ -443,6 +446,11 @@ def _resolve_api(api: ApiConfig, origins: Mapping[str, str]) -> ApiConfig:
         raise ConfigError("api.tls_cert and api.tls_key must be set together")
     if api.tls_client_ca and not api.tls_cert:
         raise ConfigError("api.tls_client_ca needs api.tls_cert and api.tls_key (mTLS is TLS)")
+    if api.protect_reads and not (api.token or api.token_file or api.tls_client_ca):
+        raise ConfigError(
+            "api.protect_reads needs a credential to check: api.token, api.token_file "
+            "or api.tls_client_ca"
+        )
     if not api.token_file:
         return api
     if api.token:

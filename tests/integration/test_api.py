@@ -755,3 +755,45 @@ async def test_mtls_client_certificate_authorises(zk: ZkClient, pki: Pki) -> Non
     finally:
         await a.channel.close()
         await a.server.stop(0)
+
+
+async def test_protected_reads_need_the_token_and_health_stays_open(zk: ZkClient) -> None:
+    control = MinimalControl(sample_state(), await cluster_urm(zk))
+    server = await start_api_server(
+        control, host="127.0.0.1", port=0, token=TOKEN, protect_reads=True
+    )
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        stub = pb_grpc.AuditorServiceStub(channel)
+        reads: list[Callable[[Any], Any]] = [
+            lambda md: stub.GetStatus(pb.GetStatusRequest(), metadata=md, timeout=5),
+            lambda md: stub.GetLostBookieRecoveryDelay(
+                pb.GetLostBookieRecoveryDelayRequest(), metadata=md, timeout=5
+            ),
+        ]
+        for read in reads:
+            err = await rpc_error(read(()))
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "needs authentication" in err.details()
+        status = await reads[0](bearer(TOKEN))
+        assert status.identity == ME
+        # A streaming read refuses before the first message.
+        stream = stub.ListViolations(pb.ListViolationsRequest(), timeout=5)
+        err = await rpc_error(stream.read())
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+        # Probes never need credentials.
+        health = health_pb2_grpc.HealthStub(channel)
+        got = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert got.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+def test_protected_reads_without_a_credential_is_a_config_error() -> None:
+    from auditor.daemon.config import load_daemon_config
+
+    with pytest.raises(ConfigError, match=r"api\.protect_reads needs a credential"):
+        load_daemon_config(
+            None, ["daemon.zk=127.0.0.1:1", "daemon.identity=x:1", "api.protect_reads=true"], env={}
+        )
