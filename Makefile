@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.stamp-python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: all demo test lint typecheck proto proto-check promtool promtool-check unit bench clean system venv fuzz
+.PHONY: all demo test lint typecheck proto proto-check promtool promtool-check unit bench soak clean system venv fuzz
 
 all: test
 
@@ -76,6 +76,11 @@ unit: $(STAMP_PY)
 # BENCH_N=100000 (ledgers), BENCH_ONLY=scrutiny,memory,... (figures), BENCH_PROFILE=DIR (py-spy).
 bench: $(STAMP_PY)
 	@$(PY) -m bench
+
+# Three daemons, a ZooKeeper and six bookies under random faults; see docs/reliability.md.
+# SOAK_MINUTES=20 (duration), SOAK_SEED=1 (same seed, same schedule), SOAK_DIR (logs, summary).
+soak: $(STAMP_PY)
+	@$(PY) -m soak
 
 # Long fuzzing with atheris (libFuzzer), which `make test` does not install: each harness
 # in fuzz/ runs for FUZZ_SECONDS; corpus and crash inputs stay in FUZZ_DIR/<target>/.

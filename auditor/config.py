@@ -74,6 +74,27 @@ class BookKeeperConfig:
     auditorPeriodicPlacementPolicyCheckInterval: int = 0  # s
     auditorReplicasCheckInterval: int = 0  # s
 
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
+        return _by_name(self)
+
+
+def _by_name(obj: Any) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
+    """Pickles a settings dataclass by field name, not position (slots dataclasses pickle
+    positionally): a Spark executor whose code orders the fields differently must not
+    silently read one setting as another."""
+    return _rebuild, (type(obj).__name__, {f.name: getattr(obj, f.name) for f in fields(obj)})
+
+
+def _rebuild(kind: str, values: dict[str, Any]) -> Any:
+    cls: Any = {"BookKeeperConfig": BookKeeperConfig, "ChecksConfig": ChecksConfig}[kind]
+    unknown = sorted(set(values) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ConfigError(
+            f"this bookkeeper-auditor does not know the setting(s) {', '.join(unknown)}: "
+            "run the same version on the Spark driver and its executors"
+        )
+    return cls(**values)
+
 
 _BK_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "zkTimeout": (_pos, "a positive number of milliseconds"),
@@ -117,6 +138,9 @@ class ChecksConfig:
     racks_znode: str = "/bookies"
     #: Seconds between progress log lines on long runs.
     progress_interval: float = 30.0
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
+        return _by_name(self)
 
 
 _CHECKS_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {

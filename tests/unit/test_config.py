@@ -717,3 +717,18 @@ def test_logging_keeps_the_json_lines_flag() -> None:
         configure_logging("xml", stream=out)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="loud"):
         configure_logging("json", level="loud", stream=out)
+
+
+def test_settings_travel_by_name_to_spark_executors() -> None:
+    import pickle
+
+    from auditor.config import AuditorConfig, _rebuild
+
+    cfg = load_config(None, ["readEntryTimeout=7", "checks.retry_delay=0.5"])
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert isinstance(cfg, AuditorConfig)
+    # An executor whose code lacks a setting refuses, instead of shifting values.
+    with pytest.raises(ConfigError, match="does not know the setting"):
+        _rebuild("BookKeeperConfig", {"readEntryTimeout": 7, "noSuchKnob": 1})
+    # A missing one (older driver) takes its default.
+    assert _rebuild("ChecksConfig", {"retry_delay": 0.5}).retry_attempts == 2

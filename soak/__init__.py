@@ -1,0 +1,1 @@
+"""A long run of the daemons under random faults (`make soak`); see docs/reliability.md."""

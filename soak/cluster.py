@@ -1,0 +1,294 @@
+"""The soak's cluster: a real ZooKeeper, six in-process bookies, three daemon processes.
+
+Bookies live on the driver's event loop so that faults are method calls; the
+daemons are real `bk-auditor run` processes, each behind a cuttable TCP proxy
+to ZooKeeper (a partition of one daemon), each writing JSON logs to a file of
+its own per incarnation (the analysis reads them at the end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.serde import encode_ledger_metadata
+from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
+from auditor.testing.bookie import BookieEmulator
+from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.netproxy import TcpProxy
+from auditor.testing.zkserver import ZooKeeperServer, free_port
+from auditor.zk import ZkClient
+
+ROOT = "/ledgers"
+ENTRIES = 10
+SESSION = 4.0
+#: Bookie i sits in rack RACKS[i]; every ensemble takes one bookie of each rack.
+RACKS = ["/rack-0", "/rack-0", "/rack-1", "/rack-1", "/rack-2", "/rack-2"]
+
+#: Checks run often so that a fault of a minute meets every check at least once.
+DAEMON_SETTINGS = [
+    "auditorPeriodicBookieCheckInterval=30",
+    "auditorPeriodicCheckInterval=60",
+    "auditorPeriodicPlacementPolicyCheckInterval=30",
+    "auditorReplicasCheckInterval=30",
+    "lostBookieRecoveryDelay=10",
+    "readEntryTimeout=1",
+    "checks.retry_delay=1",
+    "daemon.jitter=0",
+]
+
+
+@dataclass
+class Incarnation:
+    """One process of a daemon: its log file and the samples of its RSS and fds."""
+
+    pid: int
+    log: Path
+    started: float
+    ended: float | None = None
+    killed: bool = False
+    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, rss kB, fds)
+
+
+@dataclass
+class Daemon:
+    name: str
+    api_port: int
+    metrics_port: int
+    proxy: TcpProxy
+    proc: asyncio.subprocess.Process | None = None
+    incarnations: list[Incarnation] = field(default_factory=list)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.name}:{self.api_port}"
+
+
+class SoakCluster:
+    def __init__(self, workdir: Path, ledgers: int) -> None:
+        self.workdir = workdir
+        self.n_ledgers = ledgers
+        self.zk_server = ZooKeeperServer(workdir / "zk")
+        self.zk: ZkClient | None = None
+        self.bookies: list[BookieEmulator] = []
+        self.daemons: list[Daemon] = []
+        #: Current metadata of every live ledger, and every bookie each ever had.
+        self.ledgers: dict[int, LedgerMetadata] = {}
+        self.ever_bookies: dict[int, set[str]] = {}
+        self.deleted: dict[int, float] = {}
+        self.next_ledger = 1
+        self.writer: ClusterWriter | None = None
+
+    @property
+    def client(self) -> ZkClient:
+        assert self.zk is not None
+        return self.zk
+
+    # --- set-up ---------------------------------------------------------------------
+
+    async def start(self, daemons: int = 3, bookies: int = 6) -> None:
+        await asyncio.to_thread(self.zk_server.start)
+        self.zk = ZkClient(self.zk_server.hosts, session_timeout=30.0, timeout=30.0)
+        await self.zk.start()
+        self.writer = ClusterWriter(self.zk, ROOT)
+        await self.writer.init_cluster()
+        self.bookies = [BookieEmulator(self.zk, ledgers_root=ROOT) for _ in range(bookies)]
+        for b in self.bookies:
+            await b.start()
+        group = {
+            b.bookie_id: {"rack": RACKS[i % len(RACKS)], "hostname": b.host}
+            for i, b in enumerate(self.bookies)
+        }
+        await self.zk.create("/bookies", json.dumps({"default": group}).encode())
+        for _ in range(self.n_ledgers):
+            await self.add_ledger()
+        for i in range(daemons):
+            proxy = TcpProxy("127.0.0.1", self.zk_server.port)
+            await proxy.start()
+            d = Daemon(f"soak-{i}", free_port(), free_port(), proxy)
+            self.daemons.append(d)
+            await self.launch(d)
+
+    async def stop(self) -> None:
+        for d in self.daemons:
+            if d.proc is not None and d.proc.returncode is None:
+                d.proc.send_signal(signal.SIGTERM)
+        for d in self.daemons:
+            if d.proc is not None:
+                try:
+                    await asyncio.wait_for(d.proc.wait(), 20)
+                except TimeoutError:
+                    d.proc.kill()
+                    await d.proc.wait()
+                if d.incarnations and d.incarnations[-1].ended is None:
+                    d.incarnations[-1].ended = time.time()
+            await d.proxy.stop()
+        for b in self.bookies:
+            b.clear_faults()
+            if b.running:
+                with contextlib.suppress(Exception):
+                    await b.stop()
+        if self.zk is not None:
+            await self.zk.close()
+        await asyncio.to_thread(self.zk_server.stop)
+
+    # --- daemons --------------------------------------------------------------------
+
+    async def launch(self, d: Daemon) -> None:
+        args = [
+            "run", "--zk", d.proxy.address,
+            "--set", f"daemon.identity={d.identity}",
+            "--set", f"daemon.zk_session_timeout={SESSION}",
+            "--set", "api.host=127.0.0.1", "--set", f"api.port={d.api_port}",
+            "--set", "metrics.host=127.0.0.1", "--set", f"metrics.port={d.metrics_port}",
+            "--set", "logging.format=json",
+        ]  # fmt: skip
+        for s in DAEMON_SETTINGS:
+            args += ["--set", s]
+        log = self.workdir / f"{d.name}.{len(d.incarnations)}.log"
+        with _open_log(log) as f:
+            d.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "auditor",
+                *args,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=f,
+                stdin=asyncio.subprocess.DEVNULL,
+            )
+        d.incarnations.append(Incarnation(d.proc.pid, log, time.time()))
+
+    async def kill(self, d: Daemon) -> float:
+        """SIGKILL: no goodbye, the vote stays until the session expires."""
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGKILL)
+        t = time.time()
+        await d.proc.wait()
+        d.incarnations[-1].ended = t
+        d.incarnations[-1].killed = True
+        return t
+
+    async def leader(self) -> Daemon | None:
+        """The daemon whose vote is first (what BookKeeper reads as the auditor)."""
+        from auditor.daemon.election import current_auditor
+
+        try:
+            ident = await current_auditor(self.client, ROOT)
+        except Exception:
+            return None
+        return next((d for d in self.daemons if d.identity == ident), None)
+
+    async def wait_log_event(self, event: str, within: float) -> bool:
+        """Waits until any daemon's current log gains a line with `event`."""
+        needle = f'"event": "{event}"'.encode()
+        logs = [d.incarnations[-1].log for d in self.daemons if d.incarnations]
+        offsets = {p: p.stat().st_size for p in logs}
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if any(needle in _read_from(p, at) for p, at in offsets.items()):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    def sample(self) -> None:
+        now = time.time()
+        for d in self.daemons:
+            if d.proc is None or d.proc.returncode is not None:
+                continue
+            inc = d.incarnations[-1]
+            try:
+                status = Path(f"/proc/{inc.pid}/status").read_text()
+                rss = next(int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS"))
+                fds = len(os.listdir(f"/proc/{inc.pid}/fd"))
+            except (OSError, StopIteration):
+                continue
+            inc.samples.append((now, rss, fds))
+
+    # --- ledgers --------------------------------------------------------------------
+
+    def ensemble_for(self, lid: int) -> list[BookieEmulator]:
+        """One bookie of each rack, varying with the ledger id."""
+        pairs = [(0, 1), (2, 3), (4, 5)]
+        return [self.bookies[p[(lid >> i) & 1]] for i, p in enumerate(pairs)]
+
+    async def add_ledger(self) -> int:
+        assert self.writer is not None
+        lid = self.next_ledger
+        self.next_ledger += 1
+        ensemble = self.ensemble_for(lid)
+        for b in ensemble:
+            b.put_ledger(lid, range(ENTRIES))
+        md = make_metadata(
+            lid,
+            [b.bookie_id for b in ensemble],
+            write_quorum=3,
+            ack_quorum=2,
+            last_entry_id=ENTRIES - 1,
+            length=ENTRIES * 16,
+        )
+        await self.writer.write_ledger(md)
+        self.ledgers[lid] = md
+        self.ever_bookies[lid] = {b.bookie_id for b in ensemble}
+        return lid
+
+    def ledgers_on(self, bookie_id: str) -> list[int]:
+        return sorted(
+            lid for lid, md in self.ledgers.items() if bookie_id in md.segments[0].bookies
+        )
+
+    def by_id(self, bookie_id: str) -> BookieEmulator:
+        return next(b for b in self.bookies if b.bookie_id == bookie_id)
+
+    async def delete_ledger(self, lid: int) -> None:
+        """As BookKeeper deletes: metadata first, the bookies' data later (their GC)."""
+        assert self.writer is not None
+        md = self.ledgers.pop(lid)
+        await self.client.delete(self.writer.path(lid))
+        self.deleted[lid] = time.time()
+        await asyncio.sleep(1.0)
+        for bid in md.segments[0].bookies:
+            self.by_id(bid).drop_ledger(lid)
+
+    async def rereplicate(self, lid: int, old: str, new: str) -> None:
+        """As the replication worker does: copy, swap the bookie in the metadata, GC later."""
+        assert self.writer is not None
+        self.by_id(new).put_ledger(lid, range(ENTRIES))
+        md = self.ledgers[lid]
+        seg = md.segments[0]
+        bookies = tuple(new if b == old else b for b in seg.bookies)
+        moved = replace(md, segments=(replace(seg, bookies=bookies),))
+        self.ever_bookies[lid].add(new)
+        await self.client.set(self.writer.path(lid), encode_ledger_metadata(moved))
+        self.ledgers[lid] = moved
+        await asyncio.sleep(3.0)
+        self.by_id(old).drop_ledger(lid)
+
+    async def marked(self, lids: list[int]) -> list[int]:
+        base = UnderreplicationManager(self.client, ROOT).base
+        return [lid for lid in lids if await self.client.exists(ur_ledger_path(base, lid))]
+
+    async def unmark(self, lids: list[int]) -> None:
+        """What a replication worker does once a ledger is whole again."""
+        base = UnderreplicationManager(self.client, ROOT).base
+        for lid in lids:
+            with contextlib.suppress(Exception):
+                await self.client.delete(ur_ledger_path(base, lid))
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "wb")
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read()
