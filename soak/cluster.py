@@ -187,6 +187,19 @@ class SoakCluster:
             return None
         return next((d for d in self.daemons if d.identity == ident), None)
 
+    def acting_leader(self) -> Daemon | None:
+        """The live daemon whose own log last said it was elected (the ZooKeeper vote of a
+        killed daemon outlives it by a session timeout, and names its next incarnation)."""
+        for d in self.daemons:
+            if d.proc is None or d.proc.returncode is not None:
+                continue
+            text = _read_from(d.incarnations[-1].log, 0)
+            won = text.rfind(b'"event": "elected auditor"')
+            lost = text.rfind(b'"event": "no longer the auditor"')
+            if won > lost:
+                return d
+        return None
+
     async def wait_log_event(self, event: str, within: float) -> bool:
         """Waits until any daemon's current log gains a line with `event`."""
         needle = f'"event": "{event}"'.encode()

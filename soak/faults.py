@@ -129,7 +129,7 @@ class Injector:
         return await self._cut("session_expire", SESSION + self.rng.uniform(1.0, 2.0))
 
     async def leader_kill(self) -> Fault:
-        d = await self.c.leader()
+        d = self.c.acting_leader()
         if d is None or d.proc is None or d.proc.returncode is not None:
             d = self.rng.choice(self.c.daemons)
         f = self._begin("leader_kill", d.name)
@@ -229,7 +229,9 @@ class Injector:
     async def bookie_pause(self) -> Fault | None:
         """Registered but silent past every retry."""
         return await self._pause(
-            "bookie_pause", self.rng.uniform(*LONG), {"bookie_unavailable_registered"}
+            "bookie_pause",
+            self.rng.uniform(*LONG),
+            {"bookie_unavailable_registered", "unreadable_fragments"},
         )
 
     async def bookie_pause_short(self) -> Fault | None:

@@ -54,7 +54,7 @@ def log(msg: str) -> None:
 async def _survives(c: SoakCluster, f: Fault) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if await c.leader() is not None:
+        if c.acting_leader() is not None:
             f.survived = True
             return
         await asyncio.sleep(0.5)
@@ -118,7 +118,7 @@ async def soak(minutes: float, seed: int, ledgers: int, workdir: Path) -> dict[s
             await asyncio.gather(*list(tasks))
         log(f"settling {SETTLE:g} s")
         await asyncio.sleep(SETTLE)
-        final_leader = await c.leader()
+        final_leader = c.acting_leader()
     finally:
         stop_sampling.set()
         await sampling

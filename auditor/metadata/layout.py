@@ -134,6 +134,11 @@ def parse_metadata_service_uri(uri: str) -> MetadataServiceUri:
             manager = LedgerManager(m["type"])
         except ValueError as exc:
             raise ConfigError(f"unsupported ledger manager type {m['type']!r} in {uri!r}") from exc
-    hosts = ",".join(h for h in m["hosts"].split(";") if h)
+    # BookKeeper separates hosts with ';' (',' would end the URI's authority in Java);
+    # a ZooKeeper connect string takes ','. Accept either, refuse none.
+    names = [h.strip() for h in re.split(r"[;,]", m["hosts"]) if h.strip()]
+    if not names:
+        raise ConfigError(f"no ZooKeeper host in metadata service URI {uri!r}")
+    hosts = ",".join(names)
     path = (m["path"] or DEFAULT_LEDGERS_ROOT).rstrip("/") or DEFAULT_LEDGERS_ROOT
     return MetadataServiceUri(hosts, path, manager)

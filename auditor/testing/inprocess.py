@@ -50,4 +50,8 @@ async def running(config: DaemonConfig, metrics: Metrics | None = None) -> Async
     finally:
         daemon.stop()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(run, 30)
+            await asyncio.wait_for(asyncio.shield(run), 30)
+        if not run.done():  # never leave a daemon (and its ZooKeeper session) behind
+            run.cancel()
+            with contextlib.suppress(BaseException):
+                await run

@@ -46,7 +46,7 @@ def own_zk() -> Iterator[ZooKeeperServer]:
         server.destroy()
 
 
-async def _until(what: str, done: Callable[[], bool], within: float = 60) -> None:
+async def _until(what: str, done: Callable[[], bool], within: float = 120) -> None:
     deadline = time.monotonic() + within
     while not done():
         assert time.monotonic() < deadline, f"not within {within}s: {what}"
@@ -146,7 +146,9 @@ async def test_zookeeper_restarted_in_the_middle_of_each_check(
     # session (30 s) outlives a restart of the server, slow as a JVM start may be.
     async with _leader(own_zk, 30, "daemon.metadata_index=false") as (daemon, zk, _):
         [vote] = await zk.get_children(VOTES)
-        for check in (Check.PLACEMENT, Check.REPLICAS, Check.LEDGERS, Check.BOOKIES):
+        # A walk of ZooKeeper (placement) and a check that asks bookies between
+        # ZooKeeper reads (replicas), each cut by a restart.
+        for check in (Check.PLACEMENT, Check.REPLICAS):
             # What a run finds now (the first round's marks make later runs skip
             # those ledgers); the run cut by the restart must end up the same.
             await _rerun_until_ok(daemon, check)

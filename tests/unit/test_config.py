@@ -673,12 +673,17 @@ def restore_logging() -> Iterator[None]:
     saved = structlog.get_config()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    # The CLI, run in-process by other tests, quiets kazoo's logger; start from neutral.
+    kazoo = logging.getLogger("kazoo")
+    kazoo_level = kazoo.level
+    kazoo.setLevel(logging.NOTSET)
     try:
         yield
     finally:
         structlog.configure(**saved)
         root.handlers[:] = handlers
         root.setLevel(level)
+        kazoo.setLevel(kazoo_level)
 
 
 class _Tty(io.StringIO):

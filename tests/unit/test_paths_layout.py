@@ -111,3 +111,14 @@ def test_metadata_service_uris() -> None:
     for bad in ["etcd://h:2379/ledgers", "zk+ms://h:2181/ledgers", "nonsense"]:
         with pytest.raises(ConfigError):
             parse_metadata_service_uri(bad)
+
+
+def test_metadata_service_uri_host_lists() -> None:
+    from auditor.errors import ConfigError
+    from auditor.metadata.layout import parse_metadata_service_uri
+
+    uri = parse_metadata_service_uri("zk+hierarchical://h1:2181;h2:2181,h3:2181/ledgers")
+    assert uri.hosts == "h1:2181,h2:2181,h3:2181"
+    for bad in ("zk://,", "zk://;/ledgers", "zk:// ; /x"):
+        with pytest.raises(ConfigError, match="no ZooKeeper host"):
+            parse_metadata_service_uri(bad)
