@@ -94,6 +94,12 @@ async def measure(n: int) -> dict[str, dict[str, Any]]:
             "floor_s": round(floor_s, 2),
             "floor_ledgers_per_s": rate(n, floor_s),
             "ratio": ratio,
+            # Less sensitive to other load on the machine than wall time: both are CPU-bound.
+            "cpu_ratio": round(
+                _cpu(cold, "ready", COLD)["measured_process"]
+                / max(_cpu(floor, "ready", ("floor",))["measured_process"], 1e-9),
+                3,
+            ),
             "cpu_s": {
                 "auditor": _cpu(cold, "ready", COLD),
                 "floor": _cpu(floor, "ready", ("floor",)),
@@ -115,6 +121,11 @@ async def measure(n: int) -> dict[str, dict[str, Any]]:
             "cold_ledgers_per_s": auditor_rate,
             "warm_ledgers_per_s": rate(n, warm_s),
             "speedup": round(cold_s / warm_s, 2),
+            "cpu_speedup": round(
+                _cpu(cold, "ready", COLD)["measured_process"]
+                / max(_cpu(warm, "placement", WARM)["measured_process"], 1e-9),
+                2,
+            ),
             "cpu_s": {
                 "cold": _cpu(cold, "ready", COLD),
                 "warm": _cpu(warm, "placement", WARM),

@@ -150,6 +150,10 @@ class LeaderWork:
             # started walking ZooKeeper meanwhile would read everything twice.
             await self.ctx.index.usable()
         async with self.one_at_a_time:
+            # Again, now that it is this check's turn: the connection may have gone
+            # while it queued behind another, and a suspended leader starts nothing.
+            if self.gate is not None:
+                await self.gate.wait()
             self.on_state(check, "running", None)
             index = self.ctx.index
             engine = self.engine(check)

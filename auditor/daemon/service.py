@@ -58,6 +58,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._depose = asyncio.Event()
         self._connected = asyncio.Event()
+        self._suspension_timer: asyncio.TimerHandle | None = None
         self._restart_work = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -161,16 +162,45 @@ class Daemon:
             if st == KazooState.CONNECTED:
                 self.state.zk_connected = True
                 self._connected.set()
+                self._disarm_suspension_limit()
             elif st == KazooState.SUSPENDED:
                 self.state.zk_connected = False
                 self._connected.clear()
                 self.log.warning("ZooKeeper connection suspended; leader work paused")
+                self._arm_suspension_limit()
             elif st == KazooState.LOST:
                 self.state.zk_connected = False
                 self._connected.clear()
+                self._disarm_suspension_limit()
                 self.log.error("ZooKeeper session lost; stepping down at once")
                 self._depose.set()
             self._readiness()
+
+    def _arm_suspension_limit(self) -> None:
+        """Disconnected for a whole session timeout, the session may be gone on the
+        server and another daemon may lead: stop acting as leader now rather than
+        when a call finally fails (running checks are cancelled, nothing is written:
+        writes are fenced anyway). A session that survives elects us again at once."""
+        self._disarm_suspension_limit()
+        if not self.state.is_leader:
+            return
+        limit = self.config.daemon.zk_session_timeout
+
+        def expired() -> None:
+            self._suspension_timer = None
+            if self.state.is_leader and not self._connected.is_set():
+                self.log.error(
+                    "disconnected from ZooKeeper for a whole session timeout; stepping down",
+                    seconds=limit,
+                )
+                self._depose.set()
+
+        self._suspension_timer = asyncio.get_running_loop().call_later(limit, expired)
+
+    def _disarm_suspension_limit(self) -> None:
+        if self._suspension_timer is not None:
+            self._suspension_timer.cancel()
+        self._suspension_timer = None
 
     def _readiness(self) -> None:
         if self.api is not None:

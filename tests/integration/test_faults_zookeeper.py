@@ -189,6 +189,18 @@ async def test_zookeeper_unreachable_longer_than_the_session_timeout(
             proxy.cut()
             await asyncio.wait_for(changed.wait(), SESSION * 4)
             assert await zk.exists(f"{VOTES}/{vote}") is None
+            # Cut off for a whole session timeout, the daemon stopped acting as leader
+            # by itself, before it could learn that its session was gone.
+            await _until(
+                "stepped down while cut off",
+                _more(
+                    info_logs,
+                    "disconnected from ZooKeeper for a whole session timeout; stepping down",
+                    0,
+                ),
+                within=SESSION * 4,
+            )
+            assert not daemon.state.is_leader
             proxy.mend()
             # Back on the network the daemon learns its session is gone, steps down,
             # and wins again with a new vote.
