@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from auditor.checks.context import CheckContext
@@ -37,7 +37,7 @@ from auditor.checks.runner import driver
 from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
 from auditor.metadata.records import CheckKind
 from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
-from auditor.zk import FencedOutError, NoNodeError
+from auditor.zk import FencedOutError, NoNodeError, ZkUnavailableError
 
 #: Checks whose last run time BookKeeper keeps in ZooKeeper.
 CTIME_KIND: dict[Check, CheckKind] = {
@@ -205,7 +205,7 @@ class LeaderWork:
                     await trigger.wait()
             manual = trigger.is_set()
             trigger.clear()
-            await self.run_check(check, periodic=not manual)
+            await self._outlasting(check, self.run_check(check, periodic=not manual))
             delay = jittered(interval, interval, self.jitter, self.rng)
 
     async def triggered_only(self, check: Check) -> None:
@@ -213,7 +213,31 @@ class LeaderWork:
         while True:
             await self.triggers[check].wait()
             self.triggers[check].clear()
-            await self.run_check(check, periodic=False)
+            await self._outlasting(check, self.run_check(check, periodic=False))
+
+    async def _outlasting(self, what: object, step: Awaitable[None]) -> None:
+        """One step of a leader loop that a ZooKeeper outage must not end.
+
+        A call that fails while disconnected (recording a check's time, say) is
+        not a reason to give up leadership: a session that survives the outage
+        still leads, and one that does not ends leadership through LOST. A fenced
+        write refused is different: that leader no longer leads.
+        """
+        try:
+            await step
+        except FencedOutError:
+            raise
+        except ZkUnavailableError as exc:
+            self.log.warning(
+                "ZooKeeper call failed; resuming when connected", task=str(what), error=str(exc)
+            )
+            await self._reconnected()
+
+    async def _reconnected(self) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        else:
+            await asyncio.sleep(1.0)
 
     # --- the lost-bookie audit ---------------------------------------------------------
 
@@ -247,34 +271,57 @@ class LeaderWork:
             return 0
 
     async def follow_bookies(self) -> None:
-        stream = watch_bookies(self.ctx.zk, self.ctx.root)
-        try:
-            first = True
-            async for bookies in stream:
-                if first:  # leader_started already saw this set
-                    first = False
-                    continue
-                await self._wait_enabled()
-                decisions = self.delay.on_bookies_changed(
-                    bookies.available, await self._delay_value(), time.monotonic()
+        first = True  # leader_started already saw the first set
+        while True:
+            stream = watch_bookies(self.ctx.zk, self.ctx.root)
+            try:
+                async for bookies in stream:
+                    if first:
+                        first = False
+                        continue
+                    await self._wait_enabled()
+                    decisions = self.delay.on_bookies_changed(
+                        bookies.available, await self._delay_value(), time.monotonic()
+                    )
+                    await self._apply(decisions)
+                return
+            except FencedOutError:
+                raise
+            except ZkUnavailableError as exc:
+                # After the outage the first set is news: bookies may have gone meanwhile.
+                self.log.warning(
+                    "bookie watch interrupted; resuming when connected", error=str(exc)
                 )
-                await self._apply(decisions)
-        finally:
-            await stream.aclose()
+                await self._reconnected()
+            finally:
+                await stream.aclose()
 
     async def follow_delay(self) -> None:
         path = f"{self.ctx.urm.base}/lostBookieRecoveryDelay"
-        _, _, changed = await self.ctx.zk.get_watched(path)
+        changed: asyncio.Event | None = None
         while True:
-            await changed.wait()
-            data, _, changed = await self.ctx.zk.get_watched(path)
-            await self._wait_enabled()
+            try:
+                if changed is None:
+                    _, _, changed = await self.ctx.zk.get_watched(path)
+                await changed.wait()
+                data, _, changed = await self.ctx.zk.get_watched(path)
+                await self._wait_enabled()
+            except FencedOutError:
+                raise
+            except ZkUnavailableError as exc:
+                self.log.warning("delay watch interrupted; resuming when connected", error=str(exc))
+                changed = None
+                await self._reconnected()
+                continue
             try:
                 delay = int(data.decode().strip())
             except ValueError:
                 self.log.error("lostBookieRecoveryDelay is not an integer", value=data[:40])
                 continue
-            await self._apply(self.delay.on_delay_changed(delay, time.monotonic()))
+            await self._outlasting(
+                "lostBookieRecoveryDelay",
+                self._apply(self.delay.on_delay_changed(delay, time.monotonic())),
+            )
 
     # --- the whole ---------------------------------------------------------------------
 

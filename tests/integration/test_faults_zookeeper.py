@@ -46,10 +46,16 @@ def own_zk() -> Iterator[ZooKeeperServer]:
         server.destroy()
 
 
+#: The running test's captured log, for failure messages.
+_LOG: list[list[MutableMapping[str, Any]]] = []
+
+
 async def _until(what: str, done: Callable[[], bool], within: float = 120) -> None:
     deadline = time.monotonic() + within
     while not done():
-        assert time.monotonic() < deadline, f"not within {within}s: {what}"
+        events = _LOG[0] if _LOG else []
+        recent = [(e["event"], e.get("check"), e.get("error")) for e in events[-20:]]
+        assert time.monotonic() < deadline, f"not within {within}s: {what}; last events {recent}"
         await asyncio.sleep(0.05)
 
 
@@ -107,6 +113,14 @@ async def _children(zk: ZkClient, path: str) -> list[str]:
             await asyncio.sleep(0.5)
 
 
+def _work_changed(daemon: Daemon, work: object) -> Callable[[], bool]:
+    return lambda: daemon.work is not work
+
+
+def _either(a: Callable[[], bool], b: Callable[[], bool]) -> Callable[[], bool]:
+    return lambda: a() or b()
+
+
 def _finished_since(daemon: Daemon, check: Check, before: float | None) -> Callable[[], bool]:
     return lambda: daemon.state.checks[check].last_finished != before
 
@@ -132,9 +146,13 @@ async def _rerun_until_ok(daemon: Daemon, check: Check) -> int:
         # Elected is logged before the leader's work exists; triggers need the work.
         await _until("leader work", lambda: daemon.state.is_leader and daemon.work is not None)
         before = daemon.state.checks[check].last_finished
+        work = daemon.work
         await daemon.trigger_check(check)
-        await _until(f"{check} run", _finished_since(daemon, check, before))
-        if daemon.state.checks[check].last_error is None:
+        finished = _finished_since(daemon, check, before)
+        # A trigger belongs to one leadership: if the daemon stepped down and won again
+        # meanwhile (a slow restart can cost the session), ask the new one.
+        await _until(f"{check} run", _either(finished, _work_changed(daemon, work)))
+        if finished() and daemon.state.checks[check].last_error is None:
             return attempt
     raise AssertionError(f"{check} kept failing: {daemon.state.checks[check].last_error}")
 
@@ -144,6 +162,7 @@ async def test_zookeeper_restarted_in_the_middle_of_each_check(
 ) -> None:
     # Checks walk ZooKeeper here (no index), so an outage hits them mid-walk; the
     # session (30 s) outlives a restart of the server, slow as a JVM start may be.
+    _LOG[:] = [info_logs]
     async with _leader(own_zk, 30, "daemon.metadata_index=false") as (daemon, zk, _):
         [vote] = await zk.get_children(VOTES)
         # A walk of ZooKeeper (placement) and a check that asks bookies between
@@ -171,6 +190,7 @@ async def test_zookeeper_restarted_in_the_middle_of_each_check(
 async def test_zookeeper_unreachable_longer_than_the_session_timeout(
     own_zk: ZooKeeperServer, info_logs: list[MutableMapping[str, Any]]
 ) -> None:
+    _LOG[:] = [info_logs]
     host, port = own_zk.hosts.rsplit(":", 1)
     proxy = TcpProxy(host, int(port))
     await proxy.start()
