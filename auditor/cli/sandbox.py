@@ -7,17 +7,8 @@ through BookKeeper's own election path. It prints the leader's first report,
 the metrics URLs and the gRPC addresses, then keeps running until Ctrl-C or
 until `--duration` seconds have passed, and tears everything down.
 
-The seeded faults (ledger ids) and what the leader must find:
-- 3001 on a bookie that died (cookie, no registration): `ledgers_on_lost_bookies`
-  and `unreadable_fragments`;
-- 3002 an entry with no copy left: `no_replica`;
-- 3003 W=A=2 and one copy lost: `below_ack_quorum`;
-- 3004 W=3, A=2 and one copy lost: `below_write_quorum`;
-- 3005 two bookies of one rack in a write quorum: `placement_not_adhering`;
-- 3006 marked under-replicated two hours ago: `underreplicated_past_grace_period`;
-- 3007 on a bookie that is registered but answers nothing:
-  `bookie_unavailable_registered`, then `unreadable_fragments`;
-- 3008 metadata that does not decode: `metadata_invalid` in every check.
+The cluster and its seeded faults (one per category) are described in
+`auditor.testing.seeded`; the leader must find exactly `EXPECTED`.
 """
 
 from __future__ import annotations

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 import urllib.request
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
-import structlog
 from prometheus_client.parser import text_string_to_metric_families
 from pyspark import SparkContext
-from structlog.testing import capture_logs
 
 from auditor.checks.findings import CATEGORIES, Check
 from auditor.daemon.config import load_daemon_config
@@ -41,18 +38,6 @@ pytestmark = pytest.mark.slow
 HEALTHY = 200
 ON_SPARK = (Check.PLACEMENT, Check.REPLICAS)
 IN_PROCESS = (Check.BOOKIES, Check.GRACE)
-
-
-@pytest.fixture
-def info_logs() -> Iterator[list[MutableMapping[str, Any]]]:
-    """The daemon's log events at info level and up, whatever an earlier test configured."""
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        with capture_logs() as logs:
-            yield logs
-    finally:
-        structlog.configure(**saved)
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
