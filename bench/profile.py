@@ -79,27 +79,57 @@ class PhaseProfiler:
         return path
 
 
-def summarize(path: Path, top: int = 30) -> str:
-    """The functions with most samples: self time, then inclusive (each stack counted once)."""
+#: Leaf frames of a thread that waits for work: such samples are idle, not cost.
+IDLE_LEAVES = ("Condition.wait (threading.py)", "_worker (concurrent/futures/thread.py)")
+#: A thread's role, told by a frame on its stack.
+ROLES = (
+    ("run_forever (asyncio/base_events.py)", "event loop"),
+    ("zk_loop (kazoo/protocol/connection.py)", "kazoo I/O thread"),
+    ("_thread_worker (kazoo/handlers/threading.py)", "kazoo callback thread"),
+)
+
+
+def _role(frames: list[str]) -> str:
+    for frame in frames:
+        for marker, role in ROLES:
+            if frame.endswith(marker):
+                return role
+    return "other"
+
+
+def summarize(path: Path, top: int = 25) -> str:
+    """Where the samples went: per thread role (idle waits left out), then the event
+    loop's functions with most samples, self and inclusive (each stack counted once)."""
+    roles: Counter[str] = Counter()
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
-    total = 0
+    busy = idle = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        total += n
         frames = [_LINE_NO.sub(")", f) for f in stack.split(";")]
-        own[frames[-1]] += n
-        for frame in set(frames):
-            inclusive[frame] += n
-    if total == 0:
+        if frames[-1] in IDLE_LEAVES:
+            idle += n
+            continue
+        busy += n
+        role = _role(frames)
+        roles[role] += n
+        if role == "event loop":
+            own[frames[-1]] += n
+            for frame in set(frames):
+                inclusive[frame] += n
+    if busy == 0:
         return "no samples\n"
-    lines = [f"{total} samples ({path.name})", "", "self:"]
-    lines += [f"{100 * n / total:5.1f}%  {f}" for f, n in own.most_common(top)]
-    lines += ["", "inclusive:"]
-    lines += [f"{100 * n / total:5.1f}%  {f}" for f, n in inclusive.most_common(top)]
+    loop = roles["event loop"] or 1
+    lines = [f"{busy} busy samples, {idle} idle ({path.name})", "", "threads:"]
+    lines += [f"{100 * n / busy:5.1f}%  {r}" for r, n in roles.most_common()]
+    lines += ["", "event loop, self:"]
+    lines += [f"{100 * n / loop:5.1f}%  {f}" for f, n in own.most_common(top)]
+    lines += ["", "event loop, inclusive (frames on nearly every stack left out):"]
+    shown = [(f, n) for f, n in inclusive.most_common() if n < 0.98 * loop][:top]
+    lines += [f"{100 * n / loop:5.1f}%  {f}" for f, n in shown]
     return "\n".join(lines) + "\n"
 
 

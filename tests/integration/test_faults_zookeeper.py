@@ -1,9 +1,9 @@
 """ZooKeeper faults under a running leader: unreachable past the session timeout (a
 partition, through a proxy that can be cut).
 
-A ZooKeeper server of this module's own is stopped and started (its data is
-kept), so no other test sees the outage. The bookies register through a client
-with a long session, which outlives the outages; the daemon's session is short.
+A ZooKeeper server of this module's own is used, so no other test sees the
+outage. The bookies register through a client with a long session, which
+outlives the partition; the daemon's session is short.
 Outcomes are exact: after the fault, the checks report the seeded faults and
 nothing else, the same daemon leads (or leads again, with a new vote, when its
 session expired), and marks are the ones the checks call for.
