@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from auditor.bookie.tls import bookie_tls
 from auditor.errors import ConfigError
 
 RACKAWARE = "org.apache.bookkeeper.client.RackawareEnsemblePlacementPolicy"
@@ -73,6 +74,23 @@ class BookKeeperConfig:
     auditorPeriodicCheckInterval: int = 604800  # s
     auditorPeriodicPlacementPolicyCheckInterval: int = 0  # s
     auditorReplicasCheckInterval: int = 0  # s
+    # Bookie TLS (`auditor.bookie.tls`): on when tlsProviderFactoryClass is set; PEM only.
+    tlsProviderFactoryClass: str = ""
+    tlsClientAuthentication: bool = False
+    tlsHostnameVerificationEnabled: bool = False
+    startTLSTimeoutSecs: int = 10  # s
+    tlsTrustStoreType: str = "JKS"
+    tlsTrustStore: str = ""
+    tlsKeyStoreType: str = "JKS"
+    tlsKeyStore: str = ""
+    tlsKeyStorePasswordPath: str = ""
+    tlsCertificatePath: str = ""
+    # BookKeeper's deprecated client-only spellings; when set they win over the tls* keys.
+    clientTrustStoreType: str = ""
+    clientTrustStore: str = ""
+    clientKeyStoreType: str = ""
+    clientKeyStore: str = ""
+    clientKeyStorePasswordPath: str = ""
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
         return _by_name(self)
@@ -113,6 +131,7 @@ _BK_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "auditorPeriodicCheckInterval": (lambda v: True, "seconds"),
     "auditorPeriodicPlacementPolicyCheckInterval": (lambda v: True, "seconds"),
     "auditorReplicasCheckInterval": (lambda v: True, "seconds"),
+    "startTLSTimeoutSecs": (_pos, "a positive number of seconds"),
 }
 
 
@@ -138,6 +157,9 @@ class ChecksConfig:
     racks_znode: str = "/bookies"
     #: Seconds between progress log lines on long runs.
     progress_interval: float = 30.0
+    #: Violations a report lists, at most (the first ones by ledger id); counts,
+    #: totals and per-category samples stay exact. 0 lists them all.
+    max_violations_listed: int = 10000
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
         return _by_name(self)
@@ -150,6 +172,7 @@ _CHECKS_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ledger_concurrency": (_pos, "a positive count"),
     "list_capability_ttl": (_nonneg, "seconds >= 0"),
     "progress_interval": (_pos, "positive seconds"),
+    "max_violations_listed": (_nonneg, "a count >= 0 (0: no limit)"),
 }
 
 
@@ -306,7 +329,17 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 #: Tables a TOML config file may have; the daemon reads the last four.
-TOML_TABLES = ("bookkeeper", "checks", "daemon", "api", "metrics", "logging", "scan")
+TOML_TABLES = (
+    "bookkeeper",
+    "checks",
+    "daemon",
+    "api",
+    "metrics",
+    "logging",
+    "scan",
+    "selftest",
+    "risk",
+)
 
 
 def parse_override(item: str, tables: Iterable[str]) -> tuple[str, str, str]:
@@ -338,10 +371,13 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     for item in overrides:
         table, name, value = parse_override(item, ("bookkeeper", "checks"))
         (checks if table == "checks" else bk)[name] = value
-    return AuditorConfig(
+    config = AuditorConfig(
         bookkeeper=_apply("bookkeeper", BookKeeperConfig(), bk, _BK_RULES),
         checks=_apply("checks", ChecksConfig(), checks, _CHECKS_RULES),
     )
+    # Unusable bookie TLS settings fail here, naming the key, not at the first connection.
+    bookie_tls(config.bookkeeper)
+    return config
 
 
 BK_RULES: Rules = _BK_RULES

@@ -24,6 +24,12 @@ class FormatError(AuditorError):
     """Bytes that do not decode as the format they claim to be."""
 
 
+class NotFoundError(AuditorError):
+    """The thing asked about (a ledger, say) does not exist."""
+
+    exit_code = 2
+
+
 class ServiceUnavailableError(AuditorError):
     """A service (ZooKeeper, a bookie) did not answer in time or refused."""
 

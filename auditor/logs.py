@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal, TextIO
+from typing import Literal, TextIO, cast
 
 import structlog
 
@@ -31,6 +31,21 @@ def resolve_format(format: str, stream: TextIO | None = None) -> Literal["json",
     except (AttributeError, ValueError):  # closed or not a real file
         tty = False
     return "console" if tty else "json"
+
+
+class _CurrentStderr:
+    """Whatever `sys.stderr` is when a line is written, not when logging was configured.
+
+    A command run in-process (tests, the demo) may configure logging while
+    stderr is a temporary capture that is closed later; loggers bound then
+    would fail on every line after it. Writing through this follows stderr.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _level(level: int | str) -> int:
@@ -59,8 +74,8 @@ def configure_logging(
     """
     if format is None:
         format = "json" if json_lines else "console"
-    out = stream if stream is not None else sys.stderr
-    chosen = resolve_format(format, out)
+    chosen = resolve_format(format, stream if stream is not None else sys.stderr)
+    out = stream if stream is not None else cast(TextIO, _CurrentStderr())
     lvl = _level(level)
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,

@@ -42,6 +42,7 @@ from auditor.bookie.availability import EMPTY
 from auditor.bookie.client import BookieClient
 from auditor.bookie.protocol import Status
 from auditor.bookie.results import ErrorStatus, Ok
+from auditor.bookie.tls import bookie_tls
 from auditor.checks.context import CheckContext, open_context
 from auditor.checks.findings import CheckReport
 from auditor.checks.placement_run import run_placement_check
@@ -96,7 +97,7 @@ async def phase(name: str, **fields: Any) -> None:
 def report_fields(report: CheckReport) -> dict[str, Any]:
     return {
         "ledgers_checked": report.ledgers_checked,
-        "violations": len(report.violations),
+        "violations": report.violations.total,
         "skipped": dict(report.ledgers_skipped),
     }
 
@@ -158,6 +159,7 @@ def bookie_client(zk: ZkClient, config: AuditorConfig) -> BookieClient:
         request_timeout=config.read_timeout,
         max_in_flight=config.checks.bookie_max_in_flight,
         list_capability_ttl=config.checks.list_capability_ttl,
+        tls=bookie_tls(config.bookkeeper),
     )
 
 

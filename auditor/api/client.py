@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
 from auditor.api import AUTH_METADATA_KEY
-from auditor.errors import AuditorError, ConfigError, ServiceUnavailableError
+from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 
@@ -158,6 +158,20 @@ class ApiClient:
         resp: pb.GetReportResponse = await self._call(
             self._stub.GetReport(pb.GetReportRequest(check=check), timeout=self.timeout)
         )
+        return resp
+
+    async def explain(self, ledger_id: int) -> pb.ExplainResponse:
+        """A ledger's explanation; NotFoundError (exit 2) when it does not exist."""
+        try:
+            resp: pb.ExplainResponse = await self._stub.Explain(
+                pb.ExplainRequest(ledger_id=ledger_id),
+                timeout=self.timeout,
+                metadata=self._metadata(),
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise NotFoundError((exc.details() or "").strip()) from None
+            raise self._error(exc) from None
         return resp
 
     async def trigger(self, check: str) -> pb.TriggerCheckResponse:

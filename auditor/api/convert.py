@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -26,6 +27,8 @@ from auditor.checks.findings import (
     Coverage,
     Violation,
 )
+from auditor.checks.owners import Owner
+from auditor.checks.tally import ViolationLog
 from auditor.daemon.state import CheckState, DaemonState, Outcome
 from auditor.errors import ConfigError, FormatError
 from auditor.metadata.underreplication import UnderreplicatedLedger
@@ -102,7 +105,7 @@ def _from_iso(value: Any, what: str) -> float:
 # --- status -----------------------------------------------------------------------
 
 
-def check_status(cs: CheckState) -> pb.CheckStatus:
+def check_status(cs: CheckState, now: float | None = None) -> pb.CheckStatus:
     msg = pb.CheckStatus(
         check=str(cs.check),
         enabled=cs.enabled,
@@ -110,6 +113,7 @@ def check_status(cs: CheckState) -> pb.CheckStatus:
         outcome=pb.Outcome.Value(f"OUTCOME_{cs.outcome.name}"),
         last_error=cs.last_error or "",
         has_report=cs.last_report is not None,
+        last_success_age_seconds=round(cs.last_success_age(time.time() if now is None else now), 3),
     )
     for name, ts in (
         ("last_started", cs.last_started),
@@ -123,10 +127,14 @@ def check_status(cs: CheckState) -> pb.CheckStatus:
     if cs.last_report is not None:
         msg.counts.update(cs.last_report.counts())
         msg.ledgers_checked = cs.last_report.ledgers_checked
+        msg.would_be_violations_dropped.update(
+            {k: n for k, n in cs.last_report.dropped.items() if n}
+        )
+        msg.false_alarm_share = cs.last_report.false_alarm_share
     return msg
 
 
-def status_response(state: DaemonState) -> pb.GetStatusResponse:
+def status_response(state: DaemonState, now: float | None = None) -> pb.GetStatusResponse:
     msg = pb.GetStatusResponse(
         identity=state.identity,
         is_leader=state.is_leader,
@@ -135,7 +143,7 @@ def status_response(state: DaemonState) -> pb.GetStatusResponse:
         replication_enabled=state.replication_enabled,
         retry_queue_ledgers=state.retry_queue,
         lost_bookies=sorted(state.lost_bookies),
-        checks=[check_status(state.checks[c]) for c in Check if c in state.checks],
+        checks=[check_status(state.checks[c], now) for c in Check if c in state.checks],
     )
     started = timestamp(state.started_at)
     if started is not None:
@@ -175,6 +183,11 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
                 "last_error": c.last_error or None,
                 "ledgers_checked": c.ledgers_checked if c.has_report else None,
                 "counts": dict(sorted(c.counts.items())) if c.has_report else None,
+                "last_success_age_s": c.last_success_age_seconds,
+                "would_be_violations_dropped": (
+                    dict(sorted(c.would_be_violations_dropped.items())) if c.has_report else None
+                ),
+                "false_alarm_share": c.false_alarm_share if c.has_report else None,
             }
             for c in msg.checks
         },
@@ -194,9 +207,11 @@ def report_response(report: CheckReport) -> pb.GetReportResponse:
         check=str(report.check),
         report_json=report_json_text(report),
         ledgers_checked=report.ledgers_checked,
-        violations=len(report.violations),
+        violations=report.violations.total,
         marked_underreplicated=len(set(report.marked_underreplicated)),
+        violations_truncated=report.violations.truncated,
     )
+    msg.would_be_violations_dropped.update({k: n for k, n in report.dropped.items() if n})
     msg.counts.update(report.counts())
     msg.ledgers_skipped.update({k: n for k, n in report.ledgers_skipped.items() if n})
     for name, ts in (("started_at", report.started_at), ("finished_at", report.finished_at)):
@@ -204,6 +219,23 @@ def report_response(report: CheckReport) -> pb.GetReportResponse:
         if stamp is not None:
             getattr(msg, name).CopyFrom(stamp)
     return msg
+
+
+def _violation_log(doc: dict[str, Any]) -> ViolationLog:
+    """The document's violations; counts, total and samples as written when present
+    (the listed violations may be only the first ones)."""
+    listed = [
+        Violation(int(v["ledger_id"]), Category(v["category"]), v["bookie"], v["detail"])
+        for v in doc["violations"]
+    ]
+    if "violations_total" not in doc:
+        return ViolationLog(listed)
+    return ViolationLog.restored(
+        listed,
+        total=int(doc["violations_total"]),
+        counts={str(c): int(n) for c, n in doc["counts"].items()},
+        samples={str(c): [int(i) for i in ids] for c, ids in doc["samples"].items()},
+    )
 
 
 def report_from_json(doc: dict[str, Any]) -> CheckReport:
@@ -216,26 +248,48 @@ def report_from_json(doc: dict[str, Any]) -> CheckReport:
             finished_at=_from_iso(doc["finished_at"], "finished_at"),
             ledgers_checked=int(doc["ledgers_checked"]),
             ledgers_skipped=Counter({str(k): int(n) for k, n in doc["ledgers_skipped"].items()}),
-            violations=[
-                Violation(int(v["ledger_id"]), Category(v["category"]), v["bookie"], v["detail"])
-                for v in doc["violations"]
-            ],
+            violations=_violation_log(doc),
             marked_underreplicated=[int(i) for i in doc["marked_underreplicated"]],
             lost_bookies=[str(b) for b in doc.get("lost_bookies", [])],
+        )
+        report.dropped.update(
+            {str(k): int(n) for k, n in doc.get("would_be_violations_dropped", {}).items()}
         )
         if "coverage" in doc:
             c = doc["coverage"]
             report.coverage = Coverage(int(c["listed"]), int(c["probed"]), int(c["unverified"]))
+        for v in doc["violations"]:
+            if v.get("owner") is not None:
+                report.owners[int(v["ledger_id"])] = Owner.from_json(v["owner"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ReportFormatError(f"the report document is malformed: {exc!r}") from exc
     return report
+
+
+# --- explain ----------------------------------------------------------------------
+
+
+def explain_json_text(doc: dict[str, Any]) -> str:
+    """Serialised exactly as `explain --json` prints it, so the two outputs are interchangeable."""
+    return json.dumps(doc, sort_keys=False)
+
+
+def explain_response(doc: dict[str, Any]) -> pb.ExplainResponse:
+    return pb.ExplainResponse(
+        ledger_id=int(doc["ledger_id"]),
+        explain_json=explain_json_text(doc),
+        categories=[str(c) for c in doc["categories"]],
+    )
 
 
 # --- streams ----------------------------------------------------------------------
 
 
 def violations(
-    reports: dict[Check, CheckReport], check: Check | None, category: Category | None
+    reports: dict[Check, CheckReport],
+    check: Check | None,
+    category: Category | None,
+    owner: str | None = None,
 ) -> Iterator[pb.Violation]:
     """By check (declaration order), then ledger id and category, as reports order them."""
     for c in Check:
@@ -245,12 +299,16 @@ def violations(
         for v in sorted(report.violations, key=lambda v: (v.ledger_id, str(v.category))):
             if category is not None and v.category is not category:
                 continue
+            found = report.owners.get(v.ledger_id)
+            if owner is not None and (found is None or found.key != owner):
+                continue
             yield pb.Violation(
                 check=str(c),
                 ledger_id=v.ledger_id,
                 category=str(v.category),
                 bookie=v.bookie or "",
                 detail_json=json.dumps(v.detail, sort_keys=False),
+                owner=found.key if found is not None else "",
             )
 
 

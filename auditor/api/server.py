@@ -31,7 +31,7 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 from auditor.api import AUTH_METADATA_KEY, AUTH_SCHEME, LIVENESS, READINESS, convert
 from auditor.checks.findings import Check, CheckReport
 from auditor.daemon.state import DaemonControl, NotLeaderError
-from auditor.errors import AuditorError, ConfigError, ServiceUnavailableError
+from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
 from auditor.logs import get_logger
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
@@ -127,6 +127,8 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
         except NoNodeError as exc:
             where = f" ({exc.args[0]})" if exc.args and isinstance(exc.args[0], str) else ""
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"{what}: no such znode{where}")
+        except NotFoundError as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"{what}: {exc}")
         except AuditorError as exc:
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"{what}: {exc}")
         except Exception as exc:
@@ -184,7 +186,7 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
             if request.category
             else None
         )
-        for msg in convert.violations(self._reports(), check, category):
+        for msg in convert.violations(self._reports(), check, category, request.owner or None):
             yield msg
 
     async def ListUnderReplicated(
@@ -211,6 +213,17 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
             self._control.get_lost_bookie_recovery_delay(),
         )
         return pb.LostBookieRecoveryDelay(seconds=seconds)
+
+    async def Explain(
+        self, request: pb.ExplainRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExplainResponse:
+        await self._read(context, "Explain")
+        doc = await self._guard(
+            context,
+            f"explaining ledger {request.ledger_id}",
+            self._control.explain(request.ledger_id),
+        )
+        return convert.explain_response(doc)
 
     # --- mutations ----------------------------------------------------------------
 

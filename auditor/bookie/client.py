@@ -31,6 +31,12 @@ that a check can neither hurt a bookie nor be misled by one:
   instead of staying silent, so repeated disconnects on list probes also mean
   "cannot list".
 
+With `tls` (`auditor.bookie.tls`) every connection is upgraded before its
+first request, and a failed upgrade counts as a failed connect (backoff
+included). A bookie that requires TLS answers every request of a connection
+in clear with a bodiless EUA; that is reported as `UNAUTHORIZED` with what to
+configure, never as an answer about the ledger.
+
 Addresses come from a resolver callable (in production: ZooKeeper
 registration via `auditor.metadata.registry.resolve_bookie`), asked each time
 a connection is opened so a bookie that moved is found again.
@@ -52,6 +58,7 @@ from auditor.bookie.protocol import (
     effective_status,
     get_bookie_info_request,
     get_list_of_entries_request,
+    is_auth_refusal,
     master_key,
     read_entry_request,
     read_lac_request,
@@ -69,6 +76,7 @@ from auditor.bookie.results import (
     Outcome,
     Unanswered,
 )
+from auditor.bookie.tls import TLS_CONTEXT_FACTORY, BookieTls
 from auditor.errors import FormatError
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 
@@ -138,7 +146,7 @@ class BookieClient:
     address resolution and the TCP connect each. After a failed connect the
     bookie is not retried for `backoff_initial` seconds, doubling per further
     failure up to `backoff_max`. A list-capability verdict is remembered for
-    `list_capability_ttl` seconds.
+    `list_capability_ttl` seconds. With `tls`, connections speak TLS.
     """
 
     def __init__(
@@ -154,6 +162,7 @@ class BookieClient:
         list_capability_ttl: float = 600.0,
         list_disconnects_before_cannot_list: int = 2,
         max_frame_size: int = MAX_FRAME_SIZE,
+        tls: BookieTls | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -174,6 +183,7 @@ class BookieClient:
         self.list_capability_ttl = list_capability_ttl
         self.list_disconnects_before_cannot_list = max(1, list_disconnects_before_cannot_list)
         self.max_frame_size = max_frame_size
+        self.tls = tls
         self._bookies: dict[str, _Bookie] = {}
         # txnIds are unique across the client, starting at 1 like the Java client's counter.
         self._txn = itertools.count(1)
@@ -224,6 +234,11 @@ class BookieClient:
     def connections_opened(self, bookie_id: str) -> int:
         b = self._bookies.get(bookie_id)
         return 0 if b is None else b.connections_opened
+
+    def tls_cipher(self, bookie_id: str) -> str | None:
+        """The cipher suite of the open connection to the bookie; None if in clear or none."""
+        b = self._bookies.get(bookie_id)
+        return None if b is None or b.conn is None or not b.conn.is_open else b.conn.tls_cipher
 
     # --- operations -----------------------------------------------------------------------
 
@@ -461,12 +476,38 @@ class BookieClient:
                 request.header.txnId = next(self._txn)
                 resp = await conn.call(request, limit)
             except CallFailed as exc:
+                if exc.reason is Unanswered.TLS_FAILED:
+                    self._back_off(b, NoAnswer(exc.reason, exc.detail))
                 return NoAnswer(exc.reason, exc.detail)
+            b.failures = 0
+            if is_auth_refusal(resp):
+                return NoAnswer(Unanswered.UNAUTHORIZED, self._refusal(b.bookie_id))
             status = effective_status(resp)
             return resp if status is Status.EOK else ErrorStatus(status)
         finally:
             b.in_flight -= 1
             b.slots.release()
+
+    def _refusal(self, bookie_id: str) -> str:
+        if self.tls is None:
+            return (
+                f"{bookie_id} refused the request as unauthenticated (EUA): it requires TLS "
+                f"(or another authentication); set bookkeeper.tlsProviderFactoryClass="
+                f"{TLS_CONTEXT_FACTORY} and bookkeeper.tlsTrustStore"
+            )
+        return (
+            f"{bookie_id} refused the request as unauthenticated (EUA) even over TLS: it does "
+            "not accept our client certificate (tlsClientAuthentication, tlsCertificatePath, "
+            "tlsKeyStore)"
+        )
+
+    def _back_off(self, b: _Bookie, failure: NoAnswer) -> None:
+        """No new connection to `b` for a while: each would fail the same way."""
+        b.failures += 1
+        b.last_failure = failure
+        b.retry_at = asyncio.get_running_loop().time() + min(
+            self.backoff_max, self.backoff_initial * 2 ** (b.failures - 1)
+        )
 
     async def _connection(self, b: _Bookie) -> BookieConnection | NoAnswer:
         if b.conn is not None and b.conn.is_open:
@@ -490,7 +531,6 @@ class BookieClient:
             raise
 
     async def _connect(self, b: _Bookie) -> BookieConnection | NoAnswer:
-        loop = asyncio.get_running_loop()
         try:
             failure: NoAnswer
             try:
@@ -518,7 +558,11 @@ class BookieClient:
                         port,
                         connect_timeout=self.connect_timeout,
                         max_frame_size=self.max_frame_size,
+                        tls=self.tls,
+                        txn_id=next(self._txn),
                     )
+                except CallFailed as exc:  # the TLS upgrade
+                    failure = NoAnswer(exc.reason, exc.detail)
                 except TimeoutError:
                     failure = NoAnswer(
                         Unanswered.UNREACHABLE,
@@ -536,15 +580,14 @@ class BookieClient:
                         return _CLOSED
                     b.replace_connection(conn)
                     b.connections_opened += 1
-                    b.failures = 0
+                    if self.tls is None:
+                        # Over TLS the first answer proves the session (a bookie that
+                        # wants a client certificate closes it after the handshake).
+                        b.failures = 0
                     b.retry_at = 0.0
                     b.last_failure = None
                     return conn
-            b.failures += 1
-            b.last_failure = failure
-            b.retry_at = loop.time() + min(
-                self.backoff_max, self.backoff_initial * 2 ** (b.failures - 1)
-            )
+            self._back_off(b, failure)
             return failure
         finally:
             b.connecting = None

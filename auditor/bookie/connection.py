@@ -15,20 +15,34 @@ pending on it fails with `PROTOCOL_ERROR`.
 
 Writes are not awaited for drain: the pool's per-bookie in-flight cap bounds
 how much can be queued, and the request timeout bounds how long a caller waits.
+
+With TLS the connection upgrades itself before it is handed out, as the Java
+client does: START_TLS goes out as an ordinary v3 request, the bookie answers
+it in clear, and the same socket is then wrapped (`loop.start_tls`, this
+object staying the protocol). Any failure on the way is `TLS_FAILED`, and so
+is a TLS error that ends the session later: with TLS 1.3 a bookie that wants a
+client certificate only says so after the client has finished its handshake
+(with an alert; a server that skips the alert just closes, so a TLS connection
+closed before its first answer counts as a TLS failure too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 from auditor.bookie.protocol import (
     MAX_FRAME_SIZE,
     BookieProtocolError,
     FrameParser,
+    Status,
     decode_response,
+    effective_status,
     encode_message,
+    start_tls_request,
 )
 from auditor.bookie.results import Unanswered
+from auditor.bookie.tls import BookieTls
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 
 __all__ = ["BookieConnection", "CallFailed"]
@@ -58,6 +72,8 @@ class BookieConnection(asyncio.Protocol):
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: Responses that matched no pending request (late after a timeout, or unknown).
         self.unmatched_responses = 0
+        #: Upgraded to TLS and nothing received over it yet.
+        self._tls_unproven = False
 
     @classmethod
     async def open(
@@ -68,13 +84,72 @@ class BookieConnection(asyncio.Protocol):
         *,
         connect_timeout: float,
         max_frame_size: int = MAX_FRAME_SIZE,
+        tls: BookieTls | None = None,
+        txn_id: int = 0,
     ) -> BookieConnection:
-        """Connects, or raises OSError / TimeoutError."""
+        """Connects (and with `tls` upgrades, START_TLS carrying `txn_id`).
+
+        Raises OSError / TimeoutError for the TCP connect, `CallFailed` with
+        `TLS_FAILED` for the upgrade.
+        """
         loop = asyncio.get_running_loop()
         conn = cls(bookie_id, max_frame_size=max_frame_size)
         async with asyncio.timeout(connect_timeout):
             await loop.create_connection(lambda: conn, host, port)
+        if tls is not None:
+            try:
+                await conn._start_tls(tls, host, port, txn_id)
+            except BaseException as exc:
+                conn._abandon(exc)
+                raise
         return conn
+
+    async def _start_tls(self, tls: BookieTls, host: str, port: int, txn_id: int) -> None:
+        where = f"{self.bookie_id} at {host}:{port}"
+        try:
+            resp = await self.call(start_tls_request(txn_id), tls.timeout)
+        except CallFailed as exc:
+            raise CallFailed(
+                Unanswered.TLS_FAILED, f"START_TLS to {where} got no answer: {exc}"
+            ) from None
+        status = effective_status(resp)
+        if status is not Status.EOK:
+            hint = " (TLS is not enabled on that bookie)" if status is Status.EBADREQ else ""
+            raise CallFailed(
+                Unanswered.TLS_FAILED, f"{where} refused START_TLS with {status.name}{hint}"
+            )
+        if self._parser.buffered:
+            raise CallFailed(
+                Unanswered.TLS_FAILED, f"{where} sent bytes after its START_TLS answer"
+            )
+        raw = self._transport
+        assert raw is not None
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(tls.timeout):
+                upgraded = await loop.start_tls(
+                    raw, self, tls.context, server_hostname=host, ssl_handshake_timeout=tls.timeout
+                )
+        except TimeoutError:
+            raise CallFailed(
+                Unanswered.TLS_FAILED,
+                f"TLS handshake with {where} took longer than {tls.timeout:g}s",
+            ) from None
+        except (OSError, ssl.SSLError) as exc:  # SSLCertVerificationError, resets, alerts
+            raise CallFailed(
+                Unanswered.TLS_FAILED, f"TLS handshake with {where} failed: {_describe(exc)}"
+            ) from None
+        if upgraded is None or self._failure is not None:
+            raise CallFailed(Unanswered.TLS_FAILED, f"{where} closed the connection during TLS")
+        self._transport = upgraded
+        self._tls_unproven = True
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Drops a connection whose upgrade failed; nobody will wait for it to close."""
+        detail = exc.detail if isinstance(exc, CallFailed) else f"{self.bookie_id}: {exc!r}"
+        self._fail(CallFailed(Unanswered.TLS_FAILED, detail))
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     # --- state ---------------------------------------------------------------------
 
@@ -85,6 +160,14 @@ class BookieConnection(asyncio.Protocol):
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    @property
+    def tls_cipher(self) -> str | None:
+        """The negotiated cipher suite's name; None on a connection in clear."""
+        if self._transport is None:
+            return None
+        cipher = self._transport.get_extra_info("cipher")
+        return None if cipher is None else str(cipher[0])
 
     @property
     def peer(self) -> tuple[str, int] | None:
@@ -112,13 +195,24 @@ class BookieConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         detail = f"{self.bookie_id} closed the connection"
-        if exc is not None:
+        reason = Unanswered.DISCONNECTED
+        if isinstance(exc, ssl.SSLError):
+            # e.g. TLS 1.3's "certificate required" alert, read after our handshake ended
+            reason, detail = Unanswered.TLS_FAILED, f"{self.bookie_id}: TLS: {_describe(exc)}"
+        elif self._tls_unproven:  # an EOF, or a reset if our request crossed the close
+            reason = Unanswered.TLS_FAILED
+            detail = (
+                f"{self.bookie_id} closed the TLS connection before answering anything "
+                "(as a bookie does that wants a client certificate: tlsClientAuthentication)"
+            )
+        elif exc is not None:
             detail = f"{self.bookie_id}: {exc}"
-        self._fail(CallFailed(Unanswered.DISCONNECTED, detail))
+        self._fail(CallFailed(reason, detail))
         if not self._lost.done():
             self._lost.set_result(None)
 
     def _dispatch(self, response: pb.Response) -> None:
+        self._tls_unproven = False
         key = (response.header.txnId, response.header.operation)
         fut = self._pending.pop(key, None)
         if fut is None or fut.done():
@@ -180,3 +274,12 @@ class BookieConnection(asyncio.Protocol):
     async def wait_closed(self) -> None:
         if self._transport is not None:
             await asyncio.shield(self._lost)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a TLS failure: OpenSSL's reason and the verifier's, without the errno."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason).lower().replace("_", " ")
+    return str(exc) or type(exc).__name__

@@ -63,11 +63,13 @@ __all__ = [
     "entry_digest",
     "get_bookie_info_request",
     "get_list_of_entries_request",
+    "is_auth_refusal",
     "master_key",
     "read_entry_request",
     "read_lac_request",
     "request_header",
     "response_header",
+    "start_tls_request",
     "verify_entry_body",
 ]
 
@@ -329,6 +331,13 @@ def auth_request(
     )
 
 
+def start_tls_request(txn_id: int) -> pb.Request:
+    """START_TLS: the bookie answers in clear, then both ends upgrade the same connection."""
+    return pb.Request(
+        header=request_header(Operation.START_TLS, txn_id), startTLSRequest=pb.StartTLSRequest()
+    )
+
+
 def _inner_status(resp: pb.Response, op: int) -> int | None:
     if op == Operation.READ_ENTRY and resp.HasField("readResponse"):
         return resp.readResponse.status
@@ -347,6 +356,15 @@ def _inner_status(resp: pb.Response, op: int) -> int | None:
     if op == Operation.FORCE_LEDGER and resp.HasField("forceLedgerResponse"):
         return resp.forceLedgerResponse.status
     return None
+
+
+def is_auth_refusal(resp: pb.Response) -> bool:
+    """EUA from the bookie's authentication layer: the request was refused unread.
+
+    That reply copies the request header and has no body; an EUA for a wrong
+    master key comes inside the operation's own response instead.
+    """
+    return int(resp.status) == Status.EUA and _inner_status(resp, resp.header.operation) is None
 
 
 def effective_status(resp: pb.Response) -> Status:

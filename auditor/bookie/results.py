@@ -12,7 +12,8 @@ visibly something else:
   ENOENTRY, EUA, ETOOMANYREQUESTS, ...). Note that READ_LAC answers ENOENTRY
   (not ENOLEDGER) for a ledger the bookie does not have.
 * `NoAnswer(reason)`: no usable answer (not resolvable, unreachable, timed
-  out, connection dropped, garbage, client closed).
+  out, connection dropped, garbage, client closed, TLS failed, or refused as
+  unauthenticated: an EUA that says nothing about the ledger asked about).
 * `CannotList`: only from `get_list_of_entries`: this bookie is known not to
   answer list requests for ledgers it holds (DbLedgerStorage), so nothing can
   be learnt from it this way; it says nothing about missing entries.
@@ -59,6 +60,12 @@ class Unanswered(enum.Enum):
     PROTOCOL_ERROR = "protocol error"
     #: The client was closed.
     CLOSED = "closed"
+    #: START_TLS was refused, or the TLS handshake or session failed (a certificate
+    #: not trusted or not presented, no common protocol): a setup problem, not silence.
+    TLS_FAILED = "tls failed"
+    #: The bookie's authentication layer refused the request unread (EUA with no body):
+    #: this connection is not authenticated, typically because the bookie requires TLS.
+    UNAUTHORIZED = "unauthorized"
 
 
 class ListCapability(enum.Enum):

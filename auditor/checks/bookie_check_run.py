@@ -8,7 +8,8 @@ the daemon (the daemon's delay bookkeeping lives in `lost_bookie_delay`):
 * The available set is read again after the walk, and a bookie that has
   re-registered meanwhile is not reported: "lost" means unavailable both
   before and after the walk. (A bookie lost during the walk is caught by the
-  next run.)
+  next run.) A ledger left with no lost bookie is counted as a dropped
+  would-be violation (`bookie_returned`).
 * One mark per ledger, listing all its lost bookies (sorted). Upstream marks
   once per lost bookie with `[thatBookie]`; the marks merge by exact string,
   so the znode ends up listing the same bookies, with fewer ZooKeeper writes.
@@ -34,7 +35,7 @@ from auditor.checks.bookie_check import (
     loss_violations,
 )
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Check, CheckReport, SkipReason, Violation
+from auditor.checks.findings import Check, CheckReport, DropCause, SkipReason, Violation
 from auditor.checks.progress import Progress
 from auditor.metadata.underreplication import UnderreplicationFormatError
 
@@ -42,7 +43,7 @@ from auditor.metadata.underreplication import UnderreplicationFormatError
 async def run_bookie_check(ctx: CheckContext) -> CheckReport:
     """Reports (and with `ctx.mark`, marks) every ledger with a bookie that is neither
     writable nor read-only."""
-    report = CheckReport(Check.BOOKIES, started_at=ctx.clock())
+    report = ctx.new_report(Check.BOOKIES)
     before = await ctx.registered()
     index = LostBookieIndex(before.available)
     walker = ctx.walker()
@@ -85,7 +86,12 @@ async def run_bookie_check(ctx: CheckContext) -> CheckReport:
     if returned:
         ctx.log.info("bookies registered again during the walk: not lost", bookies=sorted(returned))
         index.forget(returned)
-        losses = [kept for loss in losses if (kept := loss.without(returned)) is not None]
+        kept_losses = [kept for loss in losses if (kept := loss.without(returned)) is not None]
+        # Ledgers whose every lost bookie came back: would-be violations, not reported.
+        gone = len(losses) - len(kept_losses)
+        if gone:
+            report.dropped[str(DropCause.BOOKIE_RETURNED)] += gone
+        losses = kept_losses
 
     report.lost_bookies = index.lost_bookies
     for loss in losses:

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from auditor.bookie.client import BookieClient
-from auditor.checks.findings import CheckReport, LedgerOutcome, PendingMark
+from auditor.bookie.tls import bookie_tls
+from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMark
+from auditor.checks.tally import ViolationLog
 from auditor.config import AuditorConfig
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
@@ -55,6 +57,13 @@ class CheckContext:
             self.zk,
             self.root,
             store_ctime=self.config.bookkeeper.storeSystemTimeAsLedgerUnderreplicatedMarkTime,
+        )
+
+    def new_report(self, check: Check, **fields: Any) -> CheckReport:
+        """An empty report of `check`, listing at most `checks.max_violations_listed`."""
+        limit = self.config.checks.max_violations_listed
+        return CheckReport(
+            check, started_at=self.clock(), violations=ViolationLog(limit=limit), **fields
         )
 
     def walker(self) -> Walker:
@@ -112,6 +121,7 @@ async def open_context(
         request_timeout=config.read_timeout,
         max_in_flight=config.checks.bookie_max_in_flight,
         list_capability_ttl=config.checks.list_capability_ttl,
+        tls=bookie_tls(config.bookkeeper),
     )
     try:
         yield CheckContext(zk, root, manager, client, config, mark=mark, id_range=id_range)

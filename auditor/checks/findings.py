@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from auditor.checks.owners import Owner
+from auditor.checks.tally import ViolationLog
+
 
 class Check(enum.StrEnum):
     BOOKIES = "bookies"
@@ -83,6 +86,45 @@ class SkipReason(enum.StrEnum):
     REPLICATION_DISABLED = "replication_disabled"
     NO_CTIME = "no_ctime"
     GRACE_PERIOD_DISABLED = "grace_period_disabled"
+
+
+class DropCause(enum.StrEnum):
+    """Why a would-be violation was not reported (false-alarm accounting).
+
+    A ledger counts at most once per check run, under the cause that finally
+    set its would-be violation aside, and only when nothing was reported for
+    it in the end (a ledger judged again and still in violation is no drop).
+    """
+
+    #: The metadata was re-read before reporting and had a new znode version;
+    #: judged again with it, the ledger was fine (or kept changing: skipped
+    #: `metadata_changing`).
+    METADATA_CHANGED = "metadata_changed"
+    #: The ledger was deleted between the analysis and the report.
+    LEDGER_DELETED = "ledger_deleted"
+    #: A bookie that did not answer answered on a delayed re-check, and the ledger was fine.
+    RETRY_SUCCEEDED = "retry_succeeded"
+    #: The fresh look before reporting found an under-replication mark made
+    #: during the run (within its grace period): re-replication has it in hand.
+    MARKED_MEANWHILE = "marked_meanwhile"
+    #: Bookie check: every lost bookie of the ledger registered again before the report.
+    BOOKIE_RETURNED = "bookie_returned"
+
+
+#: The drop causes each check can produce (the metric's series exist for these).
+DROP_CAUSES: dict[Check, tuple[DropCause, ...]] = {
+    Check.REPLICAS: (
+        DropCause.METADATA_CHANGED,
+        DropCause.LEDGER_DELETED,
+        DropCause.RETRY_SUCCEEDED,
+        DropCause.MARKED_MEANWHILE,
+    ),
+    Check.LEDGERS: (DropCause.METADATA_CHANGED, DropCause.LEDGER_DELETED),
+    Check.BOOKIES: (DropCause.BOOKIE_RETURNED,),
+    Check.PLACEMENT: (),
+    Check.GRACE: (),
+    Check.METADATA: (),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +201,20 @@ class CheckReport:
     finished_at: float = 0.0
     ledgers_checked: int = 0
     ledgers_skipped: Counter[str] = field(default_factory=Counter)
-    violations: list[Violation] = field(default_factory=list)
+    #: Every violation counted; the first `checks.max_violations_listed` listed.
+    violations: ViolationLog = field(default_factory=ViolationLog)
     marked_underreplicated: list[int] = field(default_factory=list)
     lost_bookies: list[str] = field(default_factory=list)
     coverage: Coverage | None = None
+    #: Would-be violations not reported, by `DropCause` (ledgers).
+    dropped: Counter[str] = field(default_factory=Counter)
+    #: Pulsar owners of flagged ledgers (see `owners.py`); reports group violations by them.
+    owners: dict[int, Owner] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.violations, ViolationLog):
+            # A plain list (documents, tests): listed in full.
+            self.violations = ViolationLog(self.violations)
 
     def merge(self, other: CheckReport) -> None:
         """Adds a partial report of the same check (another partition or retry stage)."""
@@ -172,7 +224,8 @@ class CheckReport:
         self.finished_at = max(self.finished_at, other.finished_at)
         self.ledgers_checked += other.ledgers_checked
         self.ledgers_skipped.update(other.ledgers_skipped)
-        self.violations.extend(other.violations)
+        self.violations.merge(other.violations)
+        self.dropped.update(other.dropped)
         self.marked_underreplicated.extend(other.marked_underreplicated)
         self.lost_bookies.extend(b for b in other.lost_bookies if b not in self.lost_bookies)
         if other.coverage is not None:
@@ -181,17 +234,54 @@ class CheckReport:
             mine.probed += other.coverage.probed
             mine.unverified += other.coverage.unverified
             self.coverage = mine
+        self.owners.update(other.owners)
 
     def counts(self) -> dict[str, int]:
         """Ledgers per category (a ledger counts once per category)."""
-        seen: dict[Category, set[int]] = {c: set() for c in CATEGORIES[self.check]}
-        for v in self.violations:
-            seen.setdefault(v.category, set()).add(v.ledger_id)
-        return {str(c): len(ids) for c, ids in seen.items()}
+        return {c: self.violations.ledgers(c) for c in self._categories()}
+
+    def _categories(self) -> list[str]:
+        """The check's categories, then any other one that was found."""
+        names = [str(c) for c in CATEGORIES[self.check]]
+        return names + [c for c in self.violations.categories() if c not in names]
+
+    def samples(self) -> dict[str, list[int]]:
+        """Up to 100 smallest ledger ids per category, listed in full or not."""
+        return {c: self.violations.samples(c) for c in self._categories()}
+
+    @property
+    def false_alarm_share(self) -> float:
+        """Dropped / (dropped + reported), both in ledgers; 0.0 when nothing was flagged.
+
+        Reported is the sum of `counts` (a ledger in two categories weighs two);
+        dropped is the sum of `dropped` (a ledger at most once).
+        """
+        dropped = sum(self.dropped.values())
+        flagged = dropped + sum(self.counts().values())
+        return round(dropped / flagged, 6) if flagged else 0.0
 
     @property
     def has_violations(self) -> bool:
         return bool(self.violations)
+
+    def _violation_json(self, v: Violation) -> dict[str, Any]:
+        doc = v.to_json()
+        owner = self.owners.get(v.ledger_id)
+        if owner is not None:
+            doc["owner"] = owner.to_json()
+        return doc
+
+    def by_owner(self) -> dict[str, dict[str, int]]:
+        """Owner key -> category -> ledgers, for ledgers whose owner is known (sorted keys)."""
+        seen: dict[str, dict[str, set[int]]] = {}
+        for v in self.violations:
+            owner = self.owners.get(v.ledger_id)
+            if owner is not None:
+                seen.setdefault(owner.key, {}).setdefault(str(v.category), set()).add(v.ledger_id)
+        return {
+            key: {cat: len(ids) for cat, ids in sorted(cats.items())}
+            for key, cats in sorted(seen.items())
+        }
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -202,11 +292,18 @@ class CheckReport:
             "ledgers_skipped": {k: n for k, n in sorted(self.ledgers_skipped.items()) if n},
             "counts": self.counts(),
             "violations": [
-                v.to_json()
+                self._violation_json(v)
                 for v in sorted(self.violations, key=lambda v: (v.ledger_id, v.category))
             ],
             "marked_underreplicated": sorted(set(self.marked_underreplicated)),
+            "violations_total": self.violations.total,
+            "violations_truncated": self.violations.truncated,
+            "samples": self.samples(),
+            "would_be_violations_dropped": {k: n for k, n in sorted(self.dropped.items()) if n},
+            "false_alarm_share": self.false_alarm_share,
         }
+        if self.owners:
+            out["by_owner"] = self.by_owner()
         if self.check is Check.BOOKIES:
             out["lost_bookies"] = sorted(self.lost_bookies)
         if self.check is Check.REPLICAS:

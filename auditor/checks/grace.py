@@ -47,7 +47,7 @@ def past_grace(
 
 
 async def run_grace_check(ctx: CheckContext) -> CheckReport:
-    report = CheckReport(Check.GRACE, started_at=ctx.clock())
+    report = ctx.new_report(Check.GRACE)
     grace = ctx.config.bookkeeper.underreplicatedLedgerRecoveryGracePeriod
     log = ctx.log.bind(check="grace")
     if grace <= 0:

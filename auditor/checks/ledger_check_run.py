@@ -39,7 +39,9 @@ chooses differently from upstream:
   again: deleted meanwhile, it is counted as skipped (`deleted`); changed
   (an ensemble replaced, the ledger closed), it is checked again with the new
   metadata, up to three times in all, and skipped (`metadata_changing`) if it
-  is still changing then. Otherwise the violation `unreadable_fragments` is
+  is still changing then (a deleted or changed ledger that ends up not
+  reported is counted under `would_be_violations_dropped`, cause
+  `ledger_deleted` or `metadata_changed`). Otherwise the violation `unreadable_fragments` is
   reported (bookie: the first bad bookie) and, with marking on, the ledger
   is marked under-replicated with every bad bookie as a missing replica.
 * Undecodable metadata is `metadata_invalid`; ledgers deleted during the
@@ -62,6 +64,7 @@ from auditor.checks.findings import (
     Category,
     Check,
     CheckReport,
+    DropCause,
     SkipReason,
     Violation,
     metadata_invalid,
@@ -86,12 +89,13 @@ from auditor.checks.ledger_check import (
 )
 from auditor.checks.progress import Progress
 from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.metadata.walk import LedgerRecord
 from auditor.zk import NoNodeError
 
-__all__ = ["run_ledger_check"]
+__all__ = ["ledger_violation", "run_ledger_check"]
 
 #: Analyses of one ledger when its metadata keeps changing under us.
 _ATTEMPTS: Final = 3
@@ -104,6 +108,26 @@ _NOT_ASKED: Final = NoAnswer(Unanswered.NOT_RESOLVED, "bookie is neither writabl
 async def run_ledger_check(ctx: CheckContext, *, rng: random.Random | None = None) -> CheckReport:
     """Checks every ledger; `rng` drives the sampling (tests pass a seeded one)."""
     return await _Run(ctx, rng or random.Random()).run()
+
+
+async def ledger_violation(
+    ctx: CheckContext, md: LedgerMetadata, version: int, *, rng: random.Random | None = None
+) -> Violation | None:
+    """One ledger through the check's reads and analysis, read-only (for `explain`).
+
+    The same plan, reads and verdict as a run, minus the re-read before
+    reporting and the marking; None when every read passed.
+    """
+    problem = metadata_problem(md)
+    if problem is not None:
+        path = ledger_path(ctx.manager, ctx.root, md.ledger_id)
+        return metadata_invalid(md.ledger_id, path, version, problem)
+    a = await _Run(ctx, rng or random.Random())._analyse(md, version)
+    if not a.bad:
+        return None
+    bad = bad_bookie_ids(a.bad)
+    detail = violation_detail(md, version, a.plan, a.bad, lac=a.lac, reads=a.reads)
+    return Violation(md.ledger_id, Category.UNREADABLE_FRAGMENTS, bad[0] if bad else None, detail)
 
 
 @dataclass(slots=True)
@@ -128,7 +152,7 @@ class _Run:
         limit = bk.inFlightReadEntryNumInLedgerChecker
         self.read_limit = limit if limit > 0 else None
         self.read_slots = asyncio.Semaphore(limit) if limit > 0 else None
-        self.report = CheckReport(Check.LEDGERS, started_at=ctx.clock())
+        self.report = ctx.new_report(Check.LEDGERS)
         self.entries_read = 0
         self._flag_at = -_FLAG_TTL
         self._enabled = True
@@ -216,7 +240,6 @@ class _Run:
         if walker.stats.deleted_during_walk:
             report.ledgers_skipped[SkipReason.DELETED] += walker.stats.deleted_during_walk
         # Ledgers finish out of order; the report lists them in id order.
-        report.violations.sort(key=lambda v: (v.ledger_id, str(v.category)))
         report.marked_underreplicated.sort()
         report.finished_at = self.ctx.clock()
         self.log.info(
@@ -224,7 +247,7 @@ class _Run:
             check=str(Check.LEDGERS),
             ledgers_checked=report.ledgers_checked,
             ledgers_skipped=dict(report.ledgers_skipped),
-            violations=len(report.violations),
+            violations=report.violations.total,
             marked=len(report.marked_underreplicated),
             entries_read=self.entries_read,
             verification_percentage=self.pct,
@@ -265,11 +288,14 @@ class _Run:
             analysis = await self._analyse(md, version)
             if not analysis.bad:
                 self.report.ledgers_checked += 1
+                if attempt > 1:  # judged again on new metadata: the first look's finding is void
+                    self._dropped(rec.ledger_id, DropCause.METADATA_CHANGED)
                 return
             try:
                 data, stat = await self.ctx.zk.get(rec.path)
             except NoNodeError:
                 self.report.ledgers_skipped[SkipReason.DELETED] += 1
+                self._dropped(rec.ledger_id, DropCause.LEDGER_DELETED)
                 self.log.info(
                     "ledger deleted while being checked",
                     check=str(Check.LEDGERS),
@@ -297,11 +323,22 @@ class _Run:
             version = fresh_version
         # Still changing after several looks: the next run will see it settled.
         self.report.ledgers_skipped[SkipReason.METADATA_CHANGING] += 1
+        self._dropped(rec.ledger_id, DropCause.METADATA_CHANGED)
         self.log.warning(
             "ledger metadata kept changing; not judged this run",
             check=str(Check.LEDGERS),
             ledger_id=rec.ledger_id,
             attempts=_ATTEMPTS,
+        )
+
+    def _dropped(self, ledger_id: int, cause: DropCause) -> None:
+        """A would-be `unreadable_fragments` not reported (false-alarm accounting)."""
+        self.report.dropped[str(cause)] += 1
+        self.log.info(
+            "would-be violation dropped",
+            check=str(Check.LEDGERS),
+            ledger_id=ledger_id,
+            cause=str(cause),
         )
 
     def _invalid(self, ledger_id: int, path: str, version: int, reason: str) -> None:

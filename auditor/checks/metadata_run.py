@@ -59,7 +59,7 @@ async def judge_metadata(
 
 
 async def run_metadata_check(ctx: CheckContext) -> CheckReport:
-    report = CheckReport(Check.METADATA, started_at=ctx.clock())
+    report = ctx.new_report(Check.METADATA)
     walker = ctx.walker()
     progress = Progress(
         ctx.log,

@@ -164,7 +164,7 @@ async def judge_placement(
 
 async def run_placement_check(ctx: CheckContext) -> CheckReport:
     """Judges every segment of every closed ledger against the configured policy."""
-    report = CheckReport(Check.PLACEMENT, started_at=ctx.clock())
+    report = ctx.new_report(Check.PLACEMENT)
     bk = ctx.config.bookkeeper
     kind = policy_kind(bk.ensemblePlacementPolicy)
     resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)

@@ -24,7 +24,7 @@ for copies we know are missing.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,6 +223,15 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((a, b))
     return out
+
+
+def unanswered_registered(verdict: ReplicasVerdict, registered: Set[str]) -> list[str]:
+    """The bookies a final verdict reports as `bookie_unavailable_registered`.
+
+    Only registered ones: a silent bookie that is not registered is lost, and
+    lost bookies are the bookie check's finding, not this one's.
+    """
+    return sorted(b for b in verdict.unanswered if b in registered)
 
 
 def analyse(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> ReplicasVerdict:

@@ -13,6 +13,12 @@ cannot list), and analyse. Nothing is reported on a first impression:
   metadata re-read; if the ledger changed (ensemble replaced, re-replicated),
   it is analysed again instead.
 
+Each of these set-asides that ends with nothing reported for the ledger is
+counted in `report.dropped` by cause (false-alarm accounting): the retry
+succeeded, the ledger was marked meanwhile, deleted, or its metadata changed.
+An unanswering bookie that is not registered is not counted: it is not a
+false alarm but the bookie check's finding.
+
 Ledgers flow through a bounded window (`checks.ledger_concurrency`); only the
 ids of ledgers waiting for a retry are kept, packed, so memory stays flat in
 the number of ledgers.
@@ -34,6 +40,7 @@ from auditor.checks.findings import (
     Check,
     CheckReport,
     Coverage,
+    DropCause,
     LedgerOutcome,
     Outcome,
     SkipReason,
@@ -53,6 +60,7 @@ from auditor.checks.replicas import (
     analyse,
     expectations,
     probe_entries,
+    unanswered_registered,
 )
 from auditor.metadata.model import LedgerMetadata, LedgerState
 from auditor.metadata.registry import BookieSet
@@ -61,6 +69,12 @@ from auditor.metadata.walk import LedgerRecord, Walker
 
 #: How often a ledger whose metadata keeps changing under us is analysed again.
 MAX_REANALYSES = 3
+#: Skips that name the cause of a drop better than the doubt that preceded them.
+_SKIP_CAUSES = {
+    str(SkipReason.UNDERREPLICATED): DropCause.MARKED_MEANWHILE,
+    str(SkipReason.DELETED): DropCause.LEDGER_DELETED,
+    str(SkipReason.METADATA_CHANGING): DropCause.METADATA_CHANGED,
+}
 _ABSENT = (Status.ENOENTRY, Status.ENOLEDGER)
 
 
@@ -73,7 +87,7 @@ class ReplicasRun:
     def __init__(self, ctx: CheckContext) -> None:
         self.ctx = ctx
         self.cfg = ctx.config
-        self.report = CheckReport(Check.REPLICAS, started_at=ctx.clock(), coverage=Coverage())
+        self.report = ctx.new_report(Check.REPLICAS, coverage=Coverage())
         self.walker: Walker = ctx.walker()
         self.retry: array[int] = array("q")
         self.registered = BookieSet(frozenset(), frozenset())
@@ -120,14 +134,30 @@ class ReplicasRun:
         self.report.ledgers_skipped[str(reason)] += 1
         return LedgerOutcome(Check.REPLICAS, ledger_id, Outcome.SKIPPED, str(reason), version)
 
-    async def check(self, rec: LedgerRecord, final: bool) -> None:
-        outcome = await self._judge(rec, final)
+    async def check(self, rec: LedgerRecord, final: bool, retrying: bool = False) -> None:
+        outcome = await self._judge(rec, final, retrying)
         if outcome is not None:
             self.ctx.outcome(outcome)
 
-    async def _judge(self, rec: LedgerRecord, final: bool) -> LedgerOutcome | None:
-        """How the ledger came out; None when it waits for a retry."""
+    def _settled(self, outcome: LedgerOutcome, doubt: DropCause | None) -> LedgerOutcome:
+        """Counts a would-be violation that ended with nothing reported for its ledger."""
+        if doubt is None or outcome.outcome is Outcome.VIOLATION:
+            return outcome
+        cause = _SKIP_CAUSES.get(outcome.skip_reason or "", doubt)
+        self.report.dropped[str(cause)] += 1
+        self.log.info("would-be violation dropped", ledger_id=outcome.ledger_id, cause=str(cause))
+        return outcome
+
+    async def _judge(
+        self, rec: LedgerRecord, final: bool, retrying: bool = False
+    ) -> LedgerOutcome | None:
+        """How the ledger came out; None when it waits for a retry.
+
+        `doubt` is why the ledger was last set aside while a violation loomed
+        (a silent bookie when `retrying`, then changed metadata); see `_settled`.
+        """
         report = self.report
+        doubt = DropCause.RETRY_SUCCEEDED if retrying else None
         for _ in range(MAX_REANALYSES):
             version = rec.znode_version
             if rec.metadata is None:
@@ -138,28 +168,32 @@ class ReplicasRun:
                 )
             md = rec.metadata
             if md.state is LedgerState.OPEN:
-                return self._skip(md.ledger_id, SkipReason.OPEN, version)
+                return self._settled(self._skip(md.ledger_id, SkipReason.OPEN, version), doubt)
             if md.state is LedgerState.IN_RECOVERY:
-                return self._skip(md.ledger_id, SkipReason.IN_RECOVERY, version)
+                skip = self._skip(md.ledger_id, SkipReason.IN_RECOVERY, version)
+                return self._settled(skip, doubt)
             if md.last_entry_id < 0:
-                return self._skip(md.ledger_id, SkipReason.EMPTY, version)
+                return self._settled(self._skip(md.ledger_id, SkipReason.EMPTY, version), doubt)
             marked = await self._already_marked(md.ledger_id, version, fresh=False)
             if marked is not None:
-                return marked
+                return self._settled(marked, doubt)
             verdict = analyse(md, await self.answers(md))
             if verdict.unanswered and not final:
                 self.retry.append(md.ledger_id)
                 return None
             if verdict.category is None and not verdict.unanswered:
-                return self._account(md.ledger_id, version, verdict, Outcome.OK)
+                ok = self._account(md.ledger_id, version, verdict, Outcome.OK)
+                return self._settled(ok, doubt)
             # BP-34: before reporting, look at the mark and the metadata again.
             marked = await self._already_marked(md.ledger_id, version, fresh=True)
             if marked is not None:
-                return marked
+                return self._settled(marked, DropCause.MARKED_MEANWHILE)
             fresh = await self.walker.read(md.ledger_id, rec.path)
             if fresh is None:
-                return self._skip(md.ledger_id, SkipReason.DELETED)
+                deleted = self._skip(md.ledger_id, SkipReason.DELETED)
+                return self._settled(deleted, DropCause.LEDGER_DELETED)
             if fresh.znode_version != rec.znode_version:
+                doubt = DropCause.METADATA_CHANGED
                 self.log.info(
                     "metadata changed during the check; analysing again",
                     ledger_id=md.ledger_id,
@@ -171,7 +205,8 @@ class ReplicasRun:
             return await self._report(md, rec.znode_version, verdict)
         # Still changing after several looks: the next run will see it settled.
         self.log.warning("metadata kept changing; not judged this run", ledger_id=rec.ledger_id)
-        return self._skip(rec.ledger_id, SkipReason.METADATA_CHANGING, rec.znode_version)
+        changing = self._skip(rec.ledger_id, SkipReason.METADATA_CHANGING, rec.znode_version)
+        return self._settled(changing, doubt)
 
     async def _already_marked(
         self, ledger_id: int, version: int, *, fresh: bool
@@ -224,15 +259,16 @@ class ReplicasRun:
     async def _report(
         self, md: LedgerMetadata, version: int, verdict: ReplicasVerdict
     ) -> LedgerOutcome:
-        reported = len(self.report.violations)
+        reported = self.report.violations.total
         evidence = verdict.evidence(md, version)
         if verdict.category is not None:
             self._violation(Violation(md.ledger_id, verdict.category, None, evidence))
             missing = verdict.bookies_missing_entries
             if missing:
                 await self.ctx.mark_underreplicated(self.report, md.ledger_id, missing)
+        silent_registered = unanswered_registered(verdict, self.registered.available)
         for bookie, reason in sorted(verdict.unanswered.items()):
-            if bookie in self.registered.available:
+            if bookie in silent_registered:
                 self._violation(
                     Violation(
                         md.ledger_id,
@@ -256,7 +292,7 @@ class ReplicasRun:
                     ledger_id=md.ledger_id,
                     bookie=bookie,
                 )
-        found = Outcome.VIOLATION if len(self.report.violations) > reported else Outcome.OK
+        found = Outcome.VIOLATION if self.report.violations.total > reported else Outcome.OK
         return self._account(md.ledger_id, version, verdict, found)
 
     def _violation(self, v: Violation) -> None:
@@ -271,7 +307,7 @@ class ReplicasRun:
 
     # --- the run -----------------------------------------------------------------
 
-    async def _pool(self, records: Any, final: bool) -> None:
+    async def _pool(self, records: Any, final: bool, retrying: bool = False) -> None:
         limit = asyncio.Semaphore(self.cfg.checks.ledger_concurrency)
         tasks: set[asyncio.Task[None]] = set()
         failure: list[BaseException] = []
@@ -287,7 +323,7 @@ class ReplicasRun:
                 if failure:
                     break
                 await limit.acquire()
-                t = asyncio.ensure_future(self.check(rec, final))
+                t = asyncio.ensure_future(self.check(rec, final, retrying))
                 tasks.add(t)
                 t.add_done_callback(done)
             if tasks:
@@ -313,7 +349,8 @@ class ReplicasRun:
         for ledger_id in ids:
             rec = await self.walker.read(ledger_id)
             if rec is None:
-                self.ctx.outcome(self._skip(ledger_id, SkipReason.DELETED))
+                deleted = self._skip(ledger_id, SkipReason.DELETED)
+                self.ctx.outcome(self._settled(deleted, DropCause.LEDGER_DELETED))
                 continue
             yield rec
 
@@ -337,7 +374,7 @@ class ReplicasRun:
         """Checks `pending` ledger ids again; the caller has waited `checks.retry_delay`."""
         self.registered = await self.ctx.registered()
         final = attempt >= self.cfg.checks.retry_attempts
-        await self._pool(self._reread(pending), final=final)
+        await self._pool(self._reread(pending), final=final, retrying=True)
         self._queue_changed()
 
     def finish(self) -> CheckReport:
@@ -374,7 +411,7 @@ async def run_replicas_check(ctx: CheckContext) -> CheckReport:
     ctx.log.info(
         "replicas check finished",
         ledgers_checked=report.ledgers_checked,
-        violations=len(report.violations),
+        violations=report.violations.total,
         seconds=round(time.monotonic() - started, 3),
     )
     return report

@@ -13,7 +13,21 @@ Driver = Callable[[CheckContext], Awaitable[CheckReport]]
 
 
 def driver(check: Check) -> Driver:
-    """The driver of a check (imported on demand: each pulls in only what it needs)."""
+    """The driver of a check, whose report then names the Pulsar owners of flagged ledgers."""
+    run = _driver(check)
+
+    async def with_owners(ctx: CheckContext) -> CheckReport:
+        from auditor.checks.owners_run import attach_owners
+
+        report = await run(ctx)
+        await attach_owners(ctx, report)
+        return report
+
+    return with_owners
+
+
+def _driver(check: Check) -> Driver:
+    """The bare driver (imported on demand: each pulls in only what it needs)."""
     if check is Check.REPLICAS:
         from auditor.checks.replicas_run import run_replicas_check
 

@@ -239,7 +239,7 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
     out.write(f"  retry queue: {doc['retry_queue_ledgers']} ledgers; lost bookies: {lost}\n")
     out.write(
         f"  {'check':<10} {'enabled':<7} {'interval':>9}  {'outcome':<10} "
-        f"{'last finished':<27} {'next run':<27} ledgers in violation\n"
+        f"{'last finished':<27} {'success age':>12}  {'next run':<27} ledgers in violation\n"
     )
     for name, c in doc["checks"].items():
         counts = c["counts"]
@@ -250,9 +250,16 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
         )
         out.write(
             f"  {name:<10} {'yes' if c['enabled'] else 'no':<7} {c['interval_s']:>8g}s  "
-            f"{c['outcome']:<10} {c['last_finished'] or '-':<27} {c['next_run'] or '-':<27} "
-            f"{found}\n"
+            f"{c['outcome']:<10} {c['last_finished'] or '-':<27} "
+            f"{c['last_success_age_s']:>11.0f}s  {c['next_run'] or '-':<27} {found}\n"
         )
+        dropped = c["would_be_violations_dropped"]
+        if dropped:
+            causes = ", ".join(f"{k}={n}" for k, n in dropped.items())
+            out.write(
+                f"  {'':<10} would-be violations dropped: {causes} "
+                f"(false-alarm share {c['false_alarm_share']:.2f})\n"
+            )
         if c["last_error"]:
             out.write(f"  {'':<10} last error: {c['last_error']}\n")
 

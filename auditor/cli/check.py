@@ -65,6 +65,23 @@ def render_text(report: CheckReport, out: TextIO) -> None:
             out.write(
                 f"  {v.ledger_id:>12}  {v.category!s:<34} {v.bookie or '-':<22} {_summary(v)}\n"
             )
+        if data["violations_truncated"]:
+            shown = len(data["violations"])
+            out.write(
+                f"  ... the first {shown} of {data['violations_total']} violations "
+                "(checks.max_violations_listed)\n"
+            )
+    if data["would_be_violations_dropped"]:
+        causes = ", ".join(f"{k}={n}" for k, n in data["would_be_violations_dropped"].items())
+        out.write(
+            f"  would-be violations dropped: {causes} "
+            f"(false-alarm share {data['false_alarm_share']:.2f})\n"
+        )
+    if data.get("by_owner"):
+        out.write("  by owner (ledgers per category):\n")
+        for owner, counts in data["by_owner"].items():
+            found = ", ".join(f"{cat}={n}" for cat, n in counts.items())
+            out.write(f"    {owner}  {found}\n")
     if data["marked_underreplicated"]:
         out.write(f"  marked under-replicated: {data['marked_underreplicated']}\n")
 

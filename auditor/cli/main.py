@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from auditor.cli import admin
+from auditor.cli import explain as explain_cli
 from auditor.cli.cluster import ClusterTarget, security_from_args, target_from_args
 from auditor.errors import AuditorError, ConfigError
 
@@ -158,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="override one key (SECTION.KEY, or a BookKeeper key)",
     )
     admin.add_parsers(sub, _cluster_args)
+    explain_cli.add_parser(sub, _cluster_args, _config_args)
+    from auditor.cli import risk
+
+    risk.add_parsers(sub, _cluster_args, _config_args)
+    from auditor.cli import selftest
+
+    selftest.add_parser(sub)
     return parser
 
 
@@ -182,6 +190,12 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await commands[args.command](_target(args), args.json)
     if args.command == "check":
         return await _check(args)
+    if args.command == "selftest":
+        from auditor.cli.selftest import cmd_selftest
+
+        return cmd_selftest(args)
+    if args.command == "explain":
+        return await _explain(args)
     if args.command in ("scan", "snapshot"):
         return await _scan(args)
     if args.command == "bookie-emulator":
@@ -205,6 +219,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from auditor.cli.run import cmd_run
 
         return await cmd_run(args.config, args.overrides, args.bk_conf, args.zk)
+    if args.command in ("risk", "what-if"):
+        return await _risk(args)
     if args.command in admin.COMMANDS:
         return await admin.dispatch(args)
     if args.command == "demo":
@@ -248,6 +264,18 @@ async def _check(args: argparse.Namespace) -> int:
         return 2
 
 
+async def _explain(args: argparse.Namespace) -> int:
+    """As `check`: 1 means "some check flags the ledger", so any failure is exit 2."""
+    from auditor.logs import configure_logging
+
+    configure_logging()
+    try:
+        return await explain_cli.cmd_explain(args)
+    except AuditorError as exc:
+        print(f"bk-auditor: error: {exc}", file=sys.stderr)
+        return 2
+
+
 async def _scan(args: argparse.Namespace) -> int:
     """As `check`: failing to run is exit 2, violations are 1."""
     from pathlib import Path
@@ -285,6 +313,32 @@ async def _scan(args: argparse.Namespace) -> int:
         if args.from_snapshot:
             return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args)
         return await scan.cmd_scan(_target(args, config), config, scan_args)
+    except AuditorError as exc:
+        print(f"bk-auditor: error: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _risk(args: argparse.Namespace) -> int:
+    """`risk` and `what-if`: as `check`, failing to run is exit 2 (1 means "at risk")."""
+    from auditor.cli import risk
+    from auditor.config import load_config
+    from auditor.logs import configure_logging
+
+    configure_logging()
+    try:
+        config = load_config(args.config, args.overrides)
+
+        def target() -> ClusterTarget:
+            return _target(args, config)
+
+        if args.command == "risk":
+            return await risk.cmd_risk(
+                target, config, top=args.top, snapshot=args.from_snapshot, as_json=args.json
+            )
+        request = risk.parse_request(args)
+        return await risk.cmd_what_if(
+            target, config, request, snapshot=args.from_snapshot, as_json=args.json
+        )
     except AuditorError as exc:
         print(f"bk-auditor: error: {exc}", file=sys.stderr)
         return 2

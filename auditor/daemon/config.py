@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from auditor.bookie.tls import bookie_tls
 from auditor.checks.findings import Check
 from auditor.checks.placement import policy_kind
 from auditor.config import (
@@ -165,6 +166,29 @@ class ScanSection:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SelfTestSection:
+    """The leader's detector self-test (`auditor.checks.selftest`) and end-to-end canary."""
+
+    enabled: bool = True
+    #: Seconds between self-tests; one also runs when a node becomes the leader.
+    interval: float = 3600.0
+    #: Keep synthetic defective ledgers under `canary_root` and run the real replicas
+    #: and placement drivers over them (writes to ZooKeeper; a few bookie requests).
+    canary: bool = False
+    canary_root: str = "/bk-auditor-canary/ledgers"
+
+
+@dataclass(frozen=True, slots=True)
+class RiskSection:
+    """The leader's periodic risk report (`auditor.checks.risk`)."""
+
+    #: Seconds between risk reports (the first when a node becomes the leader); 0: off.
+    interval: float = 3600.0
+    #: Domains per kind (bookie, rack, region) published in `ledgers_at_risk`.
+    top: int = 10
+
+
 _SECTIONS: dict[str, type] = {
     "bookkeeper": BookKeeperConfig,
     "checks": ChecksConfig,
@@ -173,6 +197,8 @@ _SECTIONS: dict[str, type] = {
     "metrics": MetricsConfig,
     "logging": LoggingConfig,
     "scan": ScanSection,
+    "selftest": SelfTestSection,
+    "risk": RiskSection,
 }
 # The one-shot commands read the shared tables of the same file; `[scan]` is the daemon's.
 assert set(TOML_TABLES) <= set(_SECTIONS)
@@ -205,6 +231,14 @@ _LOGGING_RULES: Rules = {
 _SCAN_RULES: Rules = {
     "partitions": (lambda v: v >= 0, "a count >= 0 (0: the engine's default)"),
 }
+_SELFTEST_RULES: Rules = {
+    "interval": (lambda v: v > 0, "positive seconds"),
+    "canary_root": (lambda v: v.startswith("/") and v.rstrip("/") != "", "an absolute znode path"),
+}
+_RISK_RULES: Rules = {
+    "interval": (lambda v: v >= 0, "seconds >= 0 (0: off)"),
+    "top": (lambda v: v >= 1, "a count >= 1"),
+}
 _RULES: dict[str, Rules] = {
     "bookkeeper": BK_RULES,
     "checks": CHECKS_RULES,
@@ -213,6 +247,8 @@ _RULES: dict[str, Rules] = {
     "metrics": _METRICS_RULES,
     "logging": _LOGGING_RULES,
     "scan": _SCAN_RULES,
+    "selftest": _SELFTEST_RULES,
+    "risk": _RISK_RULES,
 }
 
 
@@ -224,6 +260,8 @@ class DaemonConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     scan: ScanSection = field(default_factory=ScanSection)
+    selftest: SelfTestSection = field(default_factory=SelfTestSection)
+    risk: RiskSection = field(default_factory=RiskSection)
     #: From `metadataServiceUri` (`zk+hierarchical://...`); None: read the LAYOUT znode.
     ledger_manager: LedgerManager | None = None
     #: "section.key" -> where its value came from, for every key some layer set.
@@ -274,6 +312,8 @@ class DaemonConfig:
             "metrics": self.metrics,
             "logging": self.logging,
             "scan": self.scan,
+            "selftest": self.selftest,
+            "risk": self.risk,
         }
 
     def changed(self, other: DaemonConfig) -> list[str]:
@@ -742,6 +782,18 @@ def load_daemon_config(
     daemon = replace(daemon, **changes)
     _require_engine(daemon, origins)
     zk_security = _resolve_zk_security(daemon, bk, origins)
+    try:
+        bookie_tls(bk)  # unusable TLS files refuse the start (or the reload), naming the key
+    except ConfigError as exc:
+        where = origins.get("bookkeeper.tlsProviderFactoryClass", "default")
+        raise ConfigError(f"{exc} (bookie TLS on: tlsProviderFactoryClass from {where})") from None
+
+    selftest: SelfTestSection = built["selftest"]
+    selftest = replace(selftest, canary_root=selftest.canary_root.rstrip("/"))
+    if selftest.canary:
+        from auditor.checks.canary import validate_canary_root
+
+        validate_canary_root(selftest.canary_root, daemon.ledgers_root)
 
     if metrics.enabled and metrics.port and metrics.port == api.port:
         raise ConfigError(
@@ -762,6 +814,8 @@ def load_daemon_config(
         metrics=metrics,
         logging=log_cfg,
         scan=scan,
+        selftest=selftest,
+        risk=built["risk"],
         ledger_manager=manager,
         origins=origins,
         files=tuple(files),

@@ -19,13 +19,20 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok
-from auditor.checks.findings import ALL_CHECKS, CATEGORIES, Check, CheckReport
+from auditor.checks.findings import ALL_CHECKS, CATEGORIES, DROP_CAUSES, Check, CheckReport
+from auditor.checks.risk import DOMAINS, SEVERITIES, RiskReport
+
+if TYPE_CHECKING:
+    from auditor.checks.selftest import SelfTestResult
 
 PREFIX = "bookkeeper_auditor"
 OUTCOMES = ("ok", "violations", "failed", "skipped")
@@ -59,9 +66,15 @@ def _version() -> str:
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._clock = clock
         self._violations = Counter(
             f"{PREFIX}_violations",
             "Ledgers in violation found by check runs, by category (once per ledger and run).",
@@ -93,6 +106,23 @@ class Metrics:
             ["check"],
             registry=r,
         )
+        self._dropped = Counter(
+            f"{PREFIX}_would_be_violations_dropped",
+            "Would-be violations not reported (ledgers), by check and cause: metadata "
+            "changed, ledger deleted, retry succeeded, marked meanwhile, bookie returned.",
+            ["check", "cause"],
+            registry=r,
+        )
+        self._age = Gauge(
+            f"{PREFIX}_check_last_success_age_seconds",
+            "Seconds since the check last completed (this node or, after a fail-over, the "
+            "leader before it); before any completion, since this node started or was elected.",
+            ["check"],
+            registry=r,
+        )
+        #: Last completion per check, and since when this node waits for a first one.
+        self._success_at: dict[str, float] = {}
+        self._waiting_since = clock()
         self._interval = Gauge(
             f"{PREFIX}_check_interval_seconds",
             "Configured period of the check (0: not periodic), for the staleness alert.",
@@ -167,6 +197,32 @@ class Metrics:
         self._build = Gauge(
             f"{PREFIX}_build_info", "The running version, as a label.", ["version"], registry=r
         )
+        self._selftest_success = Gauge(
+            f"{PREFIX}_selftest_success",
+            "1 when the last detector self-test of the check (or canary) found every "
+            "known defect exactly, else 0; set by the leader.",
+            ["check"],
+            registry=r,
+        )
+        self._selftest_last_run = Gauge(
+            f"{PREFIX}_selftest_last_run_timestamp_seconds",
+            "Unix time of the leader's last detector self-test.",
+            registry=r,
+        )
+
+        self._at_risk = Gauge(
+            f"{PREFIX}_ledgers_at_risk",
+            "Closed ledgers the loss of this bookie, rack or region would leave with some "
+            "entry below its ack quorum or with no copy, for the top domains of the last "
+            "risk report (leader only).",
+            ["domain", "name", "severity"],
+            registry=r,
+        )
+        self._risk_last_run = Gauge(
+            f"{PREFIX}_risk_last_run_timestamp_seconds",
+            "Unix time the leader's last risk report finished.",
+            registry=r,
+        )
 
         for check in ALL_CHECKS:
             for category in CATEGORIES[check]:
@@ -177,6 +233,9 @@ class Metrics:
             for outcome in OUTCOMES:
                 self._runs.labels(str(check), outcome)
             self._marked.labels(str(check))
+            for cause in DROP_CAUSES[check]:
+                self._dropped.labels(str(check), str(cause))
+            self._age.labels(str(check)).set_function(partial(self._age_of, str(check)))
         for op in BOOKIE_OPS:
             self._bookie_requests.labels(op, "ok")
         self._replication_enabled.set(1)
@@ -199,6 +258,10 @@ class Metrics:
         self._duration.labels(check).observe(max(duration_s, 0.0))
         self._runs.labels(check, "violations" if report.has_violations else "ok").inc()
         self._last_success.labels(check).set(report.finished_at or time.time())
+        self._succeeded(check, report.finished_at or self._clock())
+        for cause, n in report.dropped.items():
+            if n:
+                self._dropped.labels(check, cause).inc(n)
         marked = len(set(report.marked_underreplicated))
         if marked:
             self._marked.labels(check).inc(marked)
@@ -215,17 +278,29 @@ class Metrics:
     def set_last_success(self, check: Check, timestamp: float) -> None:
         """For a new leader: the check's stored ctime, so staleness survives a failover."""
         self._last_success.labels(str(check)).set(timestamp)
+        self._succeeded(str(check), timestamp)
+
+    def _succeeded(self, check: str, timestamp: float) -> None:
+        self._success_at[check] = max(self._success_at.get(check, timestamp), timestamp)
+
+    def _age_of(self, check: str) -> float:
+        """Computed at scrape time, so a check that stopped completing shows it at once."""
+        since = self._success_at.get(check, self._waiting_since)
+        return max(self._clock() - since, 0.0)
 
     def set_check_interval(self, check: Check, seconds: float) -> None:
         self._interval.labels(str(check)).set(seconds)
 
     def set_leader(self, is_leader: bool) -> None:
         was, self._leader = self._leader, is_leader
+        if is_leader and not was:
+            self._waiting_since = self._clock()
         self._is_leader.set(1 if is_leader else 0)
         if was and not is_leader:
             for check in ALL_CHECKS:
                 for category in CATEGORIES[check]:
                     self._in_violation.labels(str(check), str(category)).set(0)
+            self._at_risk.clear()  # a former leader's risk must not add up with the new one's
 
     def set_leader_elected(self, elected: bool) -> None:
         self._elected.set(1 if elected else 0)
@@ -258,6 +333,21 @@ class Metrics:
 
     def set_replication_enabled(self, enabled: bool) -> None:
         self._replication_enabled.set(1 if enabled else 0)
+
+    def record_selftest(self, results: Sequence[SelfTestResult], at: float) -> None:
+        """One self-test (or canary) run: 1/0 per check it covered."""
+        for r in results:
+            self._selftest_success.labels(r.check).set(1 if r.ok else 0)
+        self._selftest_last_run.set(at)
+
+    def record_risk(self, report: RiskReport, top: int) -> None:
+        """The top `top` domains of each kind, both severities; the last report's only."""
+        self._at_risk.clear()
+        for domain in DOMAINS:
+            for name, tally in report.top(domain, top):
+                for sev in SEVERITIES:
+                    self._at_risk.labels(str(domain), name, sev.label).set(tally.counts[sev])
+        self._risk_last_run.set(report.finished_at or self._clock())
 
     def exposition(self) -> bytes:
         """The text format (0.0.4), as a scrape without an Accept header gets it."""

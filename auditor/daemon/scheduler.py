@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from auditor.checks.canary import CANARY_PLACEMENT, CANARY_REPLICAS, run_canary
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
 from auditor.checks.lost_bookie_delay import (
@@ -33,7 +34,10 @@ from auditor.checks.lost_bookie_delay import (
     RunAuditNow,
     ScheduleAudit,
 )
+from auditor.checks.risk import RiskReport
+from auditor.checks.risk_run import run_risk
 from auditor.checks.runner import driver
+from auditor.checks.selftest import SelfTestResult, run_selftest
 from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
 from auditor.metadata.records import CheckKind
 from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
@@ -96,6 +100,10 @@ class LeaderWork:
         gate: asyncio.Event | None = None,
         rng: random.Random | None = None,
         scan: ScanDriver | None = None,
+        selftest: Any = None,
+        on_selftest: Callable[[list[SelfTestResult]], None] | None = None,
+        risk: Any = None,
+        on_risk: Callable[[RiskReport], None] | None = None,
     ) -> None:
         self.ctx = ctx
         self.jitter = jitter
@@ -106,6 +114,12 @@ class LeaderWork:
         self.gate = gate
         #: Runs the checks it `runs` as a Spark job; None: every check in process.
         self.scan = scan
+        #: `[selftest]` (a `SelfTestSection`); None: no self-test (tests of other parts).
+        self.selftest = selftest
+        self.on_selftest = on_selftest
+        #: `[risk]` (a `RiskSection`); None or interval 0: no periodic risk report.
+        self.risk = risk
+        self.on_risk = on_risk
         self.log = ctx.log.bind(role="leader")
         self.delay = LostBookieDelay()
         self.one_at_a_time = asyncio.Lock()
@@ -116,9 +130,24 @@ class LeaderWork:
     # --- running one check ------------------------------------------------------
 
     async def _wait_enabled(self) -> None:
+        """Returns once auto-recovery is enabled.
+
+        A read that fails while ZooKeeper is away is asked again once connected:
+        the run waiting here is still due, and giving up would drop it (its
+        trigger consumed, nothing reported) until the check's next turn.
+        """
         urm = self.ctx.urm
         while True:
-            stat, changed = await self.ctx.zk.exists_watched(f"{urm.base}/disable")
+            try:
+                stat, changed = await self.ctx.zk.exists_watched(f"{urm.base}/disable")
+            except ZkUnavailableError as exc:
+                self.log.warning(
+                    "cannot read whether auto-recovery is enabled; asking again when connected",
+                    error=str(exc),
+                )
+                await asyncio.sleep(0.1)  # the state change that explains it is on its way
+                await self._reconnected()
+                continue
             if stat is None:
                 return
             self.log.info("auto-recovery is disabled; checks wait until it is enabled")
@@ -179,10 +208,26 @@ class LeaderWork:
                 self.on_report(check, None, time.monotonic() - started, f"failed: {exc}")
                 return
             duration = time.monotonic() - started
-            kind = CTIME_KIND.get(check)
-            if kind is not None:
-                await self.ctx.urm.set_check_ctime(kind, int(self.ctx.clock() * 1000))
+            await self._store_ctime(check)
             self.on_report(check, report, duration, "ok")
+
+    async def _store_ctime(self, check: Check) -> None:
+        """Records when `check` ran, where BookKeeper keeps it (a new leader's first delay).
+
+        The run's findings are complete by now: ZooKeeper gone at this point
+        (a restart longer than a call's timeout, say) must not lose them, nor
+        leave the check "running" with no report until its next turn. The time
+        stays unstored; a successor then only runs the check sooner.
+        """
+        kind = CTIME_KIND.get(check)
+        if kind is None:
+            return
+        try:
+            await self.ctx.urm.set_check_ctime(kind, int(self.ctx.clock() * 1000))
+        except FencedOutError:
+            raise
+        except ZkUnavailableError as exc:
+            self.log.warning("check time not stored", check=str(check), error=str(exc))
 
     # --- periodic checks -----------------------------------------------------------
 
@@ -238,6 +283,86 @@ class LeaderWork:
             await self.gate.wait()
         else:
             await asyncio.sleep(1.0)
+
+    # --- the detector self-test ---------------------------------------------------------
+
+    async def selftest_loop(self) -> None:
+        """The self-test now (a new leader proves its detectors first), then every interval."""
+        interval = float(self.selftest.interval)
+        while True:
+            await self._outlasting("selftest", self.run_selftest())
+            await asyncio.sleep(jittered(interval, interval, self.jitter, self.rng))
+
+    async def run_selftest(self) -> None:
+        """The pure self-test, then (when configured) the canary, each reported as it ends.
+
+        The canary does not queue behind the checks (`one_at_a_time`): it asks
+        the bookies a few requests, and a detector that stopped working must
+        not wait hours behind a long replicas run to be noticed.
+        """
+        self._selftest_done(run_selftest(), "selftest")
+        if not self.selftest.canary:
+            return
+        if self.gate is not None:
+            await self.gate.wait()
+        try:
+            results = await run_canary(self.ctx, self.selftest.canary_root)
+        except (FencedOutError, ZkUnavailableError):
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            checks = (CANARY_REPLICAS, CANARY_PLACEMENT)
+            results = [SelfTestResult(c, 0, error=error) for c in checks]
+        self._selftest_done(results, "canary")
+
+    def _selftest_done(self, results: list[SelfTestResult], what: str) -> None:
+        for r in results:
+            if r.ok:
+                self.log.info(f"{what} passed", check=r.check, fixtures=r.fixtures)
+            else:
+                self.log.error(
+                    f"{what} failed: a detector does not find what it must",
+                    check=r.check,
+                    failed=r.summary(),
+                    failures=[f.to_json() for f in r.failures],
+                    error=r.error,
+                )
+        if self.on_selftest is not None:
+            self.on_selftest(results)
+
+    # --- the risk report -----------------------------------------------------------------
+
+    async def risk_loop(self) -> None:
+        """The risk report when leadership starts, then every `[risk] interval`."""
+        interval = float(self.risk.interval)
+        while True:
+            await self._outlasting("risk", self.run_risk())
+            await asyncio.sleep(jittered(interval, interval, self.jitter, self.rng))
+
+    async def run_risk(self) -> None:
+        """One risk report, handed to `on_risk`; a failure is logged and waits for the next.
+
+        It reads the metadata index, not the bookies, so it does not queue
+        behind the checks; without an index it walks ZooKeeper, and then takes
+        its turn among them (`one_at_a_time`) like any other walk.
+        """
+        if self.gate is not None:
+            await self.gate.wait()
+        index = self.ctx.index
+        indexed = index is not None and await index.usable()
+        try:
+            if indexed:
+                report = await run_risk(self.ctx)
+            else:
+                async with self.one_at_a_time:
+                    report = await run_risk(self.ctx)
+        except (FencedOutError, ZkUnavailableError):
+            raise
+        except Exception as exc:
+            self.log.error("risk report failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        if self.on_risk is not None:
+            self.on_risk(report)
 
     # --- the lost-bookie audit ---------------------------------------------------------
 
@@ -338,6 +463,10 @@ class LeaderWork:
         try:
             self._tasks.append(asyncio.ensure_future(self.follow_bookies()))
             self._tasks.append(asyncio.ensure_future(self.follow_delay()))
+            if self.selftest is not None and self.selftest.enabled:
+                self._tasks.append(asyncio.ensure_future(self.selftest_loop()))
+            if self.risk is not None and self.risk.interval > 0:
+                self._tasks.append(asyncio.ensure_future(self.risk_loop()))
             await self._apply(start)
             # Checks due now run one after another in START_ORDER, so a new
             # leader's first round is predictable; then each keeps its rhythm.

@@ -23,6 +23,8 @@ from typing import Any
 
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check, CheckReport
+from auditor.checks.risk import RiskReport
+from auditor.checks.selftest import SelfTestResult
 from auditor.daemon.election import Elector, Leadership, current_auditor, election_path
 from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
@@ -61,6 +63,14 @@ class Daemon:
         self._suspension_timer: asyncio.TimerHandle | None = None
         self._restart_work = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
+        #: The last detector self-test and canary results, by check label.
+        self.selftest: dict[str, SelfTestResult] = {}
+        #: Set each time self-test results arrive (tests wait on it; clear before waiting).
+        self.selftest_reported = asyncio.Event()
+        #: The leader's last risk report, and an event set each time one arrives (tests
+        #: clear it before waiting).
+        self.risk_report: RiskReport | None = None
+        self.risk_reported = asyncio.Event()
 
     # --- DaemonControl ----------------------------------------------------------------
 
@@ -96,6 +106,15 @@ class Daemon:
         async for ur in self._urm().list_underreplicated():
             yield ur
 
+    async def explain(self, ledger_id: int) -> dict[str, Any]:
+        from auditor.checks.explain_run import explain_on_cluster
+
+        if self.manager is None:
+            raise NotLeaderError("the ledger layout has not been read yet")
+        return await explain_on_cluster(
+            self._zk(), self.root, self.manager, self.config.auditor, ledger_id
+        )
+
     # --- reports and state ------------------------------------------------------------------
 
     def _on_state(self, check: Check, what: str, next_run: float | None) -> None:
@@ -106,6 +125,19 @@ class Daemon:
         elif what == "off":
             cs.enabled = False
         cs.next_run = next_run if what == "scheduled" else cs.next_run
+
+    def _on_selftest(self, results: list[SelfTestResult]) -> None:
+        for r in results:
+            self.selftest[r.check] = r
+        if self.metrics is not None:
+            self.metrics.record_selftest(results, time.time())
+        self.selftest_reported.set()
+
+    def _on_risk(self, report: RiskReport) -> None:
+        self.risk_report = report
+        if self.metrics is not None:
+            self.metrics.record_risk(report, self.config.risk.top)
+        self.risk_reported.set()
 
     def _on_report(
         self, check: Check, report: CheckReport | None, duration: float, outcome: str
@@ -237,6 +269,9 @@ class Daemon:
         assert self.manager is not None
         self.state.is_leader = True
         self.state.leader = self.state.identity
+        elected_at = time.time()
+        for cs in self.state.checks.values():
+            cs.waiting_since = elected_at  # staleness before a first run counts from here
         if self.metrics is not None:
             self.metrics.set_leader(True)
         self.log.info("elected auditor", vote=leadership.vote_path)
@@ -252,10 +287,12 @@ class Daemon:
                     if self.metrics is not None:
                         ctx.bookies.observer = self.metrics.bookie_request
                         ctx.on_retry_queue = self.metrics.set_retry_queue
-                        # After a fail-over the stored ctimes say when checks last ran.
-                        for check, kind in CTIME_KIND.items():
-                            ctime = await ctx.urm.get_check_ctime(kind)
-                            if ctime > 0:
+                    # After a fail-over the stored ctimes say when checks last ran.
+                    for check, kind in CTIME_KIND.items():
+                        ctime = await ctx.urm.get_check_ctime(kind)
+                        if ctime > 0:
+                            self.state.checks[check].recorded_success = ctime / 1000
+                            if self.metrics is not None:
                                 self.metrics.set_last_success(check, ctime / 1000)
                     self.work = LeaderWork(
                         ctx,
@@ -264,6 +301,10 @@ class Daemon:
                         on_state=self._on_state,
                         gate=self._connected,
                         scan=scan_driver(self.config),
+                        selftest=self.config.selftest,
+                        on_selftest=self._on_selftest,
+                        risk=self.config.risk,
+                        on_risk=self._on_risk,
                     )
                     for check, iv in intervals(self.config.auditor.bookkeeper).items():
                         self.state.checks[check].interval_s = iv

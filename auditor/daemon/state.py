@@ -12,7 +12,7 @@ import enum
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from auditor.checks.findings import ALL_CHECKS, Check, CheckReport
 from auditor.metadata.underreplication import UnderreplicatedLedger
@@ -39,6 +39,17 @@ class CheckState:
     next_run: float | None = None
     last_error: str | None = None
     last_report: CheckReport | None = None
+    #: When the check last completed on any leader, as recorded in ZooKeeper (a new
+    #: leader reads it), so that staleness survives a fail-over.
+    recorded_success: float | None = None
+    #: Since when this node has waited for a first completion: its start, then
+    #: each election (where no completion is known, the age counts from here).
+    waiting_since: float = field(default_factory=time.time)
+
+    def last_success_age(self, now: float) -> float:
+        """Seconds since the last known completion, else since `waiting_since`."""
+        known = [t for t in (self.last_success, self.recorded_success) if t is not None]
+        return max(now - (max(known) if known else self.waiting_since), 0.0)
 
 
 @dataclass
@@ -78,3 +89,6 @@ class DaemonControl(Protocol):
     async def set_autorecovery(self, enabled: bool) -> None: ...
 
     def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]: ...
+
+    async def explain(self, ledger_id: int) -> dict[str, Any]:
+        """The `explain --json` document of a ledger (NotFoundError when there is none)."""

@@ -51,11 +51,19 @@ def cookie_path(root: str, bookie_id: str) -> str:
     return f"{root}/cookies/{bookie_id}"
 
 
-def service_info_bytes(host: str, port: int) -> bytes:
-    """Registration data as a current bookie publishes it (one bookie-rpc endpoint)."""
-    return encode_bookie_service_info(
-        BookieServiceInfo((Endpoint(id="bookie", port=port, host=host, protocol="bookie-rpc"),))
+def service_info_bytes(host: str, port: int, *, tls: bool = False) -> bytes:
+    """Registration data as a current bookie publishes it (one bookie-rpc endpoint).
+
+    A bookie with TLS configured lists the extension `tls` on that endpoint.
+    """
+    endpoint = Endpoint(
+        id="bookie",
+        port=port,
+        host=host,
+        protocol="bookie-rpc",
+        extensions=("tls",) if tls else (),
     )
+    return encode_bookie_service_info(BookieServiceInfo((endpoint,)))
 
 
 def cookie_bytes(bookie_id: str, instance_id: str | None = None) -> bytes:
@@ -125,7 +133,14 @@ async def resolve_bookie(zk: ZkClient, root: str, bookie_id: str) -> tuple[str, 
 
 
 async def register_bookie(
-    zk: ZkClient, root: str, bookie_id: str, host: str, port: int, *, readonly: bool = False
+    zk: ZkClient,
+    root: str,
+    bookie_id: str,
+    host: str,
+    port: int,
+    *,
+    readonly: bool = False,
+    tls: bool = False,
 ) -> None:
     """Registers as a bookie does: cookie first (persistent), then the ephemeral node.
 
@@ -134,7 +149,7 @@ async def register_bookie(
     """
     with contextlib.suppress(NodeExistsError):
         await zk.create(cookie_path(root, bookie_id), cookie_bytes(bookie_id), makepath=True)
-    data = service_info_bytes(host, port)
+    data = service_info_bytes(host, port, tls=tls)
     await zk.ensure_path(f"{root}/available/{READONLY}")
     try:
         await zk.create(available_path(root, bookie_id, readonly=readonly), data, ephemeral=True)

@@ -103,6 +103,26 @@ class CheckStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class WouldBeViolationsDroppedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CHECK_FIELD_NUMBER: _builtins.int
     ENABLED_FIELD_NUMBER: _builtins.int
     INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
@@ -115,6 +135,9 @@ class CheckStatus(_message.Message):
     COUNTS_FIELD_NUMBER: _builtins.int
     LEDGERS_CHECKED_FIELD_NUMBER: _builtins.int
     HAS_REPORT_FIELD_NUMBER: _builtins.int
+    LAST_SUCCESS_AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    WOULD_BE_VIOLATIONS_DROPPED_FIELD_NUMBER: _builtins.int
+    FALSE_ALARM_SHARE_FIELD_NUMBER: _builtins.int
     check: _builtins.str
     enabled: _builtins.bool
     interval_seconds: _builtins.float
@@ -122,6 +145,12 @@ class CheckStatus(_message.Message):
     last_error: _builtins.str
     ledgers_checked: _builtins.int
     has_report: _builtins.bool
+    last_success_age_seconds: _builtins.float
+    """Seconds since the check last completed (on this node, or any leader as
+    recorded in ZooKeeper); before any completion, since this node started or
+    last became the leader. Computed when the status is asked for.
+    """
+    false_alarm_share: _builtins.float
     @_builtins.property
     def last_started(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -134,6 +163,12 @@ class CheckStatus(_message.Message):
     def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Ledgers per category in the last report; every category of the check is
         present (zeros included) once a report exists, empty before.
+        """
+
+    @_builtins.property
+    def would_be_violations_dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The last report's would-be violations not reported, by cause, and their
+        share of everything flagged (see the README's report schema).
         """
 
     def __init__(
@@ -151,10 +186,13 @@ class CheckStatus(_message.Message):
         counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         ledgers_checked: _builtins.int = ...,
         has_report: _builtins.bool = ...,
+        last_success_age_seconds: _builtins.float = ...,
+        would_be_violations_dropped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        false_alarm_share: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "next_run", b"next_run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "enabled", b"enabled", "has_report", b"has_report", "interval_seconds", b"interval_seconds", "last_error", b"last_error", "last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "ledgers_checked", b"ledgers_checked", "next_run", b"next_run", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "enabled", b"enabled", "false_alarm_share", b"false_alarm_share", "has_report", b"has_report", "interval_seconds", b"interval_seconds", "last_error", b"last_error", "last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "last_success_age_seconds", b"last_success_age_seconds", "ledgers_checked", b"ledgers_checked", "next_run", b"next_run", "outcome", b"outcome", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -314,6 +352,26 @@ class GetReportResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class WouldBeViolationsDroppedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CHECK_FIELD_NUMBER: _builtins.int
     REPORT_JSON_FIELD_NUMBER: _builtins.int
     COUNTS_FIELD_NUMBER: _builtins.int
@@ -323,6 +381,8 @@ class GetReportResponse(_message.Message):
     MARKED_UNDERREPLICATED_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    VIOLATIONS_TRUNCATED_FIELD_NUMBER: _builtins.int
+    WOULD_BE_VIOLATIONS_DROPPED_FIELD_NUMBER: _builtins.int
     check: _builtins.str
     report_json: _builtins.str
     """The report document, byte for byte what `check CHECK --json` prints
@@ -330,7 +390,10 @@ class GetReportResponse(_message.Message):
     """
     ledgers_checked: _builtins.int
     violations: _builtins.int
+    """all of them, listed in the document or not"""
     marked_underreplicated: _builtins.int
+    violations_truncated: _builtins.bool
+    """The document lists only the first `checks.max_violations_listed` violations."""
     @_builtins.property
     def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """The same numbers as in the document, for callers that do not parse it."""
@@ -341,6 +404,8 @@ class GetReportResponse(_message.Message):
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def would_be_violations_dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -353,10 +418,12 @@ class GetReportResponse(_message.Message):
         marked_underreplicated: _builtins.int = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        violations_truncated: _builtins.bool = ...,
+        would_be_violations_dropped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "finished_at", b"finished_at", "ledgers_checked", b"ledgers_checked", "ledgers_skipped", b"ledgers_skipped", "marked_underreplicated", b"marked_underreplicated", "report_json", b"report_json", "started_at", b"started_at", "violations", b"violations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "finished_at", b"finished_at", "ledgers_checked", b"ledgers_checked", "ledgers_skipped", b"ledgers_skipped", "marked_underreplicated", b"marked_underreplicated", "report_json", b"report_json", "started_at", b"started_at", "violations", b"violations", "violations_truncated", b"violations_truncated", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -368,19 +435,25 @@ class ListViolationsRequest(_message.Message):
 
     CHECK_FIELD_NUMBER: _builtins.int
     CATEGORY_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     check: _builtins.str
     """empty: every check"""
     category: _builtins.str
     """empty: every category"""
+    owner: _builtins.str
+    """Empty: every ledger; else only ledgers of this Pulsar owner (a violation's
+    `owner`, e.g. "persistent://tenant/ns/topic").
+    """
     def __init__(
         self,
         *,
         check: _builtins.str = ...,
         category: _builtins.str = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "check", b"check"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "check", b"check", "owner", b"owner"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -395,6 +468,7 @@ class Violation(_message.Message):
     CATEGORY_FIELD_NUMBER: _builtins.int
     BOOKIE_FIELD_NUMBER: _builtins.int
     DETAIL_JSON_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     check: _builtins.str
     ledger_id: _builtins.int
     category: _builtins.str
@@ -402,6 +476,8 @@ class Violation(_message.Message):
     """empty when the violation is not about one bookie"""
     detail_json: _builtins.str
     """the evidence, as the report's "detail" object"""
+    owner: _builtins.str
+    """The ledger's Pulsar owner key (the report's `owner.key`); empty when unknown."""
     def __init__(
         self,
         *,
@@ -410,10 +486,11 @@ class Violation(_message.Message):
         category: _builtins.str = ...,
         bookie: _builtins.str = ...,
         detail_json: _builtins.str = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bookie", b"bookie", "category", b"category", "check", b"check", "detail_json", b"detail_json", "ledger_id", b"ledger_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bookie", b"bookie", "category", b"category", "check", b"check", "detail_json", b"detail_json", "ledger_id", b"ledger_id", "owner", b"owner"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -561,3 +638,53 @@ class AutoRecoveryStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AutoRecoveryStatus: _TypeAlias = AutoRecoveryStatus  # noqa: Y015
+
+@_typing.final
+class ExplainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ledger_id", b"ledger_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainRequest: _TypeAlias = ExplainRequest  # noqa: Y015
+
+@_typing.final
+class ExplainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    EXPLAIN_JSON_FIELD_NUMBER: _builtins.int
+    CATEGORIES_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    explain_json: _builtins.str
+    """The document, byte for byte what `bk-auditor explain LEDGER --json` prints
+    (without the trailing newline). Schema in the README.
+    """
+    @_builtins.property
+    def categories(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The categories any check found for the ledger (the document's "categories")."""
+
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+        explain_json: _builtins.str = ...,
+        categories: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["categories", b"categories", "explain_json", b"explain_json", "ledger_id", b"ledger_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainResponse: _TypeAlias = ExplainResponse  # noqa: Y015

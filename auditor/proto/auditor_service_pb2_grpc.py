@@ -74,6 +74,11 @@ class AuditorServiceStub:
                 request_serializer=auditor_dot_proto_dot_auditor__service__pb2.SetAutoRecoveryRequest.SerializeToString,
                 response_deserializer=auditor_dot_proto_dot_auditor__service__pb2.AutoRecoveryStatus.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/bookkeeper.auditor.v1.AuditorService/Explain',
+                request_serializer=auditor_dot_proto_dot_auditor__service__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=auditor_dot_proto_dot_auditor__service__pb2.ExplainResponse.FromString,
+                _registered_method=True)
 
 
 class AuditorServiceServicer:
@@ -137,6 +142,16 @@ class AuditorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """Why one ledger is or is not flagged: metadata, write sets with racks, each
+        bookie's holdings, copies per entry range, the mark, every check's verdict.
+        Read-only (nothing is marked); any node answers. NOT_FOUND for a ledger
+        that does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +194,11 @@ def add_AuditorServiceServicer_to_server(servicer, server):
                     servicer.SetAutoRecovery,
                     request_deserializer=auditor_dot_proto_dot_auditor__service__pb2.SetAutoRecoveryRequest.FromString,
                     response_serializer=auditor_dot_proto_dot_auditor__service__pb2.AutoRecoveryStatus.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=auditor_dot_proto_dot_auditor__service__pb2.ExplainRequest.FromString,
+                    response_serializer=auditor_dot_proto_dot_auditor__service__pb2.ExplainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +417,33 @@ class AuditorService:
             '/bookkeeper.auditor.v1.AuditorService/SetAutoRecovery',
             auditor_dot_proto_dot_auditor__service__pb2.SetAutoRecoveryRequest.SerializeToString,
             auditor_dot_proto_dot_auditor__service__pb2.AutoRecoveryStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bookkeeper.auditor.v1.AuditorService/Explain',
+            auditor_dot_proto_dot_auditor__service__pb2.ExplainRequest.SerializeToString,
+            auditor_dot_proto_dot_auditor__service__pb2.ExplainResponse.FromString,
             options,
             channel_credentials,
             insecure,

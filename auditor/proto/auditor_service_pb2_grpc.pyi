@@ -61,6 +61,12 @@ class AuditorServiceStub:
     """
     SetAutoRecovery: _grpc.UnaryUnaryMultiCallable[_auditor_service_pb2.SetAutoRecoveryRequest, _auditor_service_pb2.AutoRecoveryStatus]
     """Deletes or creates `underreplication/disable`, cluster-wide."""
+    Explain: _grpc.UnaryUnaryMultiCallable[_auditor_service_pb2.ExplainRequest, _auditor_service_pb2.ExplainResponse]
+    """Why one ledger is or is not flagged: metadata, write sets with racks, each
+    bookie's holdings, copies per entry range, the mark, every check's verdict.
+    Read-only (nothing is marked); any node answers. NOT_FOUND for a ledger
+    that does not exist.
+    """
 
 @_typing.type_check_only
 class AuditorServiceAsyncStub(AuditorServiceStub):
@@ -86,6 +92,12 @@ class AuditorServiceAsyncStub(AuditorServiceStub):
     """
     SetAutoRecovery: _aio.UnaryUnaryMultiCallable[_auditor_service_pb2.SetAutoRecoveryRequest, _auditor_service_pb2.AutoRecoveryStatus]  # type: ignore[assignment]
     """Deletes or creates `underreplication/disable`, cluster-wide."""
+    Explain: _aio.UnaryUnaryMultiCallable[_auditor_service_pb2.ExplainRequest, _auditor_service_pb2.ExplainResponse]  # type: ignore[assignment]
+    """Why one ledger is or is not flagged: metadata, write sets with racks, each
+    bookie's holdings, copies per entry range, the mark, every check's verdict.
+    Read-only (nothing is marked); any node answers. NOT_FOUND for a ledger
+    that does not exist.
+    """
 
 class AuditorServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -156,5 +168,17 @@ class AuditorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_auditor_service_pb2.AutoRecoveryStatus, _abc.Awaitable[_auditor_service_pb2.AutoRecoveryStatus]]:
         """Deletes or creates `underreplication/disable`, cluster-wide."""
+
+    @_abc_1.abstractmethod
+    def Explain(
+        self,
+        request: _auditor_service_pb2.ExplainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_auditor_service_pb2.ExplainResponse, _abc.Awaitable[_auditor_service_pb2.ExplainResponse]]:
+        """Why one ledger is or is not flagged: metadata, write sets with racks, each
+        bookie's holdings, copies per entry range, the mark, every check's verdict.
+        Read-only (nothing is marked); any node answers. NOT_FOUND for a ledger
+        that does not exist.
+        """
 
 def add_AuditorServiceServicer_to_server(servicer: AuditorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -24,6 +24,7 @@ from typing import Any
 from auditor.checks.findings import Check, CheckReport, LedgerOutcome
 from auditor.checks.metadata_run import judge_metadata
 from auditor.checks.placement_run import judge_placement, placement_policy
+from auditor.checks.tally import ViolationLog
 from auditor.cli.cluster import connect
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError, FormatError
@@ -270,7 +271,11 @@ class SnapshotJudgement:
         self.sink = sink or (lambda _: None)
         self.log = get_logger().bind(source="snapshot")
         now = datetime.now(UTC).timestamp()
-        self.reports = {c: CheckReport(c, started_at=now) for c in job.checks}
+        limit = job.config.checks.max_violations_listed
+        self.reports = {
+            c: CheckReport(c, started_at=now, violations=ViolationLog(limit=limit))
+            for c in job.checks
+        }
         cluster = job.cluster
         self.locations = dict(cluster.locations)
         known = frozenset(cluster.known)

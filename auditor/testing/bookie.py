@@ -24,6 +24,19 @@ It also has to build big clusters cheaply and break on demand:
   writes its counters to a file on SIGUSR1 (SIGUSR2 resets them first) and
   when it stops, so whoever started it can count what a client sent.
 
+TLS works as on a bookie with `tlsProviderFactoryClass`: given a server
+context (`tls`), START_TLS is answered EOK in clear and the same connection
+then turns into a TLS server; without one it is answered EBADREQ. With
+`tls_required` the emulator acts like a bookie whose authentication plugin
+only accepts TLS connections (BookieAuthZFactory): until a connection has
+finished its handshake every request but START_TLS gets a bodiless EUA
+carrying the request's header. A context that wants client certificates
+(`verify_mode = CERT_REQUIRED`, `tlsClientAuthentication` on a bookie) fails
+the handshake of a client that presents none. START_TLS is handled on the
+spot, untouched by latency and injected statuses; a pause holds it like any
+request. Handshakes completed and failed are counted; each peer knows its
+cipher and the client certificate it was shown.
+
 Like a bookie, a frame that is not a valid v3 `Request` ends the connection.
 Requests are handled inline unless latency or a pause defers them, so answers
 to delayed requests leave in whatever order their delays end, the way a
@@ -37,6 +50,7 @@ import enum
 import json
 import os
 import signal
+import ssl
 import struct
 from bisect import bisect_left, bisect_right
 from collections import Counter
@@ -357,10 +371,16 @@ class _Peer(asyncio.Protocol):
         self._emulator = emulator
         self._parser = FrameParser()
         self.transport: asyncio.Transport | None = None
+        #: Between the START_TLS answer and the end of the handshake: nothing may be sent.
+        self.upgrading = False
+        #: The cipher suite negotiated, once this connection speaks TLS.
+        self.tls_cipher: str | None = None
+        #: The client certificate presented (as `SSLSocket.getpeercert()`), if any.
+        self.client_cert: dict[str, Any] | None = None
 
     @property
     def open(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
+        return self.transport is not None and not self.transport.is_closing() and not self.upgrading
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -377,7 +397,7 @@ class _Peer(asyncio.Protocol):
         except BookieProtocolError:
             self.abort()
             return
-        for payload in payloads:
+        for i, payload in enumerate(payloads):
             if not self.open:
                 return
             try:
@@ -386,7 +406,48 @@ class _Peer(asyncio.Protocol):
                 # A real bookie falls back to v2 on such a frame, fails to decode it, and closes.
                 self.abort()
                 return
+            if int(request.header.operation) == Operation.START_TLS:
+                if not self._emulator._start_tls(self, request):
+                    continue
+                if i + 1 < len(payloads) or self._parser.buffered:
+                    self.abort()  # bytes after START_TLS, before its answer: not a TLS client
+                return
             self._emulator._received(self, request)
+
+    def upgrade(self, context: ssl.SSLContext) -> asyncio.Task[None]:
+        """Turns this connection into a TLS server (reading stops until the handshake)."""
+        assert self.transport is not None
+        raw = self.transport
+        raw.pause_reading()
+        self.upgrading = True
+        return asyncio.get_running_loop().create_task(self._upgrade(raw, context))
+
+    async def _upgrade(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        emulator = self._emulator
+        loop = asyncio.get_running_loop()
+        try:
+            upgraded = await loop.start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=emulator.tls_handshake_timeout,
+                ssl_shutdown_timeout=1.0,
+            )
+        except Exception as exc:  # whatever the handshake died of: the client sees it too
+            emulator.tls_failures.append(repr(exc))
+            raw.abort()
+            return
+        finally:
+            self.upgrading = False
+        if upgraded is None:
+            emulator.tls_failures.append("connection lost during the handshake")
+            return
+        self.transport = upgraded
+        cipher = upgraded.get_extra_info("cipher")
+        self.tls_cipher = None if cipher is None else str(cipher[0])
+        self.client_cert = upgraded.get_extra_info("peercert") or None
+        emulator.tls_handshakes += 1
 
     def send(self, response: pb.Response) -> bool:
         if not self.open:
@@ -424,7 +485,12 @@ class BookieEmulator:
         readonly: bool = False,
         total_disk_capacity: int = 100 * 1024**3,
         free_disk_space: int = 60 * 1024**3,
+        tls: ssl.SSLContext | None = None,
+        tls_required: bool = False,
+        tls_handshake_timeout: float = 5.0,
     ) -> None:
+        if tls_required and tls is None:
+            raise ValueError("tls_required needs a server TLS context")
         self.zk = zk
         self.host = host
         self.port = port
@@ -433,11 +499,19 @@ class BookieEmulator:
         self.readonly = readonly
         self.total_disk_capacity = total_disk_capacity
         self.free_disk_space = free_disk_space
+        self.tls = tls
+        self.tls_required = tls_required
+        self.tls_handshake_timeout = tls_handshake_timeout
+        self._upgrades: set[asyncio.Task[None]] = set()
+        #: TLS handshakes completed; and why each failed one failed.
+        self.tls_handshakes = 0
+        self.tls_failures: list[str] = []
         self._ledgers: dict[int, _Ledger] = {}
         self._server: asyncio.Server | None = None
         self._peers: set[_Peer] = set()
         self._paused = False
         self._held: list[tuple[_Peer, pb.Request, bool]] = []
+        self._held_tls: list[tuple[_Peer, pb.Request]] = []
         self._timers: dict[object, asyncio.TimerHandle] = {}
         self._latency: dict[Operation | None, Latency] = {}
         self._statuses: dict[Operation | None, Status] = {}
@@ -470,6 +544,11 @@ class BookieEmulator:
     @property
     def open_connections(self) -> int:
         return len(self._peers)
+
+    @property
+    def tls_sessions(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """(cipher suite, client certificate or None) of each open connection speaking TLS."""
+        return [(p.tls_cipher, p.client_cert) for p in self._peers if p.tls_cipher is not None]
 
     @property
     def paused(self) -> bool:
@@ -519,10 +598,13 @@ class BookieEmulator:
                     peer.transport.abort()
                 else:
                     peer.transport.close()
+        for task in self._upgrades:
+            task.cancel()
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
         self._held.clear()
+        self._held_tls.clear()
         self.in_flight = 0
         if server is not None:
             await server.wait_closed()
@@ -538,6 +620,7 @@ class BookieEmulator:
                 self.host,
                 self.port,
                 readonly=self.readonly,
+                tls=self.tls is not None,
             )
 
     # --- faults ----------------------------------------------------------------------
@@ -548,12 +631,20 @@ class BookieEmulator:
         if self._server is not None:
             await self._register()
 
+    async def tls_settled(self) -> None:
+        """Returns once every TLS upgrade under way has succeeded or failed."""
+        while self._upgrades:
+            await asyncio.gather(*self._upgrades, return_exceptions=True)
+
     def pause(self) -> None:
         """Stops answering; connections stay open and requests are held until `resume`."""
         self._paused = True
 
     def resume(self) -> None:
         self._paused = False
+        held_tls, self._held_tls = self._held_tls, []
+        for peer, request in held_tls:
+            self._answer_start_tls(peer, request)
         held, self._held = self._held, []
         for peer, request, delayed in held:
             if delayed:
@@ -706,6 +797,34 @@ class BookieEmulator:
 
     # --- request path ----------------------------------------------------------------------
 
+    def _start_tls(self, peer: _Peer, request: pb.Request) -> bool:
+        """Answers START_TLS (held while paused); returns whether the connection upgrades."""
+        self.received[Operation.START_TLS] += 1
+        if self._paused:
+            self._held_tls.append((peer, request))
+            return False
+        return self._answer_start_tls(peer, request)
+
+    def _answer_start_tls(self, peer: _Peer, request: pb.Request) -> bool:
+        """Answers START_TLS in clear and, if TLS is on, upgrades; returns whether it did."""
+        op = Operation.START_TLS
+        header = response_header(op, request.header.txnId)
+        # A second START_TLS on a TLS connection is refused like one without TLS configured.
+        upgrade = self.tls is not None and peer.tls_cipher is None
+        reply = pb.Response(header=header, status=pb.StatusCode.ValueType(int(Status.EBADREQ)))
+        if upgrade:
+            reply.status = pb.EOK
+            reply.startTLSResponse.SetInParent()
+        if not peer.send(reply):
+            return False
+        self.answered[op] += 1
+        if upgrade:
+            assert self.tls is not None
+            task = peer.upgrade(self.tls)
+            self._upgrades.add(task)
+            task.add_done_callback(self._upgrades.discard)
+        return upgrade
+
     def _received(self, peer: _Peer, request: pb.Request) -> None:
         op = _operation(request.header.operation)
         self.received[op] += 1
@@ -753,6 +872,8 @@ class BookieEmulator:
     def _respond(self, peer: _Peer, request: pb.Request) -> pb.Response | None:
         header = request.header
         op = _operation(header.operation)
+        if self.tls_required and peer.tls_cipher is None:
+            return _copied_header_reply(request, Status.EUA)  # the auth layer: not authenticated
         if op not in _HANDLED:
             return _copied_header_reply(request, Status.EBADREQ)
         injected = self._statuses.get(op, self._statuses.get(None))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from auditor.daemon.config import DaemonConfig, load_daemon_config
 from auditor.daemon.metrics import Metrics
@@ -29,6 +30,12 @@ FAST = (
     "readEntryTimeout=1",
     "checks.retry_delay=0.2",
     "checks.retry_attempts=1",
+    # Free loopback ports: a fixed default would collide with any other daemon on the
+    # machine (another test run, a demo) and end this one at start.
+    "api.host=127.0.0.1",
+    "api.port=0",
+    "metrics.host=127.0.0.1",
+    "metrics.port=0",
 )
 
 
@@ -42,12 +49,18 @@ def fast_config(hosts: str, identity: str, extra: Sequence[str] = ()) -> DaemonC
 
 
 @contextlib.asynccontextmanager
-async def running(config: DaemonConfig, metrics: Metrics | None = None) -> AsyncIterator[Daemon]:
+async def running(
+    config: DaemonConfig, metrics: Metrics | None = None, *, api_factory: Any = None
+) -> AsyncIterator[Daemon]:
+    """`api_factory` as `Daemon.run` takes it: the daemon serves its API (health probes)."""
     daemon = Daemon(config, metrics=metrics)
-    run = asyncio.ensure_future(daemon.run(signals=False))
+    run = asyncio.ensure_future(daemon.run(api_factory=api_factory, signals=False))
     try:
         yield daemon
     finally:
+        # A daemon that ended by itself failed (a port in use, a bad config): that is
+        # the cause of whatever the test saw, so it is what the test reports.
+        failed = run.exception() if run.done() and not run.cancelled() else None
         daemon.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(run), 30)
@@ -55,3 +68,5 @@ async def running(config: DaemonConfig, metrics: Metrics | None = None) -> Async
             run.cancel()
             with contextlib.suppress(BaseException):
                 await run
+        if failed is not None:
+            raise RuntimeError(f"the daemon ended by itself: {failed}") from failed

@@ -105,6 +105,7 @@ class LedgerWriter:
         state: LedgerState = LedgerState.CLOSED,
         format_version: int = 3,
         ctime: int | None = None,
+        custom_metadata: Sequence[tuple[str, bytes]] = (),
     ) -> WrittenLedger:
         """Writes the entries, then the metadata (closed at the last entry, if CLOSED).
 
@@ -126,6 +127,7 @@ class LedgerWriter:
             digest_type=self.digest_type,
             password=self.password,
             ctime=ctime,
+            custom_metadata=custom_metadata,
         )
         path = await self.cluster.write_ledger(md)
         return WrittenLedger(md, path, num_entries)

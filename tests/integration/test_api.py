@@ -30,9 +30,13 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
 from auditor.api import LIVENESS, READINESS
 from auditor.api.convert import report_from_json
 from auditor.api.server import ApiServer, start_api_server
+from auditor.checks.explain_run import explain_on_cluster
 from auditor.checks.findings import Category, Check, CheckReport, Coverage, Violation
+from auditor.checks.tally import ViolationLog
+from auditor.config import load_config
 from auditor.daemon.state import CheckState, DaemonState, NotLeaderError, Outcome
 from auditor.errors import ConfigError
+from auditor.metadata.layout import LedgerManager
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
@@ -81,6 +85,12 @@ class MinimalControl:
     def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
         return self.urm.list_underreplicated()
 
+    async def explain(self, ledger_id: int) -> dict[str, Any]:
+        """As the daemon: a fresh context on the cluster (defaults, hierarchical layout)."""
+        return await explain_on_cluster(
+            self.urm.zk, self.urm.root, LedgerManager.HIERARCHICAL, load_config(None, []), ledger_id
+        )
+
 
 T0 = 1_700_000_000.25
 
@@ -97,27 +107,44 @@ def replicas_report() -> CheckReport:
         finished_at=T0 + 100.5,
         ledgers_checked=10,
         ledgers_skipped=Counter({"open": 2, "empty": 0}),
-        violations=[
-            Violation(
-                12,
-                Category.BELOW_WRITE_QUORUM,
-                None,
-                {"copies_found": 2, "write_quorum": 3, "ack_quorum": 2, "worst_entries": [[5, 9]]},
-            ),
-            Violation(
-                7,
-                Category.NO_REPLICA,
-                None,
-                {"copies_found": 0, "write_quorum": 3, "ack_quorum": 2, "worst_entries": [[0, 4]]},
-            ),
-            Violation(3, Category.BOOKIE_UNAVAILABLE_REGISTERED, OTHER, {"reason": "timeout"}),
-            Violation(
-                3,
-                Category.BELOW_ACK_QUORUM,
-                None,
-                {"copies_found": 1, "write_quorum": 3, "ack_quorum": 2, "worst_entries": [[0, 0]]},
-            ),
-        ],
+        violations=ViolationLog(
+            [
+                Violation(
+                    12,
+                    Category.BELOW_WRITE_QUORUM,
+                    None,
+                    {
+                        "copies_found": 2,
+                        "write_quorum": 3,
+                        "ack_quorum": 2,
+                        "worst_entries": [[5, 9]],
+                    },
+                ),
+                Violation(
+                    7,
+                    Category.NO_REPLICA,
+                    None,
+                    {
+                        "copies_found": 0,
+                        "write_quorum": 3,
+                        "ack_quorum": 2,
+                        "worst_entries": [[0, 4]],
+                    },
+                ),
+                Violation(3, Category.BOOKIE_UNAVAILABLE_REGISTERED, OTHER, {"reason": "timeout"}),
+                Violation(
+                    3,
+                    Category.BELOW_ACK_QUORUM,
+                    None,
+                    {
+                        "copies_found": 1,
+                        "write_quorum": 3,
+                        "ack_quorum": 2,
+                        "worst_entries": [[0, 0]],
+                    },
+                ),
+            ]
+        ),
         marked_underreplicated=[7, 3, 7],
         coverage=Coverage(listed=20, probed=5, unverified=1),
     )
@@ -130,10 +157,12 @@ def placement_report() -> CheckReport:
         started_at=T0 + 200,
         finished_at=T0 + 201,
         ledgers_checked=4,
-        violations=[
-            Violation(9, Category.PLACEMENT_SOFTLY_ADHERING, None, {"segments": [window]}),
-            Violation(3, Category.PLACEMENT_NOT_ADHERING, None, {"segments": [window]}),
-        ],
+        violations=ViolationLog(
+            [
+                Violation(9, Category.PLACEMENT_SOFTLY_ADHERING, None, {"segments": [window]}),
+                Violation(3, Category.PLACEMENT_NOT_ADHERING, None, {"segments": [window]}),
+            ]
+        ),
     )
 
 

@@ -366,6 +366,11 @@ async def test_json_report(zk: ZkClient) -> None:
             "counts",
             "violations",
             "marked_underreplicated",
+            "violations_total",
+            "violations_truncated",
+            "samples",
+            "would_be_violations_dropped",
+            "false_alarm_share",
             "lost_bookies",
         }
         assert out["check"] == "bookies"
@@ -388,6 +393,13 @@ async def test_json_report(zk: ZkClient) -> None:
         ]
         assert out["marked_underreplicated"] == [7]
         assert out["lost_bookies"] == [ghost]
+        assert (
+            out["violations_total"],
+            out["violations_truncated"],
+            out["samples"],
+            out["would_be_violations_dropped"],
+            out["false_alarm_share"],
+        ) == (1, False, {LOST: [7], INVALID: []}, {}, 0.0)
 
 
 async def test_every_violation_is_logged_with_evidence_and_progress(zk: ZkClient) -> None:

@@ -55,6 +55,11 @@ async def test_replicas_json_schema_and_exit_codes(zk: ZkClient) -> None:
             "counts",
             "violations",
             "marked_underreplicated",
+            "violations_total",
+            "violations_truncated",
+            "samples",
+            "would_be_violations_dropped",
+            "false_alarm_share",
             "coverage",
         }
         assert doc["check"] == "replicas"
@@ -69,6 +74,13 @@ async def test_replicas_json_schema_and_exit_codes(zk: ZkClient) -> None:
             "metadata_invalid": 0,
         }
         assert doc["coverage"] == {"listed": 6, "probed": 0, "unverified": 0}
+        assert doc["samples"] == {c: [] for c in doc["counts"]}
+        assert (
+            doc["violations_total"],
+            doc["violations_truncated"],
+            doc["would_be_violations_dropped"],
+            doc["false_alarm_share"],
+        ) == (0, False, {}, 0.0)
 
         tc.bookies[2].drop_entries(2, [5])
         code, out, err = await bk("check", "replicas", "--zk", zk.hosts, "--json", *FAST)

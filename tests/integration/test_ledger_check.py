@@ -295,6 +295,7 @@ async def test_ensemble_replaced_mid_check_is_checked_again_not_reported(zk: ZkC
                 x.resume()
             report = await task
         assert report.violations == [] and report.ledgers_checked == 1
+        assert report.to_json()["would_be_violations_dropped"] == {"metadata_changed": 1}
         assert reads(tc) == [4, 4, 2, 2]
         assert await marks(tc) == {}
 

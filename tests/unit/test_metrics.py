@@ -19,6 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from auditor.bookie.protocol import Status
 from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok, Unanswered
 from auditor.checks.findings import ALL_CHECKS, CATEGORIES, Category, Check, CheckReport, Violation
+from auditor.checks.selftest import SelfTestResult
+from auditor.checks.tally import ViolationLog
 from auditor.daemon.metrics import BOOKIE_OPS, OUTCOMES, Metrics, bookie_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,13 +117,15 @@ def replicas_report() -> CheckReport:
         check=Check.REPLICAS,
         started_at=1_700_000_000.0,
         finished_at=1_700_000_042.5,
-        violations=[
-            v(1, Category.NO_REPLICA),
-            v(1, Category.NO_REPLICA, "b2:3181"),  # same ledger, other bookie: counts once
-            v(2, Category.BELOW_ACK_QUORUM),
-            v(3, Category.BELOW_WRITE_QUORUM),
-            v(4, Category.BELOW_WRITE_QUORUM),
-        ],
+        violations=ViolationLog(
+            [
+                v(1, Category.NO_REPLICA),
+                v(1, Category.NO_REPLICA, "b2:3181"),  # same ledger, other bookie: counts once
+                v(2, Category.BELOW_ACK_QUORUM),
+                v(3, Category.BELOW_WRITE_QUORUM),
+                v(4, Category.BELOW_WRITE_QUORUM),
+            ]
+        ),
         marked_underreplicated=[1, 2, 2, 3],
     )
 
@@ -172,7 +176,7 @@ def test_bookie_check_report_sets_lost_bookies() -> None:
         check=Check.BOOKIES,
         started_at=1.0,
         finished_at=2.0,
-        violations=[Violation(7, Category.LEDGERS_ON_LOST_BOOKIES, "b9:3181", {})],
+        violations=ViolationLog([Violation(7, Category.LEDGERS_ON_LOST_BOOKIES, "b9:3181", {})]),
         marked_underreplicated=[7],
         lost_bookies=["b9:3181", "b8:3181"],
     )
@@ -346,6 +350,7 @@ def exported_families() -> set[str]:
     m = Metrics()
     m.set_last_success(Check.REPLICAS, 1.0)
     m.set_check_interval(Check.REPLICAS, 1.0)
+    m.record_selftest([SelfTestResult("replicas", 1)], 1.0)
     return names_of(m)
 
 

@@ -1,0 +1,127 @@
+"""Bookie TLS, configured by the keys BookKeeper's own client reads.
+
+A BookKeeper client turns TLS on with `tlsProviderFactoryClass`: every new
+connection then sends START_TLS, gets the answer in clear, and upgrades the
+same socket (the bookie is the TLS server). Operators already have those keys
+in `bk_server.conf` (an AutoRecovery beside a bookie uses them), so the auditor
+reads the same ones, with the deprecated `client*` spellings first, as
+BookKeeper does.
+
+Netty reads JKS, PKCS12 or PEM stores; Python's `ssl` reads PEM only. A store
+of another type is refused at start with the key to change: quietly talking
+in clear to a bookie that expects TLS would only turn into a run of confusing
+"unauthorized" answers later.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from auditor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from auditor.config import BookKeeperConfig
+
+__all__ = ["TLS_CONTEXT_FACTORY", "BookieTls", "bookie_tls"]
+
+#: The one TLS provider BookKeeper ships; the value that turns bookie TLS on.
+TLS_CONTEXT_FACTORY = "org.apache.bookkeeper.tls.TLSContextFactory"
+
+
+@dataclass(frozen=True, slots=True)
+class BookieTls:
+    """What a connection needs to upgrade itself: a client context and a time limit."""
+
+    context: ssl.SSLContext
+    #: Seconds for the START_TLS answer, and again for the handshake (`startTLSTimeoutSecs`).
+    timeout: float
+    #: Whether a client certificate is presented (`tlsClientAuthentication`).
+    client_auth: bool = False
+
+
+def _pick(bk: BookKeeperConfig, alias: str, key: str) -> tuple[str, str]:
+    """(value, the key it came from): the deprecated `client*` key wins, as in BookKeeper."""
+    value = str(getattr(bk, alias))
+    if value:
+        return value, alias
+    return str(getattr(bk, key)), key
+
+
+def _pem_only(kind: str, key: str, store_key: str) -> None:
+    if kind.upper() != "PEM":
+        raise ConfigError(
+            f"bookkeeper.{key} is {kind!r}: bookie TLS here reads PEM files only; "
+            f"set {key}=PEM and bookkeeper.{store_key} to a PEM file"
+        )
+
+
+def _read_password(key: str, path: str) -> str:
+    try:
+        return Path(path).read_text().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read bookkeeper.{key} {path}: {exc}") from None
+
+
+def bookie_tls(bk: BookKeeperConfig) -> BookieTls | None:
+    """The client side of bookie TLS, or None when `tlsProviderFactoryClass` is unset.
+
+    Raises `ConfigError` naming the key for anything unusable: another
+    provider class, a non-PEM store, a missing or unreadable file.
+    """
+    provider = bk.tlsProviderFactoryClass.strip()
+    if not provider:
+        return None
+    if provider != TLS_CONTEXT_FACTORY:
+        raise ConfigError(
+            f"bookkeeper.tlsProviderFactoryClass must be {TLS_CONTEXT_FACTORY} "
+            f"(or empty for no TLS), got {provider!r}"
+        )
+    trust_type, trust_type_key = _pick(bk, "clientTrustStoreType", "tlsTrustStoreType")
+    trust, trust_key = _pick(bk, "clientTrustStore", "tlsTrustStore")
+    _pem_only(trust_type, trust_type_key, trust_key)
+    if not trust:
+        raise ConfigError(
+            "bookie TLS needs the CA certificate that signed the bookies' certificates: "
+            "set bookkeeper.tlsTrustStore to a PEM file"
+        )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    # BookKeeper checks the chain always, the name only with tlsHostnameVerificationEnabled.
+    context.check_hostname = bk.tlsHostnameVerificationEnabled
+    context.verify_mode = ssl.CERT_REQUIRED
+    try:
+        context.load_verify_locations(cafile=trust)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot load the bookie TLS CA certificate bookkeeper.{trust_key} {trust}: {exc}"
+        ) from None
+    has_cert = False
+    if bk.tlsClientAuthentication:
+        key_type, key_type_key = _pick(bk, "clientKeyStoreType", "tlsKeyStoreType")
+        key, key_key = _pick(bk, "clientKeyStore", "tlsKeyStore")
+        password_path, password_key = _pick(
+            bk, "clientKeyStorePasswordPath", "tlsKeyStorePasswordPath"
+        )
+        _pem_only(key_type, key_type_key, key_key)
+        if not bk.tlsCertificatePath:
+            raise ConfigError(
+                "tlsClientAuthentication needs a client certificate: "
+                "set bookkeeper.tlsCertificatePath to a PEM file"
+            )
+        if not key:
+            raise ConfigError(
+                "tlsClientAuthentication needs the client certificate's private key: "
+                f"set bookkeeper.{key_key} to a PEM file"
+            )
+        password = _read_password(password_key, password_path) if password_path else None
+        try:
+            context.load_cert_chain(bk.tlsCertificatePath, key, password)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise ConfigError(
+                f"cannot load the bookie TLS client certificate bookkeeper.tlsCertificatePath "
+                f"{bk.tlsCertificatePath} with bookkeeper.{key_key} {key}: {exc}"
+            ) from None
+        has_cert = True
+    return BookieTls(context, float(bk.startTLSTimeoutSecs), has_cert)

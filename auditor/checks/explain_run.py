@@ -1,0 +1,87 @@
+"""Gathering what `explain` needs for one ledger, through the checks' own I/O paths.
+
+Metadata and the mark are fresh reads (never the leader's index: an
+explanation is about now); bookies are asked exactly as the replicas check
+asks them (`ReplicasRun.answers`), racks come from the configured sources as
+the placement check resolves them, and the ledger check's sampled reads run
+as in a check run. Nothing is written. The assembly is `explain.explain`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from auditor.checks.context import CheckContext, open_context
+from auditor.checks.explain import ExplainInputs, LedgerCheckResult, explain, explain_invalid
+from auditor.checks.ledger_check_run import ledger_violation
+from auditor.checks.placement_run import placement_policy
+from auditor.checks.racks import open_rack_resolver
+from auditor.checks.replicas_run import ReplicasRun
+from auditor.config import AuditorConfig
+from auditor.errors import ConfigError, NotFoundError
+from auditor.metadata.layout import LedgerManager
+from auditor.metadata.paths import LONG_MAX
+from auditor.metadata.registry import all_known_bookies
+from auditor.metadata.walk import LedgerWalker
+from auditor.zk import ZkClient
+
+
+class LedgerNotFoundError(NotFoundError):
+    """The ledger asked about has no metadata under the ledgers root."""
+
+
+def check_ledger_id(ledger_id: int) -> int:
+    if not 0 <= ledger_id <= LONG_MAX:
+        raise ConfigError(f"a ledger id is 0..{LONG_MAX}, got {ledger_id}")
+    return ledger_id
+
+
+async def explain_ledger(
+    ctx: CheckContext, ledger_id: int, *, rng: random.Random | None = None
+) -> dict[str, Any]:
+    """The explanation document of one ledger; LedgerNotFoundError when it does not exist."""
+    check_ledger_id(ledger_id)
+    rec = await LedgerWalker(ctx.zk, ctx.root, ctx.manager).read(ledger_id)
+    if rec is None:
+        raise LedgerNotFoundError(f"ledger {ledger_id} does not exist under {ctx.root}")
+    mark = await ctx.urm.get(ledger_id)
+    grace = ctx.config.bookkeeper.underreplicatedLedgerRecoveryGracePeriod
+    now_ms = int(ctx.clock() * 1000)
+    md = rec.metadata
+    if md is None:
+        reason = rec.error.reason if rec.error is not None else "metadata missing"
+        return explain_invalid(ledger_id, rec.path, rec.znode_version, reason, mark, grace, now_ms)
+    registered = await ctx.registered()
+    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    known = registered.available | await all_known_bookies(ctx.zk, ctx.root)
+    located = await resolver.locations(sorted(known | md.bookies()))
+    policy = placement_policy(ctx.config.bookkeeper, known, located)
+    mine = md.bookies()
+    sources = {b: src for b in sorted(mine) if (src := resolver.source_of(b)) is not None}
+    answers = await ReplicasRun(ctx).answers(md)
+    ledgers = LedgerCheckResult(await ledger_violation(ctx, md, rec.znode_version, rng=rng))
+    return explain(
+        ExplainInputs(
+            md=md,
+            path=rec.path,
+            znode_version=rec.znode_version,
+            answers=answers,
+            locations={b: loc for b, loc in located.items() if b in mine},
+            rack_sources=sources,
+            policy=policy,
+            registered=registered,
+            mark=mark,
+            grace_period_s=grace,
+            now_ms=now_ms,
+            ledgers=ledgers,
+        )
+    )
+
+
+async def explain_on_cluster(
+    zk: ZkClient, root: str, manager: LedgerManager, config: AuditorConfig, ledger_id: int
+) -> dict[str, Any]:
+    """`explain_ledger` with a bookie client of its own (the daemon's API, any node)."""
+    async with open_context(zk, root, manager, config, mark=False) as ctx:
+        return await explain_ledger(ctx, ledger_id)

@@ -1,0 +1,52 @@
+"""Finding the Pulsar owners of a report's flagged ledgers, after the check.
+
+Owners are looked up at report time, for flagged ledgers only, rather than
+carried through the walk: the leader's metadata index keeps no custom
+metadata (it would cost every healthy ledger bytes for a name that matters
+only when something is wrong), and a run flags few ledgers. Each lookup is a
+fresh read of the ledger's znode, pipelined `checks.ledger_concurrency` at a
+time; a ledger deleted meanwhile simply has no owner. Equal owners are stored
+once, so memory follows the distinct owners and the flagged ledgers, never
+the whole cluster. The lookup is an annotation, not part of the verdict: if
+ZooKeeper fails during it, the report goes out with the owners found so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import CheckReport
+from auditor.checks.owners import Owner, owner_of
+from auditor.errors import ServiceUnavailableError
+from auditor.metadata.walk import LedgerWalker
+
+
+async def attach_owners(ctx: CheckContext, report: CheckReport) -> None:
+    """Fills `report.owners` for every flagged ledger whose metadata names an owner."""
+    wanted = sorted({v.ledger_id for v in report.violations} - report.owners.keys())
+    if not wanted:
+        return
+    walker = LedgerWalker(ctx.zk, ctx.root, ctx.manager)
+    interned: dict[Owner, Owner] = {}
+
+    async def one(ledger_id: int) -> None:
+        rec = await walker.read(ledger_id)
+        if rec is None or rec.metadata is None:
+            return
+        owner = owner_of(rec.metadata.custom_metadata)
+        if owner is not None:
+            report.owners[ledger_id] = interned.setdefault(owner, owner)
+
+    step = max(1, ctx.config.checks.ledger_concurrency)
+    try:
+        for i in range(0, len(wanted), step):
+            await asyncio.gather(*(one(lid) for lid in wanted[i : i + step]))
+    except ServiceUnavailableError as exc:
+        ctx.log.warning(
+            "owners of flagged ledgers not all known: ZooKeeper failed",
+            check=str(report.check),
+            found=len(report.owners),
+            flagged=len(wanted),
+            error=str(exc),
+        )

@@ -1,0 +1,158 @@
+"""`bk-auditor explain LEDGER_ID`: why one ledger is (or is not) flagged.
+
+Exit codes follow `check`: 0 no check finds anything, 1 some check does, 2
+the explanation could not be made (no such ledger, bad flags, unreachable
+ZooKeeper). `--json` prints exactly one object (schema in the README); with
+`--api HOST:PORT` a daemon makes it, and prints the same document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from auditor.api import TOKEN_ENV
+
+Adder = Callable[[argparse.ArgumentParser], None]
+
+
+def add_parser(sub: Any, cluster_args: Adder, config_args: Adder) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="why a ledger is or is not flagged: copies, racks, each check's verdict",
+    )
+    p.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
+    cluster_args(p)
+    config_args(p)
+    p.add_argument(
+        "--api",
+        metavar="HOST:PORT",
+        help="ask a daemon's gRPC API instead of ZooKeeper and the bookies directly",
+    )
+    p.add_argument("--token", metavar="TOKEN", help=f"API token (env {TOKEN_ENV})")
+    p.add_argument("--tls", action="store_true", help="TLS to the API, system trust roots")
+    p.add_argument("--tls-ca", metavar="FILE", help="TLS to the API, trusting this CA (PEM)")
+    p.add_argument("--tls-cert", metavar="FILE", help="client certificate for mTLS (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="client key for mTLS (PEM)")
+
+
+# --- text ------------------------------------------------------------------------------
+
+
+def _ranges(ranges: list[list[int]], limit: int = 6) -> str:
+    text = ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges[:limit])
+    return text + (",..." if len(ranges) > limit else "")
+
+
+def _bookie_line(b: dict[str, Any]) -> str:
+    answer = b.get("answer", "-")
+    if answer == "listed":
+        held = f"missing {b['missing_entries']}/{b['expected_entries']}"
+        if b["missing_ranges"]:
+            held += f" [{_ranges(b['missing_ranges'])}]"
+    elif answer == "probed":
+        held = f"probed present {b['probed_present']} absent {b['probed_absent']}"
+    else:
+        held = f"{b['expected_entries']} expected; {b.get('reason', '')}"
+    return (
+        f"    {b['index']:>2} {b['bookie']:<24} {b['rack']:<22} {b['registration']:<9} "
+        f"{answer:<10} {held}"
+    )
+
+
+def render_text(doc: dict[str, Any], out: TextIO) -> None:
+    md = doc["metadata"]
+    lid = doc["ledger_id"]
+    if "error" in md:
+        out.write(f"ledger {lid}: metadata does not decode: {md['error']}\n  path {md['path']}\n")
+    else:
+        out.write(
+            f"ledger {lid}  {md['state']}  E={md['ensemble_size']} W={md['write_quorum']} "
+            f"A={md['ack_quorum']}  last entry {md['last_entry_id']}  length {md['length']}  "
+            f"format v{md['format_version']}, znode version {md['znode_version']}\n"
+        )
+        out.write(f"  path {md['path']}; placement policy {doc['placement_policy']}\n")
+    owner = doc["owner"]
+    if owner is not None:
+        extra = ", ".join(f"{k} {v}" for k, v in owner.items() if k != "key")
+        out.write(f"  owner {owner['key']} ({extra})\n")
+    mark = doc["underreplication_mark"]
+    if mark is None:
+        out.write("  under-replication mark: none\n")
+    else:
+        out.write(
+            f"  under-replication mark: missing {', '.join(mark['missing_replicas']) or '-'}; "
+            f"ctime {mark['ctime']}\n"
+        )
+    for seg in doc["segments"]:
+        out.write(f"  segment entries {seg['first_entry']}-{seg['last_entry']}\n")
+        sets = "; ".join(
+            f"{'+'.join(ws['bookies'])} ({','.join(ws['racks'])})" for ws in seg["write_sets"]
+        )
+        out.write(f"    write sets: {sets}\n")
+        for b in seg["bookies"]:
+            out.write(_bookie_line(b) + "\n")
+        copies = seg["copies"]
+        if copies is not None:
+            parts = [
+                f"{r['entries'][0]}-{r['entries'][1]}: {r['copies']} ({r['status']})"
+                for r in copies["ranges"][:8]
+            ]
+            more = copies["ranges_total"] - len(parts)
+            out.write(
+                f"    copies (W={md['write_quorum']}, A={md['ack_quorum']}): {'; '.join(parts)}"
+                + (f"; {more} more ranges" if more > 0 else "")
+                + "\n"
+            )
+    out.write("  checks:\n")
+    for name, verdict in doc["checks"].items():
+        cats = ",".join(sorted({v["category"] for v in verdict["violations"]}))
+        out.write(f"    {name:<10} {verdict['outcome']:<9} {cats + ': ' if cats else ''}")
+        out.write(f"{verdict['reason']}\n")
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def _exit_code(doc: dict[str, Any]) -> int:
+    return 1 if doc["categories"] else 0
+
+
+async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from auditor.checks.explain_run import check_ledger_id
+
+    ledger_id = check_ledger_id(args.ledger_id)
+    if args.api:
+        from auditor.cli.admin import _api_client
+
+        async with _api_client(args, args.api) as api:
+            resp = await api.explain(ledger_id)
+        text = resp.explain_json
+        doc: dict[str, Any] = json.loads(text)
+    else:
+        doc = await _explain_direct(args, ledger_id)
+        text = json.dumps(doc, sort_keys=False)
+    if args.json:
+        out.write(text + "\n")
+    else:
+        render_text(doc, out)
+    return _exit_code(doc)
+
+
+async def _explain_direct(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
+    from auditor.checks.context import open_context
+    from auditor.checks.explain_run import explain_ledger
+    from auditor.cli.cluster import connect
+    from auditor.cli.main import _target
+    from auditor.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    target = _target(args, config)
+    async with (
+        connect(target) as (zk, manager),
+        open_context(zk, target.root, manager, config) as ctx,
+    ):
+        return await explain_ledger(ctx, ledger_id)

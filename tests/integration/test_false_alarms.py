@@ -1,0 +1,257 @@
+"""False-alarm accounting and bounded reports, against real ZooKeeper and emulated bookies.
+
+Each drop path of the checks is driven for real: a bookie silent on the first
+pass, a mark or a deletion landing while the check waits for a bookie, a lost
+bookie registering again during the walk. The reports must count exactly
+those ledgers under exactly that cause, and report nothing for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from auditor.api.convert import report_from_json
+from auditor.bookie.protocol import Operation, Status
+from auditor.checks.bookie_check_run import run_bookie_check
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import Category, CheckReport
+from auditor.checks.ledger_check_run import run_ledger_check
+from auditor.checks.replicas_run import run_replicas_check
+from auditor.cli.check import render_text
+from auditor.metadata.serde import encode_ledger_metadata
+from auditor.metadata.walk import LedgerRecord, LedgerWalker
+from auditor.testing.bookie import BookieEmulator
+from auditor.testing.cluster import make_metadata
+from auditor.testing.harness import TestCluster, test_cluster
+from auditor.zk import ZkClient
+
+FAST = ["checks.retry_delay=0.1", "checks.retry_attempts=1", "readEntryTimeout=1"]
+
+
+async def replicas(tc: TestCluster, *extra: str) -> CheckReport:
+    async with tc.context(overrides=[*FAST, *extra]) as ctx:
+        return await run_replicas_check(ctx)
+
+
+def accounting(report: CheckReport) -> tuple[object, ...]:
+    doc = report.to_json()
+    return (
+        [(v["ledger_id"], v["category"]) for v in doc["violations"]],
+        doc["would_be_violations_dropped"],
+        doc["false_alarm_share"],
+    )
+
+
+async def test_retry_that_succeeds_is_a_dropped_would_be_violation(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        b = tc.ids
+        await tc.writer.write_ledger(3, b, write_quorum=2, num_entries=10)
+        # Ledger 4 (bookies 0 and 1 only) really is below its ack quorum: entry 0 has one copy.
+        await tc.writer.write_ledger(4, b[:2], write_quorum=2, num_entries=10)
+        tc.bookies[1].drop_entries(4, [0])
+        silent = tc.bookies[2]
+        silent.inject_status(Status.EIO)  # no answer on the first pass ...
+        async with tc.context(overrides=FAST) as ctx:
+
+            def heal(waiting: int) -> None:
+                if waiting:  # ... and a good one once ledger 3 waits for its re-check
+                    silent.inject_status(None)
+
+            ctx.on_retry_queue = heal
+            report = await run_replicas_check(ctx)
+        assert silent.list_requests[3] == 2
+        assert accounting(report) == (
+            [(4, "below_ack_quorum")],
+            {"retry_succeeded": 1},
+            0.5,
+        )
+        assert report.ledgers_checked == 2
+        text = io.StringIO()
+        render_text(report, text)
+        assert "  would-be violations dropped: retry_succeeded=1 (false-alarm share 0.50)\n" in (
+            text.getvalue()
+        )
+
+
+async def held_check(
+    tc: TestCluster, meanwhile: Callable[[CheckContext], Awaitable[None]]
+) -> CheckReport:
+    """Runs the replicas check; while bookie 0 sits on its answer, `meanwhile` happens."""
+    held = tc.bookies[0]
+    held.set_latency(0.5, Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)
+    async with tc.context(overrides=FAST) as ctx:
+        task = asyncio.ensure_future(run_replicas_check(ctx))
+        await held.wait_requests(1, Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)
+        await meanwhile(ctx)
+        return await task
+
+
+async def test_ledger_marked_while_checked_is_dropped_as_marked_meanwhile(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        b = tc.ids
+        await tc.writer.write_ledger(7, b, write_quorum=2, num_entries=30)
+        tc.bookies[1].drop_ledger(7)  # below write quorum, as the first look sees it
+
+        async def mark(ctx: CheckContext) -> None:
+            await ctx.urm.mark_underreplicated(7, [b[1]])  # re-replication takes it over
+
+        report = await held_check(tc, mark)
+        assert accounting(report) == ([], {"marked_meanwhile": 1}, 1.0)
+        assert report.ledgers_skipped == {"underreplicated": 1}
+        assert report.marked_underreplicated == []
+
+
+async def test_ledger_deleted_while_checked_is_dropped_as_deleted(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        b = tc.ids
+        written = await tc.writer.write_ledger(7, b, write_quorum=2, num_entries=30)
+        tc.bookies[1].drop_ledger(7)
+
+        async def delete(_ctx: CheckContext) -> None:
+            await zk.delete(written.path)
+
+        report = await held_check(tc, delete)
+        assert accounting(report) == ([], {"ledger_deleted": 1}, 1.0)
+        assert report.ledgers_skipped == {"deleted": 1}
+
+
+async def test_metadata_changed_while_checked_is_dropped_as_metadata_changed(
+    zk: ZkClient,
+) -> None:
+    async with test_cluster(zk, 4) as tc:
+        b = tc.ids
+        written = await tc.writer.write_ledger(7, b[0:3], write_quorum=2, num_entries=30)
+        tc.bookies[1].drop_ledger(7)
+
+        async def replace(_ctx: CheckContext) -> None:
+            # Re-replicated meanwhile: b3 takes b1's place and holds its entries.
+            await tc.writer.write_entries(7, [(0, [b[0], b[3], b[2]])], 2, 30)
+            md = make_metadata(
+                7,
+                [b[0], b[3], b[2]],
+                write_quorum=2,
+                last_entry_id=29,
+                length=written.metadata.length,
+            )
+            await zk.set(written.path, encode_ledger_metadata(md))
+
+        report = await held_check(tc, replace)
+        assert accounting(report) == ([], {"metadata_changed": 1}, 1.0)
+        assert report.ledgers_checked == 1
+
+
+async def test_ledger_check_counts_a_deleted_ledger_as_dropped(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        b = tc.ids
+        written = await tc.writer.write_ledger(5, b, write_quorum=2, num_entries=10)
+        tc.bookies[1].drop_ledger(5)
+        held = tc.bookies[0]
+        held.set_latency(0.5, Operation.READ_ENTRY)
+        async with tc.context(overrides=["auditorLedgerVerificationPercentage=100"]) as ctx:
+            task = asyncio.ensure_future(run_ledger_check(ctx))
+            await held.wait_requests(1, Operation.READ_ENTRY)
+            await zk.delete(written.path)
+            report = await task
+        assert accounting(report) == ([], {"ledger_deleted": 1}, 1.0)
+        assert report.ledgers_skipped == {"deleted": 1}
+
+
+class _ReturningWalker(LedgerWalker):
+    """The real walk; after its first ledger a lost bookie starts again (and registers)."""
+
+    def __init__(self, ctx: CheckContext, bookie: BookieEmulator) -> None:
+        super().__init__(ctx.zk, ctx.root, ctx.manager)
+        self.bookie = bookie
+
+    async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
+        first = True
+        async for rec in super().ledgers(concurrency):
+            yield rec
+            if first:
+                first = False
+                await self.bookie.start()
+
+
+async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(zk: ZkClient) -> None:
+    async with test_cluster(zk, 4) as tc:
+        b = tc.ids
+        await tc.cluster.write_ledger(make_metadata(1, b[0:3], write_quorum=2))
+        await tc.cluster.write_ledger(make_metadata(2, [b[0], b[1], b[3]], write_quorum=2))
+        await tc.cluster.write_ledger(make_metadata(3, [b[2], b[3], b[1]], write_quorum=2))
+        await tc.bookies[2].crash()  # unregistered before the walk ...
+        await tc.bookies[3].crash()  # ... and this one stays away
+        async with tc.context() as ctx:
+            setattr(ctx, "walker", lambda: _ReturningWalker(ctx, tc.bookies[2]))  # noqa: B010
+            report = await run_bookie_check(ctx)
+        # Ledger 1 only had b2 lost: dropped. Ledger 3 keeps b3; ledger 2 only had b3.
+        doc = report.to_json()
+        assert [(v["ledger_id"], v["bookie"]) for v in doc["violations"]] == [
+            (2, b[3]),
+            (3, b[3]),
+        ]
+        assert doc["would_be_violations_dropped"] == {"bookie_returned": 1}
+        assert doc["false_alarm_share"] == round(1 / 3, 6)
+        assert doc["lost_bookies"] == [b[3]]
+
+
+# --- samples and truncation ----------------------------------------------------------------
+
+
+async def unreplicated_cluster(tc: TestCluster, ids: list[int]) -> None:
+    """Closed ledgers whose bookies answer but hold nothing: `no_replica`, every one."""
+    for lid in ids:
+        md = make_metadata(lid, tc.ids, write_quorum=2, last_entry_id=4, length=50)
+        await tc.cluster.write_ledger(md)
+
+
+async def test_samples_are_the_first_hundred_ids_and_listing_is_bounded(zk: ZkClient) -> None:
+    ids = [1000 + 7 * i for i in range(105)]
+    async with test_cluster(zk, 3) as tc:
+        await unreplicated_cluster(tc, ids)
+        full = (await replicas(tc)).to_json()
+        assert full["counts"]["no_replica"] == 105
+        assert full["samples"] == {
+            "no_replica": ids[:100],
+            "below_ack_quorum": [],
+            "below_write_quorum": [],
+            "bookie_unavailable_registered": [],
+            "underreplicated_past_grace_period": [],
+            "metadata_invalid": [],
+        }
+        assert [v["ledger_id"] for v in full["violations"]] == ids
+        assert (full["violations_total"], full["violations_truncated"]) == (105, False)
+
+        report = await replicas(tc, "checks.max_violations_listed=10")
+        cut = report.to_json()
+        assert [v["ledger_id"] for v in cut["violations"]] == ids[:10]
+        assert cut["violations"] == full["violations"][:10]
+        assert (cut["violations_total"], cut["violations_truncated"]) == (105, True)
+        assert cut["counts"] == full["counts"]
+        assert cut["samples"] == full["samples"]
+        assert report.ledgers_checked == 105
+        assert len(report.violations) == 10 and report.has_violations
+        # What a daemon serves (the document) rebuilds into the same report.
+        again = report_from_json(cut)
+        assert again.to_json() == cut
+        assert again.counts() == report.counts()
+        assert again.violations.total == 105
+        text = io.StringIO()
+        render_text(report, text)
+        rows = [line.split()[0] for line in text.getvalue().splitlines() if line[:14].strip()]
+        assert [int(r) for r in rows if r.isdigit()] == ids[:10]
+        assert "  ... the first 10 of 105 violations (checks.max_violations_listed)\n" in (
+            text.getvalue()
+        )
+
+
+async def test_limit_zero_lists_everything(zk: ZkClient) -> None:
+    ids = list(range(1, 13))
+    async with test_cluster(zk, 3) as tc:
+        await unreplicated_cluster(tc, ids)
+        report = await replicas(tc, "checks.max_violations_listed=0")
+        doc = report.to_json()
+        assert [v["ledger_id"] for v in doc["violations"]] == ids
+        assert (doc["violations_total"], doc["violations_truncated"]) == (12, False)
+        assert {v.category for v in report.violations} == {Category.NO_REPLICA}

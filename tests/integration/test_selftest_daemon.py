@@ -1,0 +1,163 @@
+"""The leader's detector self-test and canary, on the real ZooKeeper and emulated bookies.
+
+The daemon runs in this process (as `auditor.testing.inprocess` provides) so
+the test can await its self-test reports and read its metrics registry. The
+canary's znodes must appear under its own root only, the real ledgers root
+must keep exactly its ledgers and no marks, and each real bookie must be
+asked exactly one list request for the canary's ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from typing import Any
+
+from auditor.checks.canary import (
+    CANARY_IDS,
+    CANARY_MANAGER,
+    CANARY_PLACEMENT,
+    CANARY_REPLICAS,
+    NO_REPLICA_ID,
+    RACKS_NODE,
+)
+from auditor.checks.selftest import SELFTEST_CHECKS, FixtureFailure
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.service import Daemon
+from auditor.metadata.layout import LedgerManager
+from auditor.metadata.paths import ledger_path
+from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.metadata.walk import LedgerWalker
+from auditor.testing.harness import TestCluster, test_cluster
+from auditor.testing.inprocess import fast_config, running
+from auditor.zk import NoNodeError, ZkClient
+
+ROOT = "/ledgers"
+CANARY_BASE = "/bk-auditor-canary"
+CANARY_ROOT = f"{CANARY_BASE}/ledgers"
+CANARY = {CANARY_REPLICAS, CANARY_PLACEMENT}
+
+
+async def _reported(daemon: Daemon, checks: set[str], within: float = 60) -> None:
+    """Waits for self-test results of every one of `checks` (on the daemon's event)."""
+    async with asyncio.timeout(within):
+        while not checks <= daemon.selftest.keys():
+            daemon.selftest_reported.clear()
+            await daemon.selftest_reported.wait()
+
+
+def _success(metrics: Metrics, check: str) -> float | None:
+    return metrics.registry.get_sample_value(
+        "bookkeeper_auditor_selftest_success", {"check": check}
+    )
+
+
+async def _tree(zk: ZkClient, path: str) -> set[str]:
+    try:
+        children = await zk.get_children(path)
+    except NoNodeError:
+        return set()
+    out = {path}
+    for child in children:
+        out |= await _tree(zk, f"{path.rstrip('/')}/{child}")
+    return out
+
+
+def _with_parents(path: str, stop: str) -> set[str]:
+    out = set()
+    while len(path) >= len(stop):
+        out.add(path)
+        path = path.rsplit("/", 1)[0]
+    return out
+
+
+async def _ledger_ids(zk: ZkClient) -> list[int]:
+    return [i async for i in LedgerWalker(zk, ROOT, LedgerManager.HIERARCHICAL).ledger_ids()]
+
+
+async def _healthy_cluster(tc: TestCluster) -> None:
+    await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=10)
+
+
+async def test_self_test_passes_for_every_check_and_writes_nothing_without_canary(
+    zk: ZkClient,
+) -> None:
+    async with test_cluster(zk, 3) as tc:
+        await _healthy_cluster(tc)
+        metrics = Metrics()
+        async with running(fast_config(zk.hosts, "selftest-a:1"), metrics) as daemon:
+            await _reported(daemon, set(SELFTEST_CHECKS))
+            assert {c: _success(metrics, c) for c in SELFTEST_CHECKS} == dict.fromkeys(
+                SELFTEST_CHECKS, 1.0
+            )
+            assert set(daemon.selftest) == set(SELFTEST_CHECKS)
+            assert all(daemon.selftest[c].ok for c in SELFTEST_CHECKS)
+            assert metrics.registry.get_sample_value(
+                "bookkeeper_auditor_selftest_last_run_timestamp_seconds"
+            )
+            assert _success(metrics, CANARY_REPLICAS) is None
+            assert await zk.exists(CANARY_BASE) is None
+        assert await zk.exists(CANARY_BASE) is None
+        assert all(b.list_requests[NO_REPLICA_ID] == 0 for b in tc.bookies)
+
+
+async def test_canary_lives_under_its_root_and_passes_end_to_end(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        await _healthy_cluster(tc)
+        metrics = Metrics()
+        cfg = fast_config(zk.hosts, "selftest-b:1", ["selftest.canary=true"])
+        async with running(cfg, metrics) as daemon:
+            await _reported(daemon, set(SELFTEST_CHECKS) | CANARY)
+            replicas, placement = (
+                daemon.selftest[CANARY_REPLICAS],
+                daemon.selftest[CANARY_PLACEMENT],
+            )
+            assert (replicas.ok, replicas.failures, replicas.error) == (True, (), None)
+            assert dict(replicas.details) == {"ledgers_checked": 2, "bookies": sorted(tc.ids)}
+            assert (placement.ok, placement.fixtures) == (True, 4)
+            assert dict(placement.details) == {"ledgers_checked": 4, "bookies": sorted(tc.ids)}
+            assert _success(metrics, CANARY_REPLICAS) == 1.0
+            assert _success(metrics, CANARY_PLACEMENT) == 1.0
+
+        # The canary's znodes, under its root and nowhere else.
+        expected = {CANARY_BASE, CANARY_ROOT, f"{CANARY_ROOT}/{RACKS_NODE}"}
+        for ledger_id in CANARY_IDS:
+            expected |= _with_parents(
+                ledger_path(CANARY_MANAGER, CANARY_ROOT, ledger_id), CANARY_ROOT
+            )
+        assert await _tree(zk, CANARY_BASE) == expected
+        # The real root: its one ledger, no marks.
+        assert await _ledger_ids(zk) == [1]
+        assert [ur async for ur in UnderreplicationManager(zk, ROOT).list_underreplicated()] == []
+        # One list request per real bookie for the canary ledger, which none holds.
+        assert [b.list_requests[NO_REPLICA_ID] for b in tc.bookies] == [1, 1, 1]
+        assert not any(b.has_ledger(NO_REPLICA_ID) for b in tc.bookies)
+
+
+async def test_canary_fails_when_the_defect_goes_undetected(
+    zk: ZkClient, info_logs: list[MutableMapping[str, Any]]
+) -> None:
+    """A bookie set that does hold the canary ledger: its no_replica must not be found,
+    and the canary says so (metric 0, the failed fixture logged), placement still passes."""
+    async with test_cluster(zk, 3) as tc:
+        await _healthy_cluster(tc)
+        for i, bookie_id in enumerate(sorted(tc.ids)):
+            tc.by_id(bookie_id).put_ledger(NO_REPLICA_ID, [e for e in range(10) if (i - e) % 3 < 2])
+        metrics = Metrics()
+        cfg = fast_config(zk.hosts, "selftest-c:1", ["selftest.canary=true"])
+        async with running(cfg, metrics) as daemon:
+            await _reported(daemon, set(SELFTEST_CHECKS) | CANARY)
+            failed = daemon.selftest[CANARY_REPLICAS]
+            assert failed.failures == (
+                FixtureFailure(f"ledger {NO_REPLICA_ID}", "['no_replica']", "[]"),
+                FixtureFailure(
+                    f"ledger {NO_REPLICA_ID} missing bookies", repr(sorted(tc.ids)), "[]"
+                ),
+            )
+            assert _success(metrics, CANARY_REPLICAS) == 0.0
+            assert _success(metrics, CANARY_PLACEMENT) == 1.0
+            assert all(_success(metrics, c) == 1.0 for c in SELFTEST_CHECKS)
+        errors = [e for e in info_logs if e["event"].startswith("canary failed")]
+        assert [(e["check"], e["failed"]) for e in errors] == [(CANARY_REPLICAS, failed.summary())]
+        assert await _ledger_ids(zk) == [1]
+        assert [ur async for ur in UnderreplicationManager(zk, ROOT).list_underreplicated()] == []
