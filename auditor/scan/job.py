@@ -25,6 +25,7 @@ from pathlib import Path
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport, PendingMark
 from auditor.checks.grace import run_grace_check
+from auditor.checks.owners_run import attach_owners
 from auditor.metadata.walk import IdRange
 from auditor.scan.engine import Engine
 from auditor.scan.output import (
@@ -115,6 +116,9 @@ async def run_scan(
         finally:
             ctx.on_ledger = previous
     result = ScanResult([reports[c] for c in SCAN_CHECKS if c in reports], ranges, marks)
+    for report in result.reports:
+        # Owners of flagged ledgers only, read by the driver: partitions never hold them.
+        await attach_owners(ctx, report)
     for m in marks:
         if await ctx.mark_underreplicated(reports[m.check], m.ledger_id, list(m.missing)):
             result.marked.add(m.ledger_id)

@@ -8,8 +8,6 @@ only through BookKeeper's keys, as an operator would configure it.
 from __future__ import annotations
 
 import asyncio
-import sys
-from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.records import decode_bookie_service_info
 from auditor.metadata.registry import resolve_bookie
 from auditor.testing.bookie import BookieEmulator
+from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.pki import Issued, issue, new_ca, server_context
 from auditor.zk import ZkClient
@@ -365,15 +364,6 @@ def test_unreadable_tls_files_are_config_errors(certs: Certs, tmp_path: Path) ->
 
 
 # --- the CLI ------------------------------------------------------------------------------
-
-
-async def bk(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "auditor", *args, stdout=PIPE, stderr=PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def as_sets(keys: Sequence[str]) -> list[str]:

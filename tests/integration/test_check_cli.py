@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.testing.cli import bk, one_json
 from auditor.testing.harness import test_cluster
 from auditor.testing.zkserver import free_port
 from auditor.zk import ZkClient
 
 FAST = ["--set", "checks.retry_delay=0.1", "--set", "readEntryTimeout=1"]
-
-
-async def bk(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "auditor",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def one_json(stdout: str) -> dict[str, Any]:
-    lines = stdout.strip().splitlines()
-    assert len(lines) == 1, stdout
-    doc: dict[str, Any] = json.loads(lines[0])
-    return doc
 
 
 async def test_replicas_json_schema_and_exit_codes(zk: ZkClient) -> None:

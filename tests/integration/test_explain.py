@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from auditor.metadata.model import LedgerState
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
+from auditor.testing.cli import bk
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config
 from auditor.zk import ZkClient
@@ -34,20 +34,6 @@ NOW = 1_800_000_000.0
 RACKAWARE = "RackawareEnsemblePlacementPolicy"
 HELD = {0: [[0, 0], [2, 3], [5, 6]], 1: [[0, 1], [3, 4], [6, 6]], 2: [[1, 2], [4, 5]]}
 EXPECTED = {0: 5, 1: 5, 2: 4}
-
-
-async def bk(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "auditor",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def write_racks(tmp_path: Path, ids: list[str], racks: list[str]) -> Path:

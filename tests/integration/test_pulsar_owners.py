@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from auditor.api.convert import report_from_json
 from auditor.checks.explain_run import explain_ledger
 from auditor.checks.findings import Check
 from auditor.checks.owners import Owner
 from auditor.proto import auditor_service_pb2 as pb
+from auditor.testing.cli import bk
 from auditor.testing.harness import test_cluster
 from auditor.zk import ZkClient
 from tests.integration.test_api import open_api, sample_state
-from tests.integration.test_explain import bk
 
 FAST = ["--set", "checks.retry_delay=0.1", "--set", "readEntryTimeout=1"]
 ML_A = "shop/orders/persistent/payments"
@@ -45,7 +46,7 @@ def owner_json(managed_ledger: str, topic: str, cursor: str | None = None) -> di
     return out
 
 
-async def test_report_groups_violations_by_topic(zk: ZkClient) -> None:
+async def test_report_groups_violations_by_topic(zk: ZkClient, tmp_path: Path) -> None:
     async with test_cluster(zk, 3) as tc:
         ledgers = {
             10: pulsar(ML_A),
@@ -92,6 +93,15 @@ async def test_report_groups_violations_by_topic(zk: ZkClient) -> None:
             f"    {TOPIC_A}  below_ack_quorum=3",
             f"    {TOPIC_B}  no_replica=1",
         ]
+
+        # The bulk scan's summary groups the same way (owners read by its driver).
+        scan = tmp_path / "scan"
+        code, _, err = await bk(
+            "scan", "--checks", "replicas", "--zk", zk.hosts, *FAST, "--out", str(scan)
+        )
+        assert code == 1, err
+        summary = json.loads((scan / "summary.json").read_text())
+        assert summary["reports"]["replicas"]["by_owner"] == doc["by_owner"]
 
         async with tc.context() as ctx:
             explained = await explain_ledger(ctx, 15)

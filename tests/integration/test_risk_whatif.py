@@ -9,41 +9,19 @@ check marks once the bookie is really gone.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from auditor.checks.bookie_check_run import run_bookie_check
 from auditor.metadata.model import LedgerState
 from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.testing.cli import bk, one_json
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.zk import ZkClient
 
 RACKS = ["/rack-a", "/rack-a", "/rack-b", "/rack-b", "/rack-c", "/rack-c"]
 RACKAWARE = "ensemblePlacementPolicy=org.apache.bookkeeper.client.RackawareEnsemblePlacementPolicy"
-
-
-async def bk(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "auditor",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def one_json(stdout: str) -> dict[str, Any]:
-    lines = stdout.strip().splitlines()
-    assert len(lines) == 1, stdout
-    doc: dict[str, Any] = json.loads(lines[0])
-    return doc
 
 
 def racks_file(tmp_path: Path, tc: TestCluster, racks: list[str], name: str = "racks.json") -> Path:

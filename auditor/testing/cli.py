@@ -1,0 +1,41 @@
+"""Running `bk-auditor` as a user does, in a child process, for the CLI tests.
+
+A child process is what makes the CLI's contract testable: its exit status,
+exactly what it prints on stdout and stderr, and that nothing of the test's
+own process (logging set-up, event loop) leaks into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+
+async def bk(*args: str, within: float = 120) -> tuple[int, str, str]:
+    """`bk-auditor ARGS...`: exit status, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "auditor",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), within)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    """The one JSON document a `--json` command prints, and nothing else."""
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout
+    doc: dict[str, Any] = json.loads(lines[0])
+    return doc
