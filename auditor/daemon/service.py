@@ -204,8 +204,14 @@ class Daemon:
                 self.state.zk_connected = False
                 self._connected.clear()
                 self._disarm_suspension_limit()
-                self.log.error("ZooKeeper session lost; stepping down at once")
-                self._depose.set()
+                if self.state.is_leader:
+                    self.log.error("ZooKeeper session lost; stepping down at once")
+                    self._depose.set()
+                else:
+                    # A follower's vote went with the session and kazoo's lock votes
+                    # again in the new one; a deposal left set now would end the
+                    # leadership that vote may win, the moment it begins.
+                    self.log.warning("ZooKeeper session lost; voting again")
             self._readiness()
 
     def _arm_suspension_limit(self) -> None:
