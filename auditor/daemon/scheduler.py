@@ -260,13 +260,14 @@ class LeaderWork:
             self.triggers[check].clear()
             await self._outlasting(check, self.run_check(check, periodic=False))
 
-    async def _outlasting(self, what: object, step: Awaitable[None]) -> None:
+    async def _outlasting(self, what: object, step: Awaitable[None]) -> bool:
         """One step of a leader loop that a ZooKeeper outage must not end.
 
         A call that fails while disconnected (recording a check's time, say) is
         not a reason to give up leadership: a session that survives the outage
         still leads, and one that does not ends leadership through LOST. A fenced
-        write refused is different: that leader no longer leads.
+        write refused is different: that leader no longer leads. Returns whether
+        the step completed (False: it was cut short, and the connection is back).
         """
         try:
             await step
@@ -277,6 +278,8 @@ class LeaderWork:
                 "ZooKeeper call failed; resuming when connected", task=str(what), error=str(exc)
             )
             await self._reconnected()
+            return False
+        return True
 
     async def _reconnected(self) -> None:
         if self.gate is not None:
@@ -290,7 +293,8 @@ class LeaderWork:
         """The self-test now (a new leader proves its detectors first), then every interval."""
         interval = float(self.selftest.interval)
         while True:
-            await self._outlasting("selftest", self.run_selftest())
+            if not await self._outlasting("selftest", self.run_selftest()):
+                continue  # cut short by ZooKeeper: still due, now that it is back
             await asyncio.sleep(jittered(interval, interval, self.jitter, self.rng))
 
     async def run_selftest(self) -> None:
@@ -336,7 +340,8 @@ class LeaderWork:
         """The risk report when leadership starts, then every `[risk] interval`."""
         interval = float(self.risk.interval)
         while True:
-            await self._outlasting("risk", self.run_risk())
+            if not await self._outlasting("risk", self.run_risk()):
+                continue  # cut short by ZooKeeper: still due, now that it is back
             await asyncio.sleep(jittered(interval, interval, self.jitter, self.rng))
 
     async def run_risk(self) -> None:

@@ -5,7 +5,9 @@ every session's clock, so sessions survive any downtime. A partition keeps
 the server running while one client cannot reach it, and the server expires
 that client's session on time. Put this proxy between the client and the
 server; `cut()` drops every connection and refuses new ones (the client sees
-a dead network), `mend()` lets connections through again.
+a dead network), `mend()` lets connections through again. `hold()` is a
+server that takes connections and never answers: each new one is accepted,
+its bytes read and dropped, until the client gives up on it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._open = True
+        self._holding = False
+        #: Connections taken while holding, and how many of them the client has closed.
+        self.held = 0
+        self.held_closed = 0
 
     @property
     def address(self) -> str:
@@ -44,9 +50,19 @@ class TcpProxy:
         self._writers.clear()
 
     def mend(self) -> None:
+        """New connections go through again (held ones stay held)."""
         self._open = True
+        self._holding = False
+
+    def hold(self) -> None:
+        """Drops every connection; new ones are taken and never answered (until `mend`)."""
+        self.cut()
+        self._holding = True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._holding:
+            await self._hold(reader, writer)
+            return
         if not self._open:
             writer.transport.abort()
             return
@@ -62,6 +78,18 @@ class TcpProxy:
             for w in (writer, up_writer):
                 self._writers.discard(w)
                 w.transport.abort()
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.held += 1
+        self._writers.add(writer)
+        try:
+            with contextlib.suppress(OSError):
+                while await reader.read(65536):
+                    pass  # read and dropped: nothing is ever answered
+        finally:
+            self.held_closed += 1
+            self._writers.discard(writer)
+            writer.transport.abort()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):

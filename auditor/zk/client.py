@@ -43,6 +43,7 @@ from kazoo.exceptions import (
     ZookeeperError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import Connect
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
@@ -114,6 +115,35 @@ def _end_session_on_sasl_refusal(kazoo: KazooClient) -> None:
     connection._authenticate_with_sasl = refusal_ends_session
 
 
+#: The share of the session timeout a reconnect waits for the server's answer to its
+#: handshake before it gives up on that connection and tries again.
+HANDSHAKE_SHARE = 1 / 3
+
+
+def _bound_handshake(kazoo: KazooClient, limit: float) -> None:
+    """Makes a reconnect give up on an unanswered handshake after `limit` seconds.
+
+    kazoo waits for the answer to its connect request for the whole session
+    timeout (divided by the number of hosts), as the Java client does. A
+    ZooKeeper server that is still starting can take such a connection and
+    leave the request unanswered (seen with 3.8 restarted under a test: one
+    reconnect in a few dozen); a client on a single host then sits it out
+    until its session has expired on the server, which came back in a
+    second. Bounded, the attempt fails, kazoo's retry opens a new connection,
+    and the session is resumed with time to spare. kazoo is pinned, so
+    wrapping this one private method is safe (as for SASL refusals above).
+    """
+    connection = kazoo._connection
+    invoke = connection._invoke
+
+    def bounded(timeout: float, request: Any, xid: int | None = None) -> Any:
+        if isinstance(request, Connect):
+            timeout = min(timeout, limit)
+        return invoke(timeout, request, xid)
+
+    connection._invoke = bounded
+
+
 class ZkClient:
     """One ZooKeeper session, used from asyncio.
 
@@ -148,6 +178,7 @@ class ZkClient:
             sasl_options=self.security.sasl_options(),
             default_acl=self.security.default_acl,
         )
+        _bound_handshake(self._kazoo, session_timeout * HANDSHAKE_SHARE)
         if self.security.credentials.sasl is not None:
             _end_session_on_sasl_refusal(self._kazoo)
         self._listeners: list[asyncio.Queue[KazooState]] = []
