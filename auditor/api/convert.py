@@ -148,6 +148,12 @@ def status_response(state: DaemonState, now: float | None = None) -> pb.GetStatu
     started = timestamp(state.started_at)
     if started is not None:
         msg.started_at.CopyFrom(started)
+    for name in sorted(state.selftest):
+        st = state.selftest[name]
+        entry = msg.selftest.add(check=st.check, ok=st.ok, fixtures=st.fixtures, failure=st.failure)
+        ran = timestamp(st.ran_at)
+        if ran is not None:
+            entry.ran_at.CopyFrom(ran)
     return msg
 
 
@@ -190,6 +196,15 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
                 "false_alarm_share": c.false_alarm_share if c.has_report else None,
             }
             for c in msg.checks
+        },
+        "selftest": {
+            t.check: {
+                "ok": t.ok,
+                "fixtures": t.fixtures,
+                "failure": t.failure or None,
+                "ran_at": stamp_iso(t, "ran_at"),
+            }
+            for t in msg.selftest
         },
     }
 

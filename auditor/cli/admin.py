@@ -262,6 +262,14 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
             )
         if c["last_error"]:
             out.write(f"  {'':<10} last error: {c['last_error']}\n")
+    tests = doc["selftest"]
+    if tests:
+        failed = [t["failure"] for t in tests.values() if not t["ok"]]
+        when = max(t["ran_at"] or "" for t in tests.values()) or "-"
+        verdict = "FAILED" if failed else "ok"
+        out.write(f"  self-test: {verdict} ({len(tests)} detectors, last {when})\n")
+        for line in failed:
+            out.write(f"    {line}\n")
 
 
 async def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

@@ -28,7 +28,7 @@ from auditor.checks.selftest import SelfTestResult
 from auditor.daemon.election import Elector, Leadership, current_auditor, election_path
 from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
-from auditor.daemon.state import DaemonState, NotLeaderError, Outcome
+from auditor.daemon.state import DaemonState, NotLeaderError, Outcome, SelfTestState
 from auditor.index.store import MetadataIndex
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
@@ -127,10 +127,14 @@ class Daemon:
         cs.next_run = next_run if what == "scheduled" else cs.next_run
 
     def _on_selftest(self, results: list[SelfTestResult]) -> None:
+        now = time.time()
         for r in results:
             self.selftest[r.check] = r
+            self.state.selftest[r.check] = SelfTestState(
+                r.check, r.ok, r.fixtures, "" if r.ok else r.summary(), now
+            )
         if self.metrics is not None:
-            self.metrics.record_selftest(results, time.time())
+            self.metrics.record_selftest(results, now)
         self.selftest_reported.set()
 
     def _on_risk(self, report: RiskReport) -> None:

@@ -52,6 +52,18 @@ class CheckState:
         return max(now - (max(known) if known else self.waiting_since), 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class SelfTestState:
+    """The last detector self-test (or canary) result of one check, for `status`."""
+
+    check: str
+    ok: bool
+    fixtures: int
+    #: The one-line summary ("replicas: FAILED fixture ..."); empty when ok.
+    failure: str
+    ran_at: float
+
+
 @dataclass
 class DaemonState:
     identity: str
@@ -67,6 +79,8 @@ class DaemonState:
     checks: dict[Check, CheckState] = field(
         default_factory=lambda: {c: CheckState(c) for c in ALL_CHECKS}
     )
+    #: Check (or canary) name -> its last self-test result on this node.
+    selftest: dict[str, SelfTestState] = field(default_factory=dict)
 
 
 class NotLeaderError(Exception):

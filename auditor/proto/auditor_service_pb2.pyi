@@ -211,6 +211,7 @@ class GetStatusResponse(_message.Message):
     RETRY_QUEUE_LEDGERS_FIELD_NUMBER: _builtins.int
     LOST_BOOKIES_FIELD_NUMBER: _builtins.int
     CHECKS_FIELD_NUMBER: _builtins.int
+    SELFTEST_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     is_leader: _builtins.bool
     leader: _builtins.str
@@ -224,6 +225,12 @@ class GetStatusResponse(_message.Message):
     def lost_bookies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckStatus]: ...
+    @_builtins.property
+    def selftest(self) -> _containers.RepeatedCompositeFieldContainer[Global___SelfTestStatus]:
+        """The last detector self-test (and canary) result per check on this node;
+        empty before the first (a leader runs it at election).
+        """
+
     def __init__(
         self,
         *,
@@ -236,14 +243,49 @@ class GetStatusResponse(_message.Message):
         retry_queue_ledgers: _builtins.int = ...,
         lost_bookies: _abc.Iterable[_builtins.str] | None = ...,
         checks: _abc.Iterable[Global___CheckStatus] | None = ...,
+        selftest: _abc.Iterable[Global___SelfTestStatus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "identity", b"identity", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "started_at", b"started_at", "zk_connected", b"zk_connected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "identity", b"identity", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "zk_connected", b"zk_connected"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class SelfTestStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECK_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    FIXTURES_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    RAN_AT_FIELD_NUMBER: _builtins.int
+    check: _builtins.str
+    """a check name, or canary_replicas / canary_placement"""
+    ok: _builtins.bool
+    fixtures: _builtins.int
+    failure: _builtins.str
+    """one line naming the failed fixture; empty when ok"""
+    @_builtins.property
+    def ran_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        check: _builtins.str = ...,
+        ok: _builtins.bool = ...,
+        fixtures: _builtins.int = ...,
+        failure: _builtins.str = ...,
+        ran_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ran_at", b"ran_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "failure", b"failure", "fixtures", b"fixtures", "ok", b"ok", "ran_at", b"ran_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SelfTestStatus: _TypeAlias = SelfTestStatus  # noqa: Y015
 
 @_typing.final
 class TriggerCheckRequest(_message.Message):

@@ -10,9 +10,11 @@ asked exactly one list request for the canary's ledger.
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import MutableMapping
 from typing import Any
 
+from auditor.api.convert import status_json, status_response
 from auditor.checks.canary import (
     CANARY_IDS,
     CANARY_MANAGER,
@@ -22,6 +24,7 @@ from auditor.checks.canary import (
     RACKS_NODE,
 )
 from auditor.checks.selftest import SELFTEST_CHECKS, FixtureFailure
+from auditor.cli.admin import render_status
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.metadata.layout import LedgerManager
@@ -92,6 +95,11 @@ async def test_self_test_passes_for_every_check_and_writes_nothing_without_canar
             )
             assert set(daemon.selftest) == set(SELFTEST_CHECKS)
             assert all(daemon.selftest[c].ok for c in SELFTEST_CHECKS)
+            doc = status_json(status_response(daemon.state))
+            assert {
+                c: (t["ok"], t["failure"]) for c, t in doc["selftest"].items()
+            } == dict.fromkeys(SELFTEST_CHECKS, (True, None))
+            assert all(t["fixtures"] > 0 and t["ran_at"] for t in doc["selftest"].values())
             assert metrics.registry.get_sample_value(
                 "bookkeeper_auditor_selftest_last_run_timestamp_seconds"
             )
@@ -157,6 +165,21 @@ async def test_canary_fails_when_the_defect_goes_undetected(
             assert _success(metrics, CANARY_REPLICAS) == 0.0
             assert _success(metrics, CANARY_PLACEMENT) == 1.0
             assert all(_success(metrics, c) == 1.0 for c in SELFTEST_CHECKS)
+            # `status` names the failed detector and its first wrong answer.
+            doc = status_json(status_response(daemon.state))
+            assert {
+                c: (t["ok"], t["fixtures"], t["failure"]) for c, t in doc["selftest"].items()
+            } == {
+                **{c: (True, r.fixtures, None) for c, r in daemon.selftest.items() if r.ok},
+                CANARY_REPLICAS: (False, failed.fixtures, failed.summary()),
+            }
+            text = io.StringIO()
+            render_status(doc, text)
+            lines = text.getvalue().splitlines()
+            at = next(i for i, line in enumerate(lines) if line.startswith("  self-test:"))
+            detectors = len(SELFTEST_CHECKS) + len(CANARY)
+            assert lines[at].startswith(f"  self-test: FAILED ({detectors} detectors, last ")
+            assert lines[at + 1 :] == [f"    {failed.summary()}"]
         errors = [e for e in info_logs if e["event"].startswith("canary failed")]
         assert [(e["check"], e["failed"]) for e in errors] == [(CANARY_REPLICAS, failed.summary())]
         assert await _ledger_ids(zk) == [1]
