@@ -189,7 +189,7 @@ class RiskSection:
     top: int = 10
 
 
-_SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type] = {
     "bookkeeper": BookKeeperConfig,
     "checks": ChecksConfig,
     "daemon": DaemonSection,
@@ -201,7 +201,7 @@ _SECTIONS: dict[str, type] = {
     "risk": RiskSection,
 }
 # The one-shot commands read the shared tables of the same file; `[scan]` is the daemon's.
-assert set(TOML_TABLES) <= set(_SECTIONS)
+assert set(TOML_TABLES) <= set(SECTIONS)
 
 
 def _port(v: int) -> bool:
@@ -352,7 +352,7 @@ _Layer = dict[str, dict[str, Setting]]
 
 
 def _empty_layer() -> _Layer:
-    return {name: {} for name in _SECTIONS}
+    return {name: {} for name in SECTIONS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,7 +420,7 @@ def _toml_layer(path: str) -> _Layer:
     data = read_toml(path)
     layer = _empty_layer()
     for table, values in data.items():
-        if table not in _SECTIONS:
+        if table not in SECTIONS:
             raise ConfigError(f"unknown config table [{table}] (in {path})")
         if not isinstance(values, dict):
             raise ConfigError(f"{table} must be a table, got {brief_repr(values)} (in {path})")
@@ -444,9 +444,9 @@ def _env_layer(env: Mapping[str, str]) -> _Layer:
             continue
         section, _, key = name[len(ENV_PREFIX) :].partition("_")
         section = section.lower()
-        if section not in _SECTIONS or not key:
+        if section not in SECTIONS or not key:
             continue
-        target = match_key(_SECTIONS[section], key)
+        target = match_key(SECTIONS[section], key)
         if target is None:
             raise ConfigError(f"environment variable {name} names no key of [{section}]")
         if (section, target) in seen:
@@ -463,7 +463,7 @@ def _set_layer(overrides: Sequence[str]) -> _Layer:
     """`--set SECTION.KEY=VALUE`; a bare key is a BookKeeper key, as for `check`."""
     layer = _empty_layer()
     for item in overrides:
-        table, name, value = parse_override(item, _SECTIONS)
+        table, name, value = parse_override(item, SECTIONS)
         layer[table][name] = Setting(value, "--set")
     return layer
 
@@ -760,8 +760,8 @@ def load_daemon_config(
             origins[f"bookkeeper.{key}"] = bk_values[key].origin
 
     built = {
-        name: build_section(name, _SECTIONS[name](), merged[name], _RULES[name])
-        for name in _SECTIONS
+        name: build_section(name, SECTIONS[name](), merged[name], _RULES[name])
+        for name in SECTIONS
         if name != "scan"
     }
     scan = _build_scan(merged["scan"])

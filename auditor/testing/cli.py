@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 
-async def bk(*args: str, within: float = 120) -> tuple[int, str, str]:
-    """`bk-auditor ARGS...`: exit status, stdout and stderr."""
+async def bk(
+    *args: str, within: float = 120, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
+    """`bk-auditor ARGS...`: exit status, stdout and stderr (`env`: the whole environment)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -22,6 +25,7 @@ async def bk(*args: str, within: float = 120) -> tuple[int, str, str]:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=None if env is None else dict(env),
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), within)

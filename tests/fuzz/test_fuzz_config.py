@@ -19,28 +19,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from auditor.config import BookKeeperConfig, ChecksConfig, parse_properties
-from auditor.daemon.config import (
-    ApiConfig,
-    DaemonSection,
-    LoggingConfig,
-    MetricsConfig,
-    ScanSection,
-)
+from auditor.config import BookKeeperConfig, parse_properties
+from auditor.daemon.config import SECTIONS
 from tests.fuzz.support import MUTATIONS, cpu_limit, fuzz_settings, mutate, run
 from tests.fuzz.targets import config, config_layers
 
 pytestmark = pytest.mark.fuzz
 
-SECTIONS: dict[str, type] = {
-    "bookkeeper": BookKeeperConfig,
-    "checks": ChecksConfig,
-    "daemon": DaemonSection,
-    "api": ApiConfig,
-    "metrics": MetricsConfig,
-    "logging": LoggingConfig,
-    "scan": ScanSection,
-}
 TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=10)
 TABLES = st.one_of(st.sampled_from([*SECTIONS, "nope"]), TEXT)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from auditor.cli import admin
 from auditor.cli.main import build_parser
 from auditor.daemon.config import DEFAULT_API_PORT
 from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.testing.cli import bk as run_cli
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.zkserver import free_port
 from auditor.zk import ZkClient
@@ -58,18 +58,8 @@ async def bk(*args: str, **env: str) -> Run:
     }
     environ.update(env)
     start = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "auditor",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=environ,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return Run(proc.returncode, out.decode(), err.decode(), time.monotonic() - start)
+    code, out, err = await run_cli(*args, within=60, env=environ)
+    return Run(code, out, err, time.monotonic() - start)
 
 
 def one_line_error(run: Run, needle: str, code: int) -> None:

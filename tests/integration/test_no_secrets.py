@@ -14,7 +14,6 @@ import contextlib
 import io
 import json
 import logging
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -28,6 +27,7 @@ from auditor.daemon.config import load_daemon_config
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.logs import configure_logging
+from auditor.testing.cli import bk
 from auditor.testing.harness import test_cluster
 from auditor.zk import ZkClient
 
@@ -60,16 +60,9 @@ def _assert_clean(what: str, data: bytes) -> None:
 
 
 async def _bk(*args: str) -> bytes:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "auditor",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    return out
+    """Everything a command prints, both streams."""
+    _, out, err = await bk(*args)
+    return (out + err).encode()
 
 
 async def test_passwords_appear_in_no_output(zk: ZkClient, tmp_path: Path) -> None:
