@@ -206,16 +206,15 @@ def brief_repr(value: Any) -> str:
 
 
 def _coerce(name: str, value: Any, target: type) -> Any:
-    shown = brief_repr(value)
     if target is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
-        raise ConfigError(f"{name} must be true or false, got {shown}")
+        raise ConfigError(f"{name} must be true or false, got {brief_repr(value)}")
     if target is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{name} must be an integer, got {shown}")
+            raise ConfigError(f"{name} must be an integer, got {brief_repr(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, str):
@@ -223,10 +222,10 @@ def _coerce(name: str, value: Any, target: type) -> Any:
                 return int(value.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{name} must be an integer, got {shown}")
+        raise ConfigError(f"{name} must be an integer, got {brief_repr(value)}")
     if target is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{name} must be a number, got {shown}")
+            raise ConfigError(f"{name} must be a number, got {brief_repr(value)}")
         number: float | None = None
         if isinstance(value, int | float):
             number = float(value)
@@ -236,9 +235,9 @@ def _coerce(name: str, value: Any, target: type) -> Any:
         # inf and nan are numbers to Python, never a sensible timeout or delay.
         if number is not None and math.isfinite(number):
             return number
-        raise ConfigError(f"{name} must be a finite number, got {shown}")
+        raise ConfigError(f"{name} must be a finite number, got {brief_repr(value)}")
     if not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {shown}")
+        raise ConfigError(f"{name} must be a string, got {brief_repr(value)}")
     return value
 
 

@@ -42,7 +42,7 @@ from auditor.bookie.protocol import (
     start_tls_request,
 )
 from auditor.bookie.results import Unanswered
-from auditor.bookie.tls import BookieTls
+from auditor.bookie.tls import BookieTls, cipher_name
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 
 __all__ = ["BookieConnection", "CallFailed"]
@@ -164,10 +164,7 @@ class BookieConnection(asyncio.Protocol):
     @property
     def tls_cipher(self) -> str | None:
         """The negotiated cipher suite's name; None on a connection in clear."""
-        if self._transport is None:
-            return None
-        cipher = self._transport.get_extra_info("cipher")
-        return None if cipher is None else str(cipher[0])
+        return None if self._transport is None else cipher_name(self._transport)
 
     @property
     def peer(self) -> tuple[str, int] | None:

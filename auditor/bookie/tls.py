@@ -15,6 +15,7 @@ in clear to a bookie that expects TLS would only turn into a run of confusing
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from auditor.errors import ConfigError
 if TYPE_CHECKING:
     from auditor.config import BookKeeperConfig
 
-__all__ = ["TLS_CONTEXT_FACTORY", "BookieTls", "bookie_tls"]
+__all__ = ["TLS_CONTEXT_FACTORY", "BookieTls", "bookie_tls", "cipher_name"]
 
 #: The one TLS provider BookKeeper ships; the value that turns bookie TLS on.
 TLS_CONTEXT_FACTORY = "org.apache.bookkeeper.tls.TLSContextFactory"
@@ -40,6 +41,12 @@ class BookieTls:
     timeout: float
     #: Whether a client certificate is presented (`tlsClientAuthentication`).
     client_auth: bool = False
+
+
+def cipher_name(transport: asyncio.BaseTransport) -> str | None:
+    """The cipher suite negotiated on `transport`; None on a transport in clear."""
+    cipher = transport.get_extra_info("cipher")
+    return None if cipher is None else str(cipher[0])
 
 
 def _pick(bk: BookKeeperConfig, alias: str, key: str) -> tuple[str, str]:

@@ -75,6 +75,7 @@ from auditor.bookie.protocol import (
     master_key,
     response_header,
 )
+from auditor.bookie.tls import cipher_name
 from auditor.errors import FormatError
 from auditor.metadata.model import DigestType
 from auditor.metadata.registry import register_bookie, unregister_bookie
@@ -444,8 +445,7 @@ class _Peer(asyncio.Protocol):
             emulator.tls_failures.append("connection lost during the handshake")
             return
         self.transport = upgraded
-        cipher = upgraded.get_extra_info("cipher")
-        self.tls_cipher = None if cipher is None else str(cipher[0])
+        self.tls_cipher = cipher_name(upgraded)
         self.client_cert = upgraded.get_extra_info("peercert") or None
         emulator.tls_handshakes += 1
 

@@ -11,7 +11,6 @@ import asyncio
 import json
 import re
 import shutil
-import subprocess
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +40,7 @@ from auditor.metadata.underreplication import UnderreplicatedLedger, Underreplic
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cluster import ClusterWriter
+from auditor.testing.pki import issue, new_ca
 from auditor.zk import ZkClient
 
 TOKEN = "s3cret-token"
@@ -661,68 +661,20 @@ class Pki:
     rogue_key: Path
 
 
-def _openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-
-#: EC keys: a fraction of RSA's generation time.
-_NEW_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-
-
-def _ca(d: Path, name: str) -> None:
-    key, cert = d / f"{name}.key", d / f"{name}.pem"
-    _openssl(
-        "req",
-        "-x509",
-        *_NEW_KEY,
-        "-keyout",
-        key,
-        "-out",
-        cert,
-        "-days",
-        "2",
-        "-subj",
-        f"/CN={name}",
-    )
-
-
-def _issue(d: Path, name: str, ca: str, cn: str, ext: str | None = None) -> tuple[Path, Path]:
-    key, csr, cert = d / f"{name}.key", d / f"{name}.csr", d / f"{name}.pem"
-    _openssl("req", *_NEW_KEY, "-keyout", key, "-out", csr, "-subj", f"/CN={cn}")
-    signing: list[str | Path] = [
-        "-CA",
-        d / f"{ca}.pem",
-        "-CAkey",
-        d / f"{ca}.key",
-        "-CAcreateserial",
-    ]
-    extra: list[str | Path] = []
-    if ext:
-        (d / f"{name}.ext").write_text(ext)
-        extra = ["-extfile", d / f"{name}.ext"]
-    _openssl("x509", "-req", "-in", csr, *signing, "-out", cert, "-days", "2", *extra)
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A CA, a server certificate for 127.0.0.1/localhost, a client and a rogue client.
 
-    `cryptography` is not installed in the venv, so the openssl CLI makes them.
+    Made by `auditor.testing.pki` (the openssl CLI: the venv has no `cryptography`).
     """
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not available: TLS paths untested")
     d = tmp_path_factory.mktemp("pki")
-    _ca(d, "ca")
-    _ca(d, "rogue-ca")
-    server_cert, server_key = _issue(
-        d, "server", "ca", "localhost", "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
-    )
-    client_cert, client_key = _issue(d, "client", "ca", "operator")
-    rogue_cert, rogue_key = _issue(d, "rogue", "rogue-ca", "intruder")
-    return Pki(
-        d / "ca.pem", server_cert, server_key, client_cert, client_key, rogue_cert, rogue_key
-    )
+    ca, rogue_ca = new_ca(d, "ca"), new_ca(d, "rogue-ca")
+    server = issue(d, "server", ca, "localhost", ("DNS:localhost", "IP:127.0.0.1"))
+    client = issue(d, "client", ca, "operator")
+    rogue = issue(d, "rogue", rogue_ca, "intruder")
+    return Pki(ca.cert, server.cert, server.key, client.cert, client.key, rogue.cert, rogue.key)
 
 
 def _tls_channel(
