@@ -19,6 +19,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from auditor.checks.explain import document_text
 from auditor.checks.findings import (
     ALL_CHECKS,
     Category,
@@ -284,15 +285,10 @@ def report_from_json(doc: dict[str, Any]) -> CheckReport:
 # --- explain ----------------------------------------------------------------------
 
 
-def explain_json_text(doc: dict[str, Any]) -> str:
-    """Serialised exactly as `explain --json` prints it, so the two outputs are interchangeable."""
-    return json.dumps(doc, sort_keys=False)
-
-
 def explain_response(doc: dict[str, Any]) -> pb.ExplainResponse:
     return pb.ExplainResponse(
         ledger_id=int(doc["ledger_id"]),
-        explain_json=explain_json_text(doc),
+        explain_json=document_text(doc),
         categories=[str(c) for c in doc["categories"]],
     )
 

@@ -21,6 +21,7 @@ ledger of millions of entries explains in one page.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -154,7 +155,6 @@ def _assumed(answer: BookieAnswer | None, seg: SegmentRange) -> Availability:
     As in the replicas check, a copy is only counted as missing when it is
     known to be: a listing says so, or a probe read came back absent.
     """
-    whole = Availability.from_runs([(seg.first, seg.last - seg.first + 1)])
     if isinstance(answer, Listed):
         return answer.availability
     if isinstance(answer, Probed):
@@ -167,7 +167,7 @@ def _assumed(answer: BookieAnswer | None, seg: SegmentRange) -> Availability:
                 start = e + 1
         runs.append((start, seg.last + 1 - start))
         return Availability.from_runs(runs)
-    return whole
+    return Availability.from_runs([(seg.first, seg.last - seg.first + 1)])
 
 
 def _copy_ranges(
@@ -328,15 +328,6 @@ def segments_json(inputs: ExplainInputs) -> list[dict[str, Any]]:
 # --- the checks' verdicts ----------------------------------------------------------------------
 
 
-def _grace_violation(inputs: ExplainInputs) -> Violation | None:
-    mark = inputs.mark
-    if mark is None:
-        return None
-    return past_grace(
-        inputs.md.ledger_id, inputs.now_ms, mark.ctime, inputs.grace_period_s, mark.replicas
-    )
-
-
 def replicas_verdict(inputs: ExplainInputs) -> CheckVerdict:
     """The replicas check's judgement (`ReplicasRun._judge` minus the retries and the writes)."""
     md, c = inputs.md, Check.REPLICAS
@@ -346,8 +337,11 @@ def replicas_verdict(inputs: ExplainInputs) -> CheckVerdict:
         return _skipped(c, SkipReason.IN_RECOVERY, "only closed ledgers are judged")
     if md.last_entry_id < 0:
         return _skipped(c, SkipReason.EMPTY, "the ledger was closed without entries")
-    if inputs.mark is not None:
-        late = _grace_violation(inputs)
+    mark = inputs.mark
+    if mark is not None:
+        late = past_grace(
+            md.ledger_id, inputs.now_ms, mark.ctime, inputs.grace_period_s, mark.replicas
+        )
         if late is not None:
             return _found(c, "marked under-replicated for longer than the grace period", [late])
         return _skipped(
@@ -494,6 +488,11 @@ def explain(inputs: ExplainInputs) -> dict[str, Any]:
         "categories": sorted({str(v.category) for f in found.values() for v in f.violations}),
         "checks": {str(c): found[c].to_json() for c in CHECK_ORDER},
     }
+
+
+def document_text(doc: dict[str, Any]) -> str:
+    """The one serialisation of a document, so `explain --json` and the API's print the same."""
+    return json.dumps(doc, sort_keys=False)
 
 
 def explain_invalid(

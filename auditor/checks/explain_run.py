@@ -55,9 +55,9 @@ async def explain_ledger(
     registered = await ctx.registered()
     resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
     known = registered.available | await all_known_bookies(ctx.zk, ctx.root)
-    located = await resolver.locations(sorted(known | md.bookies()))
-    policy = placement_policy(ctx.config.bookkeeper, known, located)
     mine = md.bookies()
+    located = await resolver.locations(sorted(known | mine))
+    policy = placement_policy(ctx.config.bookkeeper, known, located)
     sources = {b: src for b in sorted(mine) if (src := resolver.source_of(b)) is not None}
     answers = await ReplicasRun(ctx).answers(md)
     ledgers = LedgerCheckResult(await ledger_violation(ctx, md, rec.znode_version, rng=rng))

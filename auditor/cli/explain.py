@@ -122,6 +122,7 @@ def _exit_code(doc: dict[str, Any]) -> int:
 
 
 async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from auditor.checks.explain import document_text
     from auditor.checks.explain_run import check_ledger_id
 
     ledger_id = check_ledger_id(args.ledger_id)
@@ -134,7 +135,7 @@ async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
         doc: dict[str, Any] = json.loads(text)
     else:
         doc = await _explain_direct(args, ledger_id)
-        text = json.dumps(doc, sort_keys=False)
+        text = document_text(doc)
     if args.json:
         out.write(text + "\n")
     else:

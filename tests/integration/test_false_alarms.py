@@ -76,14 +76,18 @@ async def test_retry_that_succeeds_is_a_dropped_would_be_violation(zk: ZkClient)
 
 
 async def held_check(
-    tc: TestCluster, meanwhile: Callable[[CheckContext], Awaitable[None]]
+    tc: TestCluster,
+    meanwhile: Callable[[CheckContext], Awaitable[None]],
+    run: Callable[[CheckContext], Awaitable[CheckReport]] = run_replicas_check,
+    held_op: Operation = Operation.GET_LIST_OF_ENTRIES_OF_LEDGER,
+    overrides: list[str] = FAST,
 ) -> CheckReport:
-    """Runs the replicas check; while bookie 0 sits on its answer, `meanwhile` happens."""
+    """Runs a check; while bookie 0 sits on its answer to `held_op`, `meanwhile` happens."""
     held = tc.bookies[0]
-    held.set_latency(0.5, Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)
-    async with tc.context(overrides=FAST) as ctx:
-        task = asyncio.ensure_future(run_replicas_check(ctx))
-        await held.wait_requests(1, Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)
+    held.set_latency(0.5, held_op)
+    async with tc.context(overrides=overrides) as ctx:
+        task = asyncio.ensure_future(run(ctx))
+        await held.wait_requests(1, held_op)
         await meanwhile(ctx)
         return await task
 
@@ -147,13 +151,17 @@ async def test_ledger_check_counts_a_deleted_ledger_as_dropped(zk: ZkClient) -> 
         b = tc.ids
         written = await tc.writer.write_ledger(5, b, write_quorum=2, num_entries=10)
         tc.bookies[1].drop_ledger(5)
-        held = tc.bookies[0]
-        held.set_latency(0.5, Operation.READ_ENTRY)
-        async with tc.context(overrides=["auditorLedgerVerificationPercentage=100"]) as ctx:
-            task = asyncio.ensure_future(run_ledger_check(ctx))
-            await held.wait_requests(1, Operation.READ_ENTRY)
+
+        async def delete(_ctx: CheckContext) -> None:
             await zk.delete(written.path)
-            report = await task
+
+        report = await held_check(
+            tc,
+            delete,
+            run_ledger_check,
+            Operation.READ_ENTRY,
+            ["auditorLedgerVerificationPercentage=100"],
+        )
         assert accounting(report) == ([], {"ledger_deleted": 1}, 1.0)
         assert report.ledgers_skipped == {"deleted": 1}
 
@@ -201,9 +209,9 @@ async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(zk: ZkC
 
 async def unreplicated_cluster(tc: TestCluster, ids: list[int]) -> None:
     """Closed ledgers whose bookies answer but hold nothing: `no_replica`, every one."""
-    for lid in ids:
-        md = make_metadata(lid, tc.ids, write_quorum=2, last_entry_id=4, length=50)
-        await tc.cluster.write_ledger(md)
+    await tc.cluster.write_ledgers(
+        make_metadata(lid, tc.ids, write_quorum=2, last_entry_id=4, length=50) for lid in ids
+    )
 
 
 async def test_samples_are_the_first_hundred_ids_and_listing_is_bounded(zk: ZkClient) -> None:
