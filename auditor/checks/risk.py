@@ -32,14 +32,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from auditor.checks.findings import SkipReason
 from auditor.checks.placement import (
     DEFAULT_RACK,
     DEFAULT_REGION,
     DEFAULT_REGION_RACK,
     DEFAULT_ZONE_UPGRADE_DOMAIN,
 )
-from auditor.metadata.model import LedgerMetadata, LedgerState
+from auditor.metadata.model import LedgerMetadata
 
 #: Ledger ids kept per domain and severity (and per "already" severity): enough to act
 #: on, and memory stays flat however many ledgers share the fate.
@@ -208,15 +207,6 @@ def ledger_risk(
     """The risk of one closed ledger; bookies not in `available` are already gone."""
     already, domains = shape_risk(tuple(write_sets(md)), md.ack_quorum, keys_of, available)
     return LedgerRisk(md.ledger_id, already, domains)
-
-
-def skip_reason(md: LedgerMetadata) -> SkipReason | None:
-    """Only closed ledgers have a fixed set of entries whose copies can be counted."""
-    if md.state is LedgerState.OPEN:
-        return SkipReason.OPEN
-    if md.state is LedgerState.IN_RECOVERY:
-        return SkipReason.IN_RECOVERY
-    return None
 
 
 # --- aggregation --------------------------------------------------------------------

@@ -9,10 +9,12 @@ the snapshot's registry and locations.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Set
+from collections.abc import AsyncIterator, Set
 
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import SkipReason
+from auditor.checks.placement import skip_reason
+from auditor.checks.placement_run import Locate
 from auditor.checks.racks import open_rack_resolver
 from auditor.checks.risk import (
     DomainKey,
@@ -23,13 +25,10 @@ from auditor.checks.risk import (
     domain_keys,
     place_of,
     shape_risk,
-    skip_reason,
     write_sets,
 )
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerRecord
-
-Locate = Callable[[Iterable[str]], Awaitable[dict[str, str]]]
 
 #: Memoised answers kept at most (a few MB): enough for the ensembles in use at once.
 MEMO = 16384

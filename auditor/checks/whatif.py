@@ -35,10 +35,6 @@ from auditor.metadata.model import LedgerMetadata
 PLACEMENT_CATEGORIES = (Category.PLACEMENT_NOT_ADHERING, Category.PLACEMENT_SOFTLY_ADHERING)
 
 
-def _ids(a: array[int]) -> list[int]:
-    return sorted(a)
-
-
 # --- placement ---------------------------------------------------------------------
 
 
@@ -86,8 +82,8 @@ class PlacementTally:
         return {
             "today": {str(c): self.today[c] for c in PLACEMENT_CATEGORIES},
             "predicted": {str(c): self.predicted[c] for c in PLACEMENT_CATEGORIES},
-            "newly": {str(c): _ids(self.newly[c]) for c in PLACEMENT_CATEGORIES},
-            "no_longer": {str(c): _ids(self.no_longer[c]) for c in PLACEMENT_CATEGORIES},
+            "newly": {str(c): sorted(self.newly[c]) for c in PLACEMENT_CATEGORIES},
+            "no_longer": {str(c): sorted(self.no_longer[c]) for c in PLACEMENT_CATEGORIES},
         }
 
 
@@ -138,9 +134,8 @@ class DecommissionTally:
         self.would_be_marked.append(ledger_id)
         if not effect.lost_today:
             self.newly_underreplicated.append(ledger_id)
-        gone = set(self.bookies)
         for lb in effect.loss.lost:
-            if lb.bookie in gone:
+            if lb.bookie in self.bookies:
                 self.per_bookie[lb.bookie] += 1
         if effect.after > effect.before:
             self.worse[effect.after].append(ledger_id)
@@ -153,8 +148,8 @@ class DecommissionTally:
         return {
             "bookies": list(self.bookies),
             "ledgers_per_bookie": {b: self.per_bookie[b] for b in self.bookies},
-            "would_be_marked": _ids(self.would_be_marked),
-            "newly_underreplicated": _ids(self.newly_underreplicated),
-            "below_ack_quorum": _ids(self.worse[Severity.BELOW_ACK_QUORUM]),
-            "no_copy": _ids(self.worse[Severity.NO_COPY]),
+            "would_be_marked": sorted(self.would_be_marked),
+            "newly_underreplicated": sorted(self.newly_underreplicated),
+            "below_ack_quorum": sorted(self.worse[Severity.BELOW_ACK_QUORUM]),
+            "no_copy": sorted(self.worse[Severity.NO_COPY]),
         }

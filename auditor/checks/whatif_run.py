@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any
 
 from auditor.checks.context import CheckContext
 from auditor.checks.placement import PlacementPolicy, PolicyKind, policy_kind, skip_reason
-from auditor.checks.placement_run import placement_policy
+from auditor.checks.placement_run import Locate, placement_policy
 from auditor.checks.racks import AddressOf, StaticMapping, load_racks_file, open_rack_resolver
 from auditor.checks.risk import iso
 from auditor.checks.whatif import (
@@ -35,8 +35,6 @@ from auditor.config import AuditorConfig
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.registry import address_from_id, all_known_bookies, resolve_bookie
 from auditor.metadata.walk import LedgerRecord
-
-Locate = Callable[[Iterable[str]], Awaitable[dict[str, str]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +145,22 @@ def check_decommission(bookies: Iterable[str], known: frozenset[str]) -> None:
 def _overlay(view: ClusterView, mapping: StaticMapping | None) -> Locate:
     if mapping is None:
         return view.locate
+    #: The new map's answer per bookie (None: not in it), asked once per run: a bookie
+    #: the map names by host costs a ZooKeeper read, and the walk asks per ledger.
+    placed: dict[str, str | None] = {}
 
     async def locate(bookies: Iterable[str]) -> dict[str, str]:
         wanted = list(bookies)
-        today = await view.locate(wanted)
-        return today | await mapping.locate(wanted, view.address_of)
+        found = await view.locate(wanted)
+        new = [b for b in dict.fromkeys(wanted) if b not in placed]
+        if new:
+            located = await mapping.locate(new, view.address_of)
+            placed.update((b, located.get(b)) for b in new)
+        for b in wanted:
+            loc = placed[b]
+            if loc is not None:
+                found[b] = loc
+        return found
 
     return locate
 
@@ -261,7 +270,6 @@ async def _snapshot_records(directory: Path) -> AsyncIterator[LedgerRecord]:
     from auditor.scan.snapshot import LEDGERS, record_from_row
 
     dataset = ds.dataset(str(directory / LEDGERS), format="parquet")
-    rows: list[Mapping[str, Any]] = []
     for batch in dataset.to_batches(batch_size=BATCH):
         rows = batch.to_pylist()
         for rec in sorted((record_from_row(r) for r in rows), key=lambda r: r.ledger_id):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from auditor.checks.context import open_context
+from auditor.checks.context import CheckContext, open_context
 from auditor.checks.risk import DOMAINS, SEVERITIES, RiskReport
 from auditor.checks.risk_run import judge_risk, run_risk
 from auditor.checks.whatif_run import (
@@ -38,12 +39,15 @@ ArgsHook = Callable[[argparse.ArgumentParser], None]
 
 
 def add_parsers(sub: Any, cluster_args: ArgsHook, config_args: ArgsHook) -> None:
-    risk = sub.add_parser(
-        "risk",
-        help="which single bookie, rack or region loss would hurt which ledgers; exit 0 / 1 / 2",
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = sub.add_parser(name, help=summary)
+        cluster_args(parser)
+        config_args(parser)
+        return parser
+
+    risk = command(
+        "risk", "which single bookie, rack or region loss would hurt which ledgers; exit 0 / 1 / 2"
     )
-    cluster_args(risk)
-    config_args(risk)
     risk.add_argument(
         "--top",
         type=int,
@@ -52,12 +56,9 @@ def add_parsers(sub: Any, cluster_args: ArgsHook, config_args: ArgsHook) -> None
         help=f"domains listed per kind (default {DEFAULT_TOP})",
     )
     risk.add_argument("--from-snapshot", metavar="DIR", help="judge a snapshot instead")
-    what = sub.add_parser(
-        "what-if",
-        help="predict a re-racking or decommission without writing anything; exit 0 / 1 / 2",
+    what = command(
+        "what-if", "predict a re-racking or decommission without writing anything; exit 0 / 1 / 2"
     )
-    cluster_args(what)
-    config_args(what)
     what.add_argument(
         "--racks", metavar="FILE", help="a new rack map (format of checks.racks_file)"
     )
@@ -89,6 +90,19 @@ def parse_request(args: argparse.Namespace) -> WhatIfRequest:
 
 
 @asynccontextmanager
+async def _context(
+    target: Callable[[], ClusterTarget], config: AuditorConfig
+) -> AsyncIterator[CheckContext]:
+    """The live cluster, read-only: predictions never mark anything."""
+    tgt = target()
+    async with (
+        connect(tgt) as (zk, manager),
+        open_context(zk, tgt.root, manager, config, mark=False) as ctx,
+    ):
+        yield ctx
+
+
+@asynccontextmanager
 async def _view(
     target: Callable[[], ClusterTarget], config: AuditorConfig, snapshot: str | None
 ) -> AsyncIterator[ClusterView]:
@@ -96,11 +110,7 @@ async def _view(
         async with snapshot_view(Path(snapshot)) as view:
             yield view
         return
-    tgt = target()
-    async with (
-        connect(tgt) as (zk, manager),
-        open_context(zk, tgt.root, manager, config, mark=False) as ctx,
-    ):
+    async with _context(target, config) as ctx:
         yield await live_view(ctx)
 
 
@@ -116,16 +126,12 @@ async def cmd_risk(
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
     if snapshot is not None:
-        async with _view(target, config, snapshot) as view:
-            report = RiskReport(started_at=_now())
+        async with snapshot_view(Path(snapshot)) as view:
+            report = RiskReport(started_at=time.time())
             await judge_risk(view.records(), report, view.locate, view.available)
-            report.finished_at = _now()
+            report.finished_at = time.time()
     else:
-        tgt = target()
-        async with (
-            connect(tgt) as (zk, manager),
-            open_context(zk, tgt.root, manager, config, mark=False) as ctx,
-        ):
+        async with _context(target, config) as ctx:
             report = await run_risk(ctx)
     if as_json:
         out.write(json.dumps(report.to_json(top)) + "\n")
@@ -150,12 +156,6 @@ async def cmd_what_if(
     else:
         render_what_if(report, out)
     return 1 if report.has_effect else 0
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
 
 
 # --- text ---------------------------------------------------------------------------
