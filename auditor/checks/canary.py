@@ -45,7 +45,6 @@ from auditor.metadata.registry import BookieSet, read_bookies
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.zk import NoNodeError, ZkClient
 
-DEFAULT_CANARY_ROOT = "/bk-auditor-canary/ledgers"
 #: The canary's layout, whatever the cluster's (its root is ours).
 CANARY_MANAGER = LedgerManager.HIERARCHICAL
 _BASE = 2**63 - 2**20

@@ -44,12 +44,6 @@ from auditor.metadata.serde import decode_ledger_metadata
 SELFTEST_CHECKS = ("replicas", "placement", "grace", "bookies", "ledgers", "metadata")
 
 
-def _plan(
-    md: LedgerMetadata, lac: int | None, available: frozenset[str], pct: int, rng: random.Random
-) -> LedgerPlan:
-    return plan_ledger(md, lac, available, pct, rng)
-
-
 @dataclass(frozen=True, slots=True)
 class Cores:
     """The analysis functions under test; the defaults are the ones the checks use."""
@@ -62,7 +56,7 @@ class Cores:
     lost_bookies: Callable[[LedgerMetadata, Set[str], int], LedgerLoss | None] = ledger_loss
     delay: Callable[[], LostBookieDelay] = LostBookieDelay
     plan: Callable[[LedgerMetadata, int | None, frozenset[str], int, random.Random], LedgerPlan] = (
-        _plan
+        plan_ledger
     )
     classify: Callable[[LedgerMetadata, int, Outcome[EntryRead]], str | None] = classify_read
     evaluate: Callable[[LedgerPlan, Mapping[int, Sequence[ReadFailure]]], list[BadFragment]] = (

@@ -287,15 +287,18 @@ class LeaderWork:
         else:
             await asyncio.sleep(1.0)
 
+    async def _every(self, what: str, step: Callable[[], Awaitable[None]], interval: float) -> None:
+        """`step` now, then again every (jittered) `interval`; an outage does not skip a turn."""
+        while True:
+            if not await self._outlasting(what, step()):
+                continue  # cut short by ZooKeeper: still due, now that it is back
+            await asyncio.sleep(jittered(interval, interval, self.jitter, self.rng))
+
     # --- the detector self-test ---------------------------------------------------------
 
     async def selftest_loop(self) -> None:
         """The self-test now (a new leader proves its detectors first), then every interval."""
-        interval = float(self.selftest.interval)
-        while True:
-            if not await self._outlasting("selftest", self.run_selftest()):
-                continue  # cut short by ZooKeeper: still due, now that it is back
-            await asyncio.sleep(jittered(interval, interval, self.jitter, self.rng))
+        await self._every("selftest", self.run_selftest, float(self.selftest.interval))
 
     async def run_selftest(self) -> None:
         """The pure self-test, then (when configured) the canary, each reported as it ends.
@@ -338,11 +341,7 @@ class LeaderWork:
 
     async def risk_loop(self) -> None:
         """The risk report when leadership starts, then every `[risk] interval`."""
-        interval = float(self.risk.interval)
-        while True:
-            if not await self._outlasting("risk", self.run_risk()):
-                continue  # cut short by ZooKeeper: still due, now that it is back
-            await asyncio.sleep(jittered(interval, interval, self.jitter, self.rng))
+        await self._every("risk", self.run_risk, float(self.risk.interval))
 
     async def run_risk(self) -> None:
         """One risk report, handed to `on_risk`; a failure is logged and waits for the next.
