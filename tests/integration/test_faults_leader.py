@@ -21,6 +21,7 @@ from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.cluster import make_metadata
 from auditor.testing.harness import test_cluster
+from auditor.testing.leaks import assert_no_leaks, snapshot
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
 from auditor.zk import ZkClient
 from tests.integration.test_daemon import ROOT, daemons, leader_becomes
@@ -96,6 +97,7 @@ async def test_a_leader_whose_session_expires_while_marking_comes_back_and_finis
             ],
             env={},
         )
+        clean = snapshot()
         daemon = Daemon(cfg, metrics=None)
         run = asyncio.ensure_future(daemon.run(signals=False))
         try:
@@ -129,3 +131,5 @@ async def test_a_leader_whose_session_expires_while_marking_comes_back_and_finis
         marks = await _marks(zk)
         assert sorted(marks) == list(range(1, LEDGERS + 1))
         assert all(replicas == [lost] for replicas in marks.values())
+        # Both sessions' tasks, bookie connections and descriptors are gone.
+        await assert_no_leaks(clean, bookies=tc.bookies[:3])

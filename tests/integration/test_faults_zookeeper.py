@@ -433,6 +433,15 @@ async def test_zookeeper_restarted_in_the_middle_of_each_check(
     cut after its findings, it reports them; marks stay as they were; the same daemon leads
     throughout with the same vote; health probes answer within a second during every restart."""
     _LOG[:] = [info_logs]
+    # gRPC's asyncio poller (a thread, an epoll, an eventfd, a socket pair) lives as long
+    # as the process once any channel or server exists: start it before counting.
+    warm = grpc.aio.server()
+    port = warm.add_insecure_port("127.0.0.1:0")
+    await warm.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await asyncio.wait_for(channel.channel_ready(), 10)
+    await warm.stop(None)
+    clean = snapshot()
     async with _leader(
         own_zk,
         RESTART_SESSION,
@@ -496,6 +505,7 @@ async def test_zookeeper_restarted_in_the_middle_of_each_check(
         health_pb2.HealthCheckResponse.NOT_SERVING,
     )
     assert prober.seen == {LIVENESS: {serving}, READINESS: {serving, not_serving}}
+    await assert_no_leaks(clean)
 
 
 @pytest.mark.timeout(600)
@@ -551,6 +561,7 @@ async def test_zookeeper_unreachable_longer_than_the_session_timeout(
     host, port = own_zk.hosts.rsplit(":", 1)
     proxy = TcpProxy(host, int(port))
     await proxy.start()
+    clean = snapshot()
     try:
         async with _leader(own_zk, SESSION, via=proxy) as (daemon, zk, _):
             control = {}
@@ -594,5 +605,8 @@ async def test_zookeeper_unreachable_longer_than_the_session_timeout(
             for check in ALL_CHECKS:
                 await _rerun_until_ok(daemon, check)
                 assert _outcome(daemon, check) == control[check], check
+        # Both sessions' tasks, connections and descriptors are gone (the proxy's own
+        # listener was open before the count and closes after it).
+        await assert_no_leaks(clean)
     finally:
         await proxy.stop()

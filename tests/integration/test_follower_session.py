@@ -18,6 +18,7 @@ from auditor.checks.findings import Check
 from auditor.daemon.election import current_auditor, election_path
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.inprocess import fast_config, running
+from auditor.testing.leaks import assert_no_leaks, snapshot
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
 from auditor.zk import ZkClient
 
@@ -53,6 +54,7 @@ async def test_a_follower_that_lost_its_session_leads_when_its_new_vote_wins(
     path = election_path(ROOT)
     await zk.ensure_path(path)
     cfg = fast_config(zk_hosts, ME, ["daemon.zk_session_timeout=4"])
+    clean = snapshot()
     async with ZkClient(zk_hosts) as java:
         # A Java auditor leads; the daemon waits in line behind it.
         await java.create(
@@ -82,3 +84,4 @@ async def test_a_follower_that_lost_its_session_leads_when_its_new_vote_wins(
     ]
     # One election, one end (when the test stopped the daemon).
     assert events == ["elected auditor", "no longer the auditor"]
+    await assert_no_leaks(clean)
