@@ -22,6 +22,7 @@ import contextlib
 import functools
 import glob
 import os
+import re
 import signal
 import time
 import uuid
@@ -33,6 +34,7 @@ import grpc
 import pytest
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+from kazoo.protocol.serialization import GetChildren, GetChildren2, GetData
 
 from auditor.api import LIVENESS, READINESS
 from auditor.api.server import start_api_server
@@ -367,6 +369,30 @@ def tripwire(
             os.kill(own_zk.proc.pid, signal.SIGCONT)
 
 
+#: A check's read: one ledger's metadata or mark (`L0050`, `urL0000003007`), or a listing
+#: of a directory of them (`00/0000`, `0000/0000/0000/0bbf`).
+_CHECK_READ = re.compile(r"/(?:(?:ur)?L\d+|[0-9a-f]{2,4})$")
+
+
+def _check_read_unanswered(daemon: Daemon) -> bool:
+    """Whether one of the check's reads has gone to the frozen server, unanswered.
+
+    Only such a read is sure to fail when the server is killed. The reads in flight when
+    the server froze may all have been answered already, and reads sent after kazoo has
+    seen the connection drop wait for the new connection and succeed: killed before the
+    walk sent its next read, the server would cut nothing (seen once, on a loaded CI
+    machine). Reads kazoo's own list of sent, unanswered requests (kazoo is pinned); with
+    the server frozen only kazoo's thread appends to it.
+    """
+    assert daemon.zk is not None
+    sent = list(daemon.zk._kazoo._pending)
+    return any(
+        isinstance(request, GetData | GetChildren | GetChildren2)
+        and _CHECK_READ.search(request.path)
+        for request, _, _ in sent
+    )
+
+
 def _restart_frozen(server: ZooKeeperServer) -> None:
     """Kills the frozen server (nothing it holds is answered) and starts it on its data;
     sessions survive, as the server gives each a fresh timeout when it loads them."""
@@ -472,6 +498,12 @@ async def test_zookeeper_restarted_in_the_middle_of_each_check(
                 prober.restarting = True
                 if cut.frozen_until is not None:
                     await _until(cut.frozen_until, _more(info_logs, cut.frozen_until, held), 60)
+                if cut.fails:
+                    await _until(
+                        f"{cut.what}: a read sent to the frozen server",
+                        functools.partial(_check_read_unanswered, daemon),
+                        60,
+                    )
                 await asyncio.to_thread(_restart_frozen, own_zk)
                 await _until("reconnected", lambda: daemon.state.zk_connected)
                 prober.restarting = False
