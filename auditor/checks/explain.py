@@ -55,9 +55,14 @@ CHECK_ORDER = (Check.REPLICAS, Check.PLACEMENT, Check.GRACE, Check.BOOKIES, Chec
 
 @dataclass(frozen=True, slots=True)
 class LedgerCheckResult:
-    """What the ledger check's reads found: its violation, or None when every read passed."""
+    """What the ledger check's reads found: its violation, or None when every read passed.
+
+    With replication disabled the ledger check reads nothing (and marks nothing), so
+    explain does not read either: the verdict says it would be skipped.
+    """
 
     violation: Violation | None
+    replication_enabled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,6 +448,10 @@ def bookies_verdict(inputs: ExplainInputs) -> CheckVerdict:
 
 def ledgers_verdict(inputs: ExplainInputs) -> CheckVerdict:
     c = Check.LEDGERS
+    if not inputs.ledgers.replication_enabled:
+        return _skipped(
+            c, SkipReason.REPLICATION_DISABLED, "the ledger check reads nothing until it is enabled"
+        )
     v = inputs.ledgers.violation
     if v is None:
         return _ok(c, "every sampled read of every fragment succeeded")

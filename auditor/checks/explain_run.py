@@ -60,7 +60,10 @@ async def explain_ledger(
     policy = placement_policy(ctx.config.bookkeeper, known, located)
     sources = {b: src for b in sorted(mine) if (src := resolver.source_of(b)) is not None}
     answers = await ReplicasRun(ctx).answers(md)
-    ledgers = LedgerCheckResult(await ledger_violation(ctx, md, rec.znode_version, rng=rng))
+    if await ctx.urm.is_replication_enabled():
+        ledgers = LedgerCheckResult(await ledger_violation(ctx, md, rec.znode_version, rng=rng))
+    else:
+        ledgers = LedgerCheckResult(None, replication_enabled=False)
     return explain(
         ExplainInputs(
             md=md,

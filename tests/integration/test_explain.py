@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from auditor.api.server import ApiServer, start_api_server
+from auditor.bookie.protocol import Operation
 from auditor.checks.context import CheckContext
 from auditor.checks.explain_run import LedgerNotFoundError, explain_ledger
 from auditor.daemon.service import Daemon
@@ -388,6 +389,42 @@ async def test_lost_bookie_is_down_and_unanswered(zk: ZkClient, tmp_path: Path) 
             f"{OK_REPLICAS['reason']}; {ids[2]} did not answer and is not registered "
             "(the bookie check's)"
         )
+
+
+async def test_replication_disabled_skips_the_ledger_check(zk: ZkClient, tmp_path: Path) -> None:
+    """With replication disabled the ledger check reads nothing and marks nothing: explain
+    says so and does not read entries either; the other checks' verdicts stand."""
+    async with test_cluster(zk, 3) as tc:
+        ids = tc.ids
+        path = write_racks(tmp_path, ids, ["/r0", "/r1", "/r2"])
+        await write_ledger(tc, 6)
+        await tc.bookies[2].stop()
+        urm = UnderreplicationManager(zk, "/ledgers")
+        await urm.disable_replication()
+        async with tc.context(overrides=[f"checks.racks_file={path}"]) as ctx:
+            doc = await explain_ledger(ctx, 6)
+            assert [b.received[Operation.READ_ENTRY] for b in tc.bookies[:2]] == [0, 0]
+            await urm.enable_replication()
+            again = await explain_ledger(ctx, 6)
+        assert doc["checks"]["ledgers"] == {
+            "outcome": "skipped",
+            "reason": "replication_disabled: the ledger check reads nothing until it is enabled",
+            "violations": [],
+        }
+        assert doc["categories"] == ["ledgers_on_lost_bookies"]
+        assert doc["checks"]["bookies"]["outcome"] == "violation"
+        # Enabled again, the same ledger's fragments on the stopped bookie are unreadable.
+        assert again["checks"]["ledgers"]["outcome"] == "violation"
+        assert again["categories"] == ["ledgers_on_lost_bookies", "unreadable_fragments"]
+        # The rest is what it was (a refused connection's reason names the client's back-off).
+        for k in ("metadata", "underreplication_mark", "placement_policy"):
+            assert again[k] == doc[k], k
+        for now, before in zip(again["segments"], doc["segments"], strict=True):
+            assert now["copies"] == before["copies"]
+            answers = [(r["bookie"], r["registration"], r["answer"]) for r in now["bookies"]]
+            assert answers == [
+                (r["bookie"], r["registration"], r["answer"]) for r in before["bookies"]
+            ]
 
 
 async def test_missing_ledger_is_exit_2_one_line(zk: ZkClient) -> None:
