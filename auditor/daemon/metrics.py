@@ -209,6 +209,11 @@ class Metrics:
             "Unix time of the leader's last detector self-test.",
             registry=r,
         )
+        self._selftest_interval = Gauge(
+            f"{PREFIX}_selftest_interval_seconds",
+            "Configured period of the leader's self-test (0: off), for the staleness alert.",
+            registry=r,
+        )
 
         self._at_risk = Gauge(
             f"{PREFIX}_ledgers_at_risk",
@@ -290,6 +295,9 @@ class Metrics:
 
     def set_check_interval(self, check: Check, seconds: float) -> None:
         self._interval.labels(str(check)).set(seconds)
+
+    def set_selftest_interval(self, seconds: float) -> None:
+        self._selftest_interval.set(seconds)
 
     def set_leader(self, is_leader: bool) -> None:
         was, self._leader = self._leader, is_leader

@@ -321,6 +321,9 @@ class Daemon:
                         self.state.checks[check].enabled = iv > 0
                         if self.metrics is not None:
                             self.metrics.set_check_interval(check, iv)
+                    if self.metrics is not None:
+                        st = self.config.selftest
+                        self.metrics.set_selftest_interval(st.interval if st.enabled else 0)
                     work = asyncio.ensure_future(
                         self.work.run(self.config.auditor.bookkeeper.lostBookieRecoveryDelay)
                     )

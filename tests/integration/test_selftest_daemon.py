@@ -88,8 +88,14 @@ async def test_self_test_passes_for_every_check_and_writes_nothing_without_canar
     async with test_cluster(zk, 3) as tc:
         await _healthy_cluster(tc)
         metrics = Metrics()
-        async with running(fast_config(zk.hosts, "selftest-a:1"), metrics) as daemon:
+        cfg = fast_config(zk.hosts, "selftest-a:1", ["selftest.interval=1800"])
+        async with running(cfg, metrics) as daemon:
             await _reported(daemon, set(SELFTEST_CHECKS))
+            # For the staleness alert: the leader's own period.
+            assert (
+                metrics.registry.get_sample_value("bookkeeper_auditor_selftest_interval_seconds")
+                == 1800
+            )
             assert {c: _success(metrics, c) for c in SELFTEST_CHECKS} == dict.fromkeys(
                 SELFTEST_CHECKS, 1.0
             )
@@ -107,6 +113,23 @@ async def test_self_test_passes_for_every_check_and_writes_nothing_without_canar
             assert await zk.exists(CANARY_BASE) is None
         assert await zk.exists(CANARY_BASE) is None
         assert all(b.list_requests[NO_REPLICA_ID] == 0 for b in tc.bookies)
+
+
+async def test_self_test_off_exports_interval_zero(zk: ZkClient) -> None:
+    """Off, nothing runs and the interval is 0, which keeps the staleness alert quiet."""
+    async with test_cluster(zk, 3) as tc:
+        await _healthy_cluster(tc)
+        metrics = Metrics()
+        cfg = fast_config(zk.hosts, "selftest-off:1", ["selftest.enabled=false"])
+        async with running(cfg, metrics) as daemon:
+            # The risk report runs at election too (its first one), after the gauges are set.
+            await asyncio.wait_for(daemon.risk_reported.wait(), 60)
+            assert (
+                metrics.registry.get_sample_value("bookkeeper_auditor_selftest_interval_seconds")
+                == 0
+            )
+            assert daemon.selftest == {}
+            assert _success(metrics, "replicas") is None
 
 
 async def test_canary_lives_under_its_root_and_passes_end_to_end(zk: ZkClient) -> None:
