@@ -39,6 +39,7 @@ from kazoo.protocol.serialization import GetChildren, GetChildren2, GetData
 from auditor.api import LIVENESS, READINESS
 from auditor.api.server import start_api_server
 from auditor.checks.findings import ALL_CHECKS, Check
+from auditor.checks.risk_run import run_risk
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.scheduler import CTIME_KIND
 from auditor.daemon.service import Daemon
@@ -88,6 +89,7 @@ async def _leader(
     *sets: str,
     via: TcpProxy | None = None,
     api: bool = False,
+    first_round: bool = True,
 ) -> AsyncIterator[tuple[Daemon, ZkClient, list[BookieEmulator]]]:
     chroot = f"/f-{uuid.uuid4().hex[:8]}"
     hosts = f"{own_zk.hosts}{chroot}"
@@ -109,11 +111,12 @@ async def _leader(
         )
         async with running(cfg, Metrics(), api_factory=_api if api else None) as daemon:
             d = daemon
-            await _until(
-                "first round",
-                lambda: all(d.state.checks[c].last_finished for c in ALL_CHECKS),
-                120,
-            )
+            if first_round:
+                await _until(
+                    "first round",
+                    lambda: all(d.state.checks[c].last_finished for c in ALL_CHECKS),
+                    120,
+                )
             yield daemon, zk, bookies
     finally:
         bookies[7].resume()
@@ -374,7 +377,11 @@ def tripwire(
 _CHECK_READ = re.compile(r"/(?:(?:ur)?L\d+|[0-9a-f]{2,4})$")
 
 
-def _check_read_unanswered(daemon: Daemon) -> bool:
+#: A walk's read from the top: the ledgers root, one of its directories, a ledger.
+_WALK_READ = re.compile(r"/ledgers(?:/\d{2}(?:/\d{4}(?:/L\d+)?)?)?$")
+
+
+def _check_read_unanswered(daemon: Daemon, reads: re.Pattern[str] = _CHECK_READ) -> bool:
     """Whether one of the check's reads has gone to the frozen server, unanswered.
 
     Only such a read is sure to fail when the server is killed. The reads in flight when
@@ -387,8 +394,7 @@ def _check_read_unanswered(daemon: Daemon) -> bool:
     assert daemon.zk is not None
     sent = list(daemon.zk._kazoo._pending)
     return any(
-        isinstance(request, GetData | GetChildren | GetChildren2)
-        and _CHECK_READ.search(request.path)
+        isinstance(request, GetData | GetChildren | GetChildren2) and reads.search(request.path)
         for request, _, _ in sent
     )
 
@@ -579,6 +585,52 @@ async def test_zookeeper_restarted_under_a_leader_with_the_metadata_index(
         assert daemon.state.is_leader
         assert not any(e["event"] == "no longer the auditor" for e in info_logs)
         assert await _children(zk, VOTES) == [vote]
+    await assert_no_leaks(clean)
+
+
+@pytest.mark.timeout(600)
+async def test_risk_report_cut_by_a_restart_runs_again_once_connected(
+    own_zk: ZooKeeperServer, tripwire: Tripwire, info_logs: list[MutableMapping[str, Any]]
+) -> None:
+    """The leader's first risk report (walking ZooKeeper: no index) loses ZooKeeper as its
+    walk starts: it runs again as soon as the daemon is connected, not an interval (an hour)
+    later, and reports what an uncut run reports; the leadership and its vote stay."""
+    _LOG[:] = [info_logs]
+    retry = "ZooKeeper call failed; resuming when connected"
+    clean = snapshot()
+    tripwire.arm(_logged("risk report started"))
+    async with _leader(
+        own_zk, RESTART_SESSION, "daemon.metadata_index=false", first_round=False
+    ) as (daemon, _, _):
+        await asyncio.wait_for(tripwire.sprung.wait(), 120)
+        await _until(
+            "the risk walk's read sent to the frozen server",
+            functools.partial(_check_read_unanswered, daemon, _WALK_READ),
+            60,
+        )
+        await asyncio.to_thread(_restart_frozen, own_zk)
+        await asyncio.wait_for(daemon.risk_reported.wait(), 120)
+        cut = [e for e in info_logs if e["event"] == retry]
+        assert [e["task"] for e in cut] == ["risk"], cut
+        assert (
+            _count(info_logs, "risk report started"),
+            _count(info_logs, "risk report finished"),
+        ) == (2, 1)
+        assert daemon.risk_report is not None and daemon.work is not None
+        # The control: the same core on the leader's own context, nothing cut.
+        control = await run_risk(daemon.work.ctx)
+        top = daemon.config.risk.top
+        got, want = daemon.risk_report.to_json(top), control.to_json(top)
+        for doc in (got, want):
+            del doc["started_at"], doc["finished_at"]
+        assert got == want
+        assert got["ledgers_checked"] >= 300
+        assert daemon.state.is_leader
+        assert _count(info_logs, "elected auditor") == 1
+        assert not any(e["event"] == "no longer the auditor" for e in info_logs)
+        await _until(
+            "first round", lambda: all(daemon.state.checks[c].last_finished for c in ALL_CHECKS)
+        )
     await assert_no_leaks(clean)
 
 
