@@ -50,11 +50,51 @@ _PROC_TCP: Final = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
 class Snapshot:
     tasks: frozenset[asyncio.Task[Any]]
     fds: int
+    #: Descriptor -> what it points at, to name the ones a failing test left open.
+    targets: dict[int, str]
 
 
 def open_fds() -> int:
     """File descriptors this process holds open."""
     return len(os.listdir("/proc/self/fd"))
+
+
+def fd_targets() -> dict[int, str]:
+    """Descriptor -> its /proc target (`socket:[inode]`, `pipe:[inode]`, a path)."""
+    out: dict[int, str] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed between listdir and readlink
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+    return out
+
+
+def _socket_kinds() -> dict[int, str]:
+    """Socket inode -> `tcp local->remote state` or `unix`, for this namespace's sockets."""
+    kinds: dict[int, str] = {}
+    for table in _PROC_TCP:
+        with contextlib.suppress(OSError), open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if len(cols) >= 10:
+                    local = int(cols[1].rsplit(":", 1)[1], 16)
+                    remote = int(cols[2].rsplit(":", 1)[1], 16)
+                    kinds[int(cols[9])] = f"tcp {local}->{remote} state {cols[3]}"
+    with contextlib.suppress(OSError), open("/proc/self/net/unix") as f:
+        for row in f.read().splitlines()[1:]:
+            cols = row.split()
+            if len(cols) >= 7:
+                kinds.setdefault(int(cols[6]), "unix")
+    return kinds
+
+
+def _describe(new: dict[int, str]) -> list[str]:
+    kinds = _socket_kinds()
+    out = []
+    for fd, target in sorted(new.items()):
+        if target.startswith("socket:["):
+            target += f" ({kinds.get(int(target[8:-1]), 'unknown kind')})"
+        out.append(f"{fd}: {target}")
+    return out
 
 
 def _socket_inodes() -> set[int]:
@@ -97,7 +137,8 @@ def tcp_connections(ports: Iterable[int]) -> int:
 def snapshot() -> Snapshot:
     """The tasks alive now (the caller's included) and the open descriptors."""
     gc.collect()
-    return Snapshot(frozenset(asyncio.all_tasks()), open_fds())
+    targets = fd_targets()
+    return Snapshot(frozenset(asyncio.all_tasks()), len(targets), targets)
 
 
 async def _until(done: Callable[[], bool], within: float) -> bool:
@@ -138,5 +179,9 @@ async def assert_no_leaks(
     ports = [b.port for b in bookies if b.port]
     assert tcp_connections(ports) == 0, "a socket of this process is still connected to a bookie"
     gc.collect()  # objects already dropped may still hold a descriptor until collected
-    fds = open_fds()
-    assert fds <= before.fds + fd_slack, f"{fds - before.fds} file descriptors more than before"
+    now = fd_targets()
+    fds = len(now)
+    new = {fd: t for fd, t in now.items() if before.targets.get(fd) != t}
+    assert fds <= before.fds + fd_slack, (
+        f"{fds - before.fds} file descriptors more than before; new or reused: {_describe(new)}"
+    )
