@@ -85,6 +85,8 @@ class BookKeeperConfig:
     tlsKeyStore: str = ""
     tlsKeyStorePasswordPath: str = ""
     tlsCertificatePath: str = ""
+    #: Comma-separated TLS versions (`TLSv1.2,TLSv1.3`); empty: OpenSSL's defaults.
+    tlsEnabledProtocols: str = ""
     # BookKeeper's deprecated client-only spellings; when set they win over the tls* keys.
     clientTrustStoreType: str = ""
     clientTrustStore: str = ""

@@ -72,6 +72,41 @@ def _read_password(key: str, path: str) -> str:
         raise ConfigError(f"cannot read bookkeeper.{key} {path}: {exc}") from None
 
 
+#: BookKeeper's (Java's) protocol names, in order.
+_VERSIONS = {
+    "TLSv1": ssl.TLSVersion.TLSv1,
+    "TLSv1.1": ssl.TLSVersion.TLSv1_1,
+    "TLSv1.2": ssl.TLSVersion.TLSv1_2,
+    "TLSv1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+def _protocols(value: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion] | None:
+    """`tlsEnabledProtocols` as (lowest, highest); None when empty.
+
+    Java enables a set of versions, OpenSSL a range: a set with a gap
+    (`TLSv1,TLSv1.3`) would silently enable the versions between, so it is
+    refused rather than widened.
+    """
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        return None
+    order = list(_VERSIONS)
+    unknown = [n for n in names if n not in _VERSIONS]
+    if unknown:
+        raise ConfigError(
+            f"bookkeeper.tlsEnabledProtocols: unknown protocol {unknown[0]!r}; "
+            f"known: {', '.join(order)}"
+        )
+    idx = sorted({order.index(n) for n in names})
+    if idx != list(range(idx[0], idx[-1] + 1)):
+        raise ConfigError(
+            f"bookkeeper.tlsEnabledProtocols {value!r} leaves a gap: give consecutive "
+            f"versions (from {order[idx[0]]} to {order[idx[-1]]}, or fewer)"
+        )
+    return _VERSIONS[order[idx[0]]], _VERSIONS[order[idx[-1]]]
+
+
 def bookie_tls(bk: BookKeeperConfig) -> BookieTls | None:
     """The client side of bookie TLS, or None when `tlsProviderFactoryClass` is unset.
 
@@ -98,6 +133,9 @@ def bookie_tls(bk: BookKeeperConfig) -> BookieTls | None:
     # BookKeeper checks the chain always, the name only with tlsHostnameVerificationEnabled.
     context.check_hostname = bk.tlsHostnameVerificationEnabled
     context.verify_mode = ssl.CERT_REQUIRED
+    versions = _protocols(bk.tlsEnabledProtocols)
+    if versions is not None:
+        context.minimum_version, context.maximum_version = versions
     try:
         context.load_verify_locations(cafile=trust)
     except (OSError, ssl.SSLError, ValueError) as exc:

@@ -8,6 +8,7 @@ only through BookKeeper's keys, as an operator would configure it.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -233,6 +234,32 @@ async def test_tls_client_against_a_bookie_without_tls(zk: ZkClient, certs: Cert
         assert endpoint is not None and endpoint.extensions == ()  # it does not advertise TLS
 
 
+async def test_enabled_protocols_bound_the_version(zk: ZkClient, certs: Certs) -> None:
+    """`tlsEnabledProtocols` as BookKeeper reads it: TLS 1.2 only is spoken with a bookie
+    that offers 1.3 too; 1.3 only against a bookie that stops at 1.2 fails the handshake
+    (a TLS failure, never an answer about the ledger)."""
+    async with bookies(zk, 1, tls=server_context(certs.bookie), tls_required=True) as (emu,):
+        emu.put_ledger(7, range(3))
+        keys = [*tls_keys(certs.ca.cert), "tlsEnabledProtocols=TLSv1.2"]
+        async with client(zk, keys) as c, asyncio.timeout(LIMIT):
+            got = await c.read_entry(emu.bookie_id, 7, 1)
+            assert isinstance(got, Ok) and got.value.header.entry_id == 1
+            cipher = c.tls_cipher(emu.bookie_id)
+            # TLS 1.3 suites are the only ones named TLS_* by OpenSSL.
+            assert cipher is not None and not cipher.startswith("TLS_"), cipher
+    old = server_context(certs.bookie)
+    old.maximum_version = ssl.TLSVersion.TLSv1_2
+    async with bookies(zk, 1, tls=old, tls_required=True) as (emu,):
+        emu.put_ledger(7, range(3))
+        keys = [*tls_keys(certs.ca.cert), "tlsEnabledProtocols=TLSv1.3"]
+        async with client(zk, keys) as c, asyncio.timeout(LIMIT):
+            got = await c.read_entry(emu.bookie_id, 7, 1)
+            assert isinstance(got, NoAnswer) and got.reason is Unanswered.TLS_FAILED, got
+            assert got.detail.startswith(f"TLS handshake with {emu.bookie_id} at "), got.detail
+            await emu.tls_settled()
+        assert emu.tls_handshakes == 0 and len(emu.tls_failures) == 1
+
+
 async def test_wrong_ca_fails_the_handshake(zk: ZkClient, certs: Certs) -> None:
     async with bookies(zk, 1, tls=server_context(certs.bookie), tls_required=True) as (emu,):
         emu.put_ledger(7, range(3))
@@ -325,6 +352,26 @@ async def test_mutual_tls(zk: ZkClient, certs: Certs) -> None:
             ],
             "bookkeeper.clientTrustStoreType is 'PKCS12': bookie TLS here reads PEM files only; "
             "set clientTrustStoreType=PEM and bookkeeper.tlsTrustStore to a PEM file",
+        ),
+        (
+            [
+                f"tlsProviderFactoryClass={TLS_CONTEXT_FACTORY}",
+                "tlsTrustStoreType=PEM",
+                "tlsTrustStore=/ca.pem",
+                "tlsEnabledProtocols=TLSv1.2,SSLv3",
+            ],
+            "bookkeeper.tlsEnabledProtocols: unknown protocol 'SSLv3'; "
+            "known: TLSv1, TLSv1.1, TLSv1.2, TLSv1.3",
+        ),
+        (
+            [
+                f"tlsProviderFactoryClass={TLS_CONTEXT_FACTORY}",
+                "tlsTrustStoreType=PEM",
+                "tlsTrustStore=/ca.pem",
+                "tlsEnabledProtocols=TLSv1.3, TLSv1.1",
+            ],
+            "bookkeeper.tlsEnabledProtocols 'TLSv1.3, TLSv1.1' leaves a gap: give consecutive "
+            "versions (from TLSv1.1 to TLSv1.3, or fewer)",
         ),
         (
             ["startTLSTimeoutSecs=0"],
