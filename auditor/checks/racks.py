@@ -168,7 +168,8 @@ def parse_yaml_racks(text: str, source: str) -> dict[str, str]:
             raise RackSourceError(
                 f"{source} line {lineno}: expected `bookie: /rack`, got {stripped!r}"
             )
-        key = _unquote(m.group("key").strip(), source, lineno)
+        # Stripped inside quotes too, as JSON keys are: no bookie id or host has spaces.
+        key = _unquote(m.group("key").strip(), source, lineno).strip()
         raw = _strip_comment(m.group("value") or "")
         if raw[:1] in ("{", "[", "|", ">", "&", "*", "!"):
             raise RackSourceError(

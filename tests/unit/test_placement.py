@@ -399,8 +399,8 @@ def test_normalize_location(raw: str, normal: str | None) -> None:
 
 
 def test_json_racks() -> None:
-    text = '{"10.0.0.1:3181": "/r1", "bk-2": "r2/", "host3": "", "x": null, "y": "/"}'
-    assert parse_json_racks(text, "f") == {"10.0.0.1:3181": "/r1", "bk-2": "/r2"}
+    text = '{"10.0.0.1:3181": "/r1", "bk-2": "r2/", "host3": "", "x": null, "y": "/", " h7": "/r7"}'
+    assert parse_json_racks(text, "f") == {"10.0.0.1:3181": "/r1", "bk-2": "/r2", "h7": "/r7"}
 
 
 @pytest.mark.parametrize(
@@ -426,12 +426,14 @@ def test_yaml_racks_subset() -> None:
 host4: /r4 # trailing comment
 host5:
 host6: ~
+" host7 ": /r7
 """
     assert parse_yaml_racks(text, "f") == {
         "10.0.0.1:3181": "/r1",
         "bk-2": "/r2",
         "it's": "/r3",
         "host4": "/r4",
+        "host7": "/r7",
     }
 
 
