@@ -60,9 +60,6 @@ DELAY = 0.2
 FAST = [f"readEntryTimeout={T:g}", f"checks.retry_delay={DELAY}", "checks.retry_attempts=1"]
 #: For scenarios where no timeout is expected: held answers have room on a busy machine.
 PATIENT = ["readEntryTimeout=5", f"checks.retry_delay={DELAY}", "checks.retry_attempts=1"]
-#: What gRPC core opens the first time this process serves (an epoll, an eventfd and a
-#: wake-up socket pair) and keeps until exit; 0 when an earlier test already used gRPC.
-GRPC_FDS = 4
 LEDGERS = range(1, 9)
 ENTRIES = 10
 BUR = Category.BOOKIE_UNAVAILABLE_REGISTERED
@@ -109,7 +106,7 @@ class Faulty:
 
 @contextlib.asynccontextmanager
 async def faulty_cluster(
-    zk: ZkClient, bookies: int | Sequence[Storage] = 4, *, fd_slack: int = 0
+    zk: ZkClient, bookies: int | Sequence[Storage] = 4
 ) -> AsyncIterator[Faulty]:
     """The cluster above; on a clean exit, asserts nothing leaked since it was built."""
     async with test_cluster(zk, bookies) as tc:
@@ -128,7 +125,7 @@ async def faulty_cluster(
         yield Faulty(tc, written)
         for b in tc.bookies:
             b.clear_faults()  # held requests are answered (to closed connections) and dropped
-        await assert_no_leaks(before, bookies=tc.bookies, fd_slack=fd_slack)
+        await assert_no_leaks(before, bookies=tc.bookies)
 
 
 async def replicas(ctx: CheckContext) -> CheckReport:
@@ -640,12 +637,13 @@ async def test_ledger_re_replicated_while_checked_is_judged_on_its_new_metadata(
 # --- the daemon stays responsive ------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("grpc_held")
 async def test_daemon_answers_health_within_a_second_through_bookie_faults(zk: ZkClient) -> None:
     """A leading daemon runs its first replicas and ledger checks into three faulty bookies
     (one paused, one failing every request, one slow) on the loop that also serves them,
     while health probes keep coming: each answers SERVING within a second.
     """
-    async with faulty_cluster(zk, fd_slack=GRPC_FDS) as fc:
+    async with faulty_cluster(zk) as fc:
         slow, failing, paused = fc.bookies[1], fc.bookies[2], fc.bookies[3]
         slow.set_latency(0.3)
         failing.inject_status(Status.EIO)

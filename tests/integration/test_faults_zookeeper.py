@@ -456,28 +456,6 @@ async def _ctime(urm: UnderreplicationManager, check: Check) -> int | None:
     return None if kind is None else await urm.get_check_ctime(kind)
 
 
-@pytest.fixture
-async def grpc_held() -> AsyncIterator[None]:
-    """gRPC's process-wide parts, up for the whole test: a leak count must not see them come
-    and go.
-
-    The asyncio poller (a thread and a socket pair) stays once made; the core's poller (an
-    epoll and an eventfd) lives while any gRPC object does and is torn down, on gRPC's own
-    thread and some time later, when the last one goes: without a server held open across
-    the test, the count at its end sometimes still saw that pair (+2 descriptors, seen under
-    load) and sometimes not.
-    """
-    held = grpc.aio.server()
-    port = held.add_insecure_port("127.0.0.1:0")
-    await held.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            await asyncio.wait_for(channel.channel_ready(), 10)
-        yield
-    finally:
-        await held.stop(None)
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("grpc_held")
 async def test_zookeeper_restarted_in_the_middle_of_each_check(
