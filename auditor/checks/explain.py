@@ -127,16 +127,8 @@ def _custom_value(value: bytes) -> str:
 def metadata_json(md: LedgerMetadata, path: str, znode_version: int) -> dict[str, Any]:
     return {
         "path": path,
-        "format_version": md.format_version,
         "znode_version": znode_version,
-        "state": md.state.name,
-        "ensemble_size": md.ensemble_size,
-        "write_quorum": md.write_quorum,
-        "ack_quorum": md.ack_quorum,
-        "last_entry_id": md.last_entry_id,
-        "length": md.length,
-        "digest_type": md.digest_type.name if md.digest_type is not None else None,
-        "ctime": md.ctime,
+        **md.summary_json(),
         "custom_metadata": {k: _custom_value(v) for k, v in sorted(md.custom_metadata)},
     }
 

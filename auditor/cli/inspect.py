@@ -18,16 +18,8 @@ def ledger_json(md: LedgerMetadata, path: str) -> dict[str, Any]:
     return {
         "ledger_id": md.ledger_id,
         "path": path,
-        "format_version": md.format_version,
-        "state": md.state.name,
-        "ensemble_size": md.ensemble_size,
-        "write_quorum": md.write_quorum,
-        "ack_quorum": md.ack_quorum,
-        "last_entry_id": md.last_entry_id,
-        "length": md.length,
+        **md.summary_json(),
         "ensembles": {str(s.first_entry_id): list(s.bookies) for s in md.segments},
-        "digest_type": md.digest_type.name if md.digest_type is not None else None,
-        "ctime": md.ctime,
         "custom_metadata": {k: base64.b64encode(v).decode() for k, v in md.custom_metadata},
     }
 

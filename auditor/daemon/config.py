@@ -178,6 +178,11 @@ class SelfTestSection:
     canary: bool = False
     canary_root: str = "/bk-auditor-canary/ledgers"
 
+    @property
+    def period(self) -> float:
+        """Seconds between self-tests the leader runs; 0 when they are off."""
+        return self.interval if self.enabled else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class RiskSection:

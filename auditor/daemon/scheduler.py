@@ -298,7 +298,7 @@ class LeaderWork:
 
     async def selftest_loop(self) -> None:
         """The self-test now (a new leader proves its detectors first), then every interval."""
-        await self._every("selftest", self.run_selftest, float(self.selftest.interval))
+        await self._every("selftest", self.run_selftest, self.selftest.period)
 
     async def run_selftest(self) -> None:
         """The pure self-test, then (when configured) the canary, each reported as it ends.
@@ -467,7 +467,7 @@ class LeaderWork:
         try:
             self._tasks.append(asyncio.ensure_future(self.follow_bookies()))
             self._tasks.append(asyncio.ensure_future(self.follow_delay()))
-            if self.selftest is not None and self.selftest.enabled:
+            if self.selftest is not None and self.selftest.period > 0:
                 self._tasks.append(asyncio.ensure_future(self.selftest_loop()))
             if self.risk is not None and self.risk.interval > 0:
                 self._tasks.append(asyncio.ensure_future(self.risk_loop()))

@@ -322,8 +322,7 @@ class Daemon:
                         if self.metrics is not None:
                             self.metrics.set_check_interval(check, iv)
                     if self.metrics is not None:
-                        st = self.config.selftest
-                        self.metrics.set_selftest_interval(st.interval if st.enabled else 0)
+                        self.metrics.set_selftest_interval(self.config.selftest.period)
                     work = asyncio.ensure_future(
                         self.work.run(self.config.auditor.bookkeeper.lostBookieRecoveryDelay)
                     )

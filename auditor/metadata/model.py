@@ -75,6 +75,21 @@ class LedgerMetadata:
     def closed(self) -> bool:
         return self.state is LedgerState.CLOSED
 
+    def summary_json(self) -> dict[str, object]:
+        """The scalar fields every JSON view of a ledger shows (`ledgers --json`, `explain`);
+        each view adds its own path, ensembles and custom-metadata encoding. No password."""
+        return {
+            "format_version": self.format_version,
+            "state": self.state.name,
+            "ensemble_size": self.ensemble_size,
+            "write_quorum": self.write_quorum,
+            "ack_quorum": self.ack_quorum,
+            "last_entry_id": self.last_entry_id,
+            "length": self.length,
+            "digest_type": self.digest_type.name if self.digest_type is not None else None,
+            "ctime": self.ctime,
+        }
+
     def bookies(self) -> set[str]:
         """Every bookie of every segment (historical ensembles included)."""
         return {b for s in self.segments for b in s.bookies}

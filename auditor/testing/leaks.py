@@ -27,7 +27,7 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -68,17 +68,37 @@ def fd_targets() -> dict[int, str]:
     return out
 
 
+def _socket_inode(target: str) -> int | None:
+    return int(target[8:-1]) if target.startswith("socket:[") else None
+
+
+@dataclass(frozen=True, slots=True)
+class _TcpRow:
+    inode: int
+    local_port: int
+    remote_port: int
+    state: str
+
+
+def _tcp_rows() -> Iterator[_TcpRow]:
+    """Every TCP socket of this network namespace, from /proc/net/tcp and tcp6."""
+    for table in _PROC_TCP:
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) >= 10:
+                local = int(cols[1].rsplit(":", 1)[1], 16)
+                remote = int(cols[2].rsplit(":", 1)[1], 16)
+                yield _TcpRow(int(cols[9]), local, remote, cols[3])
+
+
 def _socket_kinds() -> dict[int, str]:
     """Socket inode -> `tcp local->remote state` or `unix`, for this namespace's sockets."""
-    kinds: dict[int, str] = {}
-    for table in _PROC_TCP:
-        with contextlib.suppress(OSError), open(table) as f:
-            for row in f.read().splitlines()[1:]:
-                cols = row.split()
-                if len(cols) >= 10:
-                    local = int(cols[1].rsplit(":", 1)[1], 16)
-                    remote = int(cols[2].rsplit(":", 1)[1], 16)
-                    kinds[int(cols[9])] = f"tcp {local}->{remote} state {cols[3]}"
+    kinds = {r.inode: f"tcp {r.local_port}->{r.remote_port} state {r.state}" for r in _tcp_rows()}
     with contextlib.suppress(OSError), open("/proc/self/net/unix") as f:
         for row in f.read().splitlines()[1:]:
             cols = row.split()
@@ -91,20 +111,11 @@ def _describe(new: dict[int, str]) -> list[str]:
     kinds = _socket_kinds()
     out = []
     for fd, target in sorted(new.items()):
-        if target.startswith("socket:["):
-            target += f" ({kinds.get(int(target[8:-1]), 'unknown kind')})"
+        inode = _socket_inode(target)
+        if inode is not None:
+            target += f" ({kinds.get(inode, 'unknown kind')})"
         out.append(f"{fd}: {target}")
     return out
-
-
-def _socket_inodes() -> set[int]:
-    inodes: set[int] = set()
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # closed between listdir and readlink
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(int(target[8:-1]))
-    return inodes
 
 
 def tcp_connections(ports: Iterable[int]) -> int:
@@ -115,23 +126,14 @@ def tcp_connections(ports: Iterable[int]) -> int:
     has no descriptor left and is not counted).
     """
     wanted = set(ports)
-    mine = _socket_inodes()
-    count = 0
-    for table in _PROC_TCP:
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) < 10 or cols[3] == _TCP_LISTEN or int(cols[9]) not in mine:
-                continue
-            local = int(cols[1].rsplit(":", 1)[1], 16)
-            remote = int(cols[2].rsplit(":", 1)[1], 16)
-            if local in wanted or remote in wanted:
-                count += 1
-    return count
+    mine = {i for t in fd_targets().values() if (i := _socket_inode(t)) is not None}
+    return sum(
+        1
+        for r in _tcp_rows()
+        if r.state != _TCP_LISTEN
+        and r.inode in mine
+        and (r.local_port in wanted or r.remote_port in wanted)
+    )
 
 
 def snapshot() -> Snapshot:

@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from auditor.bookie.client import BookieClient
 from auditor.bookie.protocol import encode_entry_body
 from auditor.bookie.results import Ok
 from auditor.errors import AuditorError
-from auditor.metadata.model import INVALID_ENTRY_ID, DigestType, LedgerMetadata, LedgerState
+from auditor.metadata.model import (
+    INVALID_ENTRY_ID,
+    DigestType,
+    LedgerMetadata,
+    LedgerState,
+    Segment,
+)
 from auditor.metadata.schedule import write_set
+from auditor.metadata.serde import encode_ledger_metadata
 from auditor.testing.cluster import ClusterWriter, Ensembles, make_metadata, normalize_segments
 
 
@@ -93,6 +100,15 @@ class LedgerWriter:
                 for i in write_set(e, len(bookies), write_quorum):
                     adds.append(self._add(bookies[i], ledger_id, e, body))
         await asyncio.gather(*adds)
+
+    async def rereplicate(self, written: WrittenLedger, ensemble: Sequence[str]) -> LedgerMetadata:
+        """A finished re-replication: the entries written to `ensemble`, then the metadata
+        switched to it as one segment (everything else as written)."""
+        md = written.metadata
+        await self.write_entries(md.ledger_id, [(0, ensemble)], md.write_quorum, written.entries)
+        new = replace(md, segments=(Segment(0, tuple(ensemble)),))
+        await self.cluster.zk.set(written.path, encode_ledger_metadata(new))
+        return new
 
     async def write_ledger(
         self,

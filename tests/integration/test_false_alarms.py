@@ -20,7 +20,6 @@ from auditor.checks.findings import Category, CheckReport
 from auditor.checks.ledger_check_run import run_ledger_check
 from auditor.checks.replicas_run import run_replicas_check
 from auditor.cli.check import render_text
-from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.walk import LedgerRecord, LedgerWalker
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import make_metadata
@@ -131,15 +130,7 @@ async def test_metadata_changed_while_checked_is_dropped_as_metadata_changed(
 
         async def replace(_ctx: CheckContext) -> None:
             # Re-replicated meanwhile: b3 takes b1's place and holds its entries.
-            await tc.writer.write_entries(7, [(0, [b[0], b[3], b[2]])], 2, 30)
-            md = make_metadata(
-                7,
-                [b[0], b[3], b[2]],
-                write_quorum=2,
-                last_entry_id=29,
-                length=written.metadata.length,
-            )
-            await zk.set(written.path, encode_ledger_metadata(md))
+            await tc.writer.rereplicate(written, [b[0], b[3], b[2]])
 
         report = await held_check(tc, replace)
         assert accounting(report) == ([], {"metadata_changed": 1}, 1.0)

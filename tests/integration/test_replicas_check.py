@@ -236,17 +236,7 @@ async def test_metadata_changed_mid_check_is_analysed_again(zk: ZkClient) -> Non
             task = asyncio.ensure_future(run_replicas_check(ctx))
             await held.wait_requests(1, Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)
             # ... and is replaced by b3 while the check waits for b0.
-            await tc.writer.write_entries(7, [(0, [b[0], b[3], b[2]])], 2, 30)
-            md = make_metadata(
-                7,
-                [b[0], b[3], b[2]],
-                write_quorum=2,
-                last_entry_id=29,
-                length=written.metadata.length,
-            )
-            from auditor.metadata.serde import encode_ledger_metadata
-
-            await zk.set(written.path, encode_ledger_metadata(md))
+            await tc.writer.rereplicate(written, [b[0], b[3], b[2]])
             report = await task
         assert report.violations == []
         assert report.ledgers_checked == 1
