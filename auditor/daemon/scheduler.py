@@ -38,6 +38,7 @@ from auditor.checks.risk import RiskReport
 from auditor.checks.risk_run import run_risk
 from auditor.checks.runner import driver
 from auditor.checks.selftest import SelfTestResult, run_selftest
+from auditor.daemon.config import RiskSection, SelfTestSection
 from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
 from auditor.metadata.records import CheckKind
 from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
@@ -100,9 +101,9 @@ class LeaderWork:
         gate: asyncio.Event | None = None,
         rng: random.Random | None = None,
         scan: ScanDriver | None = None,
-        selftest: Any = None,
+        selftest: SelfTestSection | None = None,
         on_selftest: Callable[[list[SelfTestResult]], None] | None = None,
-        risk: Any = None,
+        risk: RiskSection | None = None,
         on_risk: Callable[[RiskReport], None] | None = None,
     ) -> None:
         self.ctx = ctx
@@ -296,9 +297,9 @@ class LeaderWork:
 
     # --- the detector self-test ---------------------------------------------------------
 
-    async def selftest_loop(self) -> None:
-        """The self-test now (a new leader proves its detectors first), then every interval."""
-        await self._every("selftest", self.run_selftest, self.selftest.period)
+    async def selftest_loop(self, period: float) -> None:
+        """The self-test now (a new leader proves its detectors first), then every `period`."""
+        await self._every("selftest", self.run_selftest, period)
 
     async def run_selftest(self) -> None:
         """The pure self-test, then (when configured) the canary, each reported as it ends.
@@ -308,7 +309,7 @@ class LeaderWork:
         not wait hours behind a long replicas run to be noticed.
         """
         self._selftest_done(run_selftest(), "selftest")
-        if not self.selftest.canary:
+        if self.selftest is None or not self.selftest.canary:
             return
         if self.gate is not None:
             await self.gate.wait()
@@ -339,9 +340,9 @@ class LeaderWork:
 
     # --- the risk report -----------------------------------------------------------------
 
-    async def risk_loop(self) -> None:
+    async def risk_loop(self, interval: float) -> None:
         """The risk report when leadership starts, then every `[risk] interval`."""
-        await self._every("risk", self.run_risk, float(self.risk.interval))
+        await self._every("risk", self.run_risk, interval)
 
     async def run_risk(self) -> None:
         """One risk report, handed to `on_risk`; a failure is logged and waits for the next.
@@ -468,9 +469,9 @@ class LeaderWork:
             self._tasks.append(asyncio.ensure_future(self.follow_bookies()))
             self._tasks.append(asyncio.ensure_future(self.follow_delay()))
             if self.selftest is not None and self.selftest.period > 0:
-                self._tasks.append(asyncio.ensure_future(self.selftest_loop()))
+                self._tasks.append(asyncio.ensure_future(self.selftest_loop(self.selftest.period)))
             if self.risk is not None and self.risk.interval > 0:
-                self._tasks.append(asyncio.ensure_future(self.risk_loop()))
+                self._tasks.append(asyncio.ensure_future(self.risk_loop(float(self.risk.interval))))
             await self._apply(start)
             # Checks due now run one after another in START_ORDER, so a new
             # leader's first round is predictable; then each keeps its rhythm.
