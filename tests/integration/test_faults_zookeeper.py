@@ -392,7 +392,7 @@ def _check_read_unanswered(daemon: Daemon, reads: re.Pattern[str] = _CHECK_READ)
     the server frozen only kazoo's thread appends to it.
     """
     assert daemon.zk is not None
-    sent = list(daemon.zk._kazoo._pending)
+    sent = list(daemon.zk.kazoo._pending)
     return any(
         isinstance(request, GetData | GetChildren | GetChildren2) and reads.search(request.path)
         for request, _, _ in sent
