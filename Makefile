@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.stamp-python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: all demo test lint typecheck proto proto-check promtool promtool-check unit bench soak clean system venv fuzz
+.PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check unit bench soak clean system venv fuzz
 
 all: test
 
@@ -49,7 +49,7 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 demo: $(STAMP_PY)
 	@$(VENV)/bin/bk-auditor demo $(if $(DURATION),--duration $(DURATION))
 
-test: $(STAMP_PY) lint typecheck proto-check promtool-check unit
+test: $(STAMP_PY) lint typecheck layers proto-check promtool-check unit
 
 lint: $(STAMP_PY)
 	@$(VENV)/bin/ruff check auditor tests bench
@@ -57,6 +57,11 @@ lint: $(STAMP_PY)
 
 typecheck: $(STAMP_PY)
 	@$(VENV)/bin/mypy
+
+# The layer contract in pyproject.toml (lower never imports higher); module cycles are
+# refused by tests/unit/test_layers.py.
+layers: $(STAMP_PY)
+	@$(VENV)/bin/lint-imports --no-cache >/dev/null || $(VENV)/bin/lint-imports --no-cache
 
 proto: $(STAMP_PY)
 	@PYTHON=$(PY) scripts/gen_proto.sh

@@ -19,7 +19,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from auditor.checks.explain import document_text
+from auditor.analysis.explain import document_text
 from auditor.checks.findings import (
     ALL_CHECKS,
     Category,

@@ -19,17 +19,55 @@ import asyncio
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from auditor.errors import ConfigError
 
-if TYPE_CHECKING:
-    from auditor.config import BookKeeperConfig
-
-__all__ = ["TLS_CONTEXT_FACTORY", "BookieTls", "bookie_tls", "cipher_name"]
+__all__ = ["TLS_CONTEXT_FACTORY", "BookieTls", "TlsKeys", "bookie_tls", "cipher_name"]
 
 #: The one TLS provider BookKeeper ships; the value that turns bookie TLS on.
 TLS_CONTEXT_FACTORY = "org.apache.bookkeeper.tls.TLSContextFactory"
+
+
+class TlsKeys(Protocol):
+    """BookKeeper's TLS keys, as `auditor.config.BookKeeperConfig` holds them.
+
+    A protocol rather than the config class itself: the bookie layer sits below
+    the configuration (which calls `bookie_tls` to refuse bad settings at load).
+    """
+
+    @property
+    def tlsProviderFactoryClass(self) -> str: ...
+    @property
+    def tlsClientAuthentication(self) -> bool: ...
+    @property
+    def tlsHostnameVerificationEnabled(self) -> bool: ...
+    @property
+    def startTLSTimeoutSecs(self) -> int: ...
+    @property
+    def tlsTrustStoreType(self) -> str: ...
+    @property
+    def tlsTrustStore(self) -> str: ...
+    @property
+    def tlsKeyStoreType(self) -> str: ...
+    @property
+    def tlsKeyStore(self) -> str: ...
+    @property
+    def tlsKeyStorePasswordPath(self) -> str: ...
+    @property
+    def tlsCertificatePath(self) -> str: ...
+    @property
+    def tlsEnabledProtocols(self) -> str: ...
+    @property
+    def clientTrustStoreType(self) -> str: ...
+    @property
+    def clientTrustStore(self) -> str: ...
+    @property
+    def clientKeyStoreType(self) -> str: ...
+    @property
+    def clientKeyStore(self) -> str: ...
+    @property
+    def clientKeyStorePasswordPath(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +87,7 @@ def cipher_name(transport: asyncio.BaseTransport) -> str | None:
     return None if cipher is None else str(cipher[0])
 
 
-def _pick(bk: BookKeeperConfig, alias: str, key: str) -> tuple[str, str]:
+def _pick(bk: TlsKeys, alias: str, key: str) -> tuple[str, str]:
     """(value, the key it came from): the deprecated `client*` key wins, as in BookKeeper."""
     value = str(getattr(bk, alias))
     if value:
@@ -107,7 +145,7 @@ def _protocols(value: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion] | None:
     return _VERSIONS[order[idx[0]]], _VERSIONS[order[idx[-1]]]
 
 
-def bookie_tls(bk: BookKeeperConfig) -> BookieTls | None:
+def bookie_tls(bk: TlsKeys) -> BookieTls | None:
     """The client side of bookie TLS, or None when `tlsProviderFactoryClass` is unset.
 
     Raises `ConfigError` naming the key for anything unusable: another

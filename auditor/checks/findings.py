@@ -18,6 +18,10 @@ from typing import Any
 from auditor.checks.owners import Owner
 from auditor.checks.tally import ViolationLog
 
+# Re-exported: a report is read with its violations and their categories.
+from auditor.checks.violation import Category as Category
+from auditor.checks.violation import Violation as Violation
+
 
 class Check(enum.StrEnum):
     BOOKIES = "bookies"
@@ -33,25 +37,6 @@ class Check(enum.StrEnum):
 #: The order `check all` runs them in (and the daemon's checks): `metadata` is not among
 #: them, since every one of these reports undecodable metadata on its own walk.
 ALL_CHECKS = (Check.BOOKIES, Check.LEDGERS, Check.PLACEMENT, Check.REPLICAS, Check.GRACE)
-
-
-class Category(enum.StrEnum):
-    # replicas (BP-34 durability contract)
-    NO_REPLICA = "no_replica"
-    BELOW_ACK_QUORUM = "below_ack_quorum"
-    BELOW_WRITE_QUORUM = "below_write_quorum"
-    BOOKIE_UNAVAILABLE_REGISTERED = "bookie_unavailable_registered"
-    # progress of under-replication
-    UNDERREPLICATED_PAST_GRACE_PERIOD = "underreplicated_past_grace_period"
-    # placement policy
-    PLACEMENT_NOT_ADHERING = "placement_not_adhering"
-    PLACEMENT_SOFTLY_ADHERING = "placement_softly_adhering"
-    # bookie check
-    LEDGERS_ON_LOST_BOOKIES = "ledgers_on_lost_bookies"
-    # ledger check
-    UNREADABLE_FRAGMENTS = "unreadable_fragments"
-    # every check
-    METADATA_INVALID = "metadata_invalid"
 
 
 CATEGORIES: dict[Check, tuple[Category, ...]] = {
@@ -125,22 +110,6 @@ DROP_CAUSES: dict[Check, tuple[DropCause, ...]] = {
     Check.GRACE: (),
     Check.METADATA: (),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    ledger_id: int
-    category: Category
-    bookie: str | None
-    detail: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ledger_id": self.ledger_id,
-            "category": str(self.category),
-            "bookie": self.bookie,
-            "detail": self.detail,
-        }
 
 
 @dataclass(slots=True)

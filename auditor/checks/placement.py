@@ -34,13 +34,13 @@ from auditor.checks.findings import Category, SkipReason
 from auditor.config import BookKeeperConfig
 from auditor.errors import ConfigError
 from auditor.metadata.model import LedgerMetadata, LedgerState
-
-DEFAULT_RACK = "/default-rack"
-DEFAULT_REGION = "/default-region"
-DEFAULT_REGION_RACK = "/default-region/default-rack"
-DEFAULT_ZONE = "/default-zone"
-DEFAULT_UPGRADE_DOMAIN = "/default-upgradedomain"
-DEFAULT_ZONE_UPGRADE_DOMAIN = DEFAULT_ZONE + DEFAULT_UPGRADE_DOMAIN
+from auditor.topology.locations import (
+    DEFAULT_RACK,
+    DEFAULT_REGION_RACK,
+    DEFAULT_ZONE_UPGRADE_DOMAIN,
+    region_of,
+    zone_and_domain,
+)
 
 
 class Adherence(enum.IntEnum):
@@ -76,24 +76,6 @@ def policy_kind(class_name: str) -> PolicyKind:
         f"bookkeeper.ensemblePlacementPolicy {class_name!r} is not supported; "
         f"the placement check knows {known}"
     )
-
-
-def region_of(location: str) -> str | None:
-    """The region of a `/region/rack` location, or None when it names no known region."""
-    parts = [p for p in location.split("/") if p]
-    if not parts or location == DEFAULT_RACK or "/" + parts[0] == DEFAULT_REGION:
-        return None
-    return parts[0]
-
-
-def _zone_and_domain(location: str) -> tuple[str, str] | None:
-    """`(zone, upgrade domain)`, or None for an unresolved zone-aware location."""
-    if location == DEFAULT_ZONE_UPGRADE_DOMAIN:
-        return None
-    parts = location.split("/")
-    if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
-        return None
-    return parts[1], parts[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +213,7 @@ class PlacementPolicy:
         soft: EnsembleVerdict | None = None
         for start, window in _windows(ensemble, wq):
             locs = tuple(loc(b) for b in window)
-            resolved = [_zone_and_domain(x) for x in locs]
+            resolved = [zone_and_domain(x) for x in locs]
             unresolved = [b for b, r in zip(window, resolved, strict=True) if r is None]
             if unresolved:
                 return EnsembleVerdict(

@@ -29,15 +29,15 @@ from auditor.checks.placement import (
     PolicyKind,
     analyse_ledger,
     policy_kind,
-    region_of,
     skip_reason,
 )
 from auditor.checks.progress import Progress
-from auditor.checks.racks import open_rack_resolver
 from auditor.config import BookKeeperConfig
 from auditor.errors import FormatError
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerRecord
+from auditor.topology.locations import region_of
+from auditor.topology.racks import open_rack_resolver
 
 
 async def _known_bookies(ctx: CheckContext) -> frozenset[str]:

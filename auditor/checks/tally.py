@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from auditor.checks.findings import Violation
+from auditor.checks.violation import Violation
 
 #: Ledger ids kept per category as samples, whatever the listing limit.
 SAMPLES_PER_CATEGORY = 100

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from auditor.api import TARGET_ENV, TOKEN_ENV
 from auditor.checks.findings import Check
-from auditor.cli.cluster import ClusterTarget, connect, security_from_args, target_from_args
+from auditor.cli.cluster import security_from_args, target_from_args
 from auditor.errors import AuditorError, ConfigError
+from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.records import RecordFormatError, decode_auditor_vote
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.zk import BadVersionError, NoNodeError, ZkClient

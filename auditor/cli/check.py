@@ -15,8 +15,8 @@ from typing import Any, TextIO
 from auditor.checks.context import open_context
 from auditor.checks.findings import Category, Check, CheckReport, Violation
 from auditor.checks.runner import ALL_CHECKS, driver
-from auditor.cli.cluster import ClusterTarget, connect
 from auditor.config import AuditorConfig
+from auditor.metadata.cluster import ClusterTarget, connect
 
 
 def _summary(v: Violation) -> str:

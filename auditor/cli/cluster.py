@@ -1,4 +1,4 @@
-"""Connecting the CLI to a cluster: ZooKeeper session, ledgers root, ledger manager.
+"""The CLI's flags for a cluster: `--zk`, `--metadata-service-uri`, `--ledgers-root`, credentials.
 
 Credentials for a ZooKeeper that requires them come from `--zk-auth-file FILE`
 or the environment variable BK_AUDITOR_ZK_AUTH, never from a flag's value:
@@ -7,41 +7,25 @@ command lines are visible to every user of the machine (`ps`).
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from auditor.errors import AuditorError, ConfigError
-from auditor.metadata.layout import (
-    DEFAULT_LEDGERS_ROOT,
-    LayoutError,
-    LedgerManager,
-    parse_layout,
-    parse_metadata_service_uri,
-)
-from auditor.zk import NoNodeError, ZkClient, ZkCredentials, ZkSecurity
+from auditor.errors import ConfigError
+from auditor.metadata.cluster import ClusterTarget
+from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT, parse_metadata_service_uri
+from auditor.zk import ZkCredentials, ZkSecurity
 from auditor.zk.security import parse_zk_auth, read_zk_auth_file
+
+if TYPE_CHECKING:
+    from auditor.config import AuditorConfig
 
 ZK_AUTH_ENV = "BK_AUDITOR_ZK_AUTH"
 CLI_HINT = (
     f"give credentials with --zk-auth-file FILE or {ZK_AUTH_ENV}, "
     "e.g. digest:USER:PASSWORD or sasl:GSSAPI"
 )
-
-
-class NoClusterError(AuditorError):
-    """There is no BookKeeper cluster at the given ledgers root."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterTarget:
-    hosts: str
-    root: str
-    manager: LedgerManager | None  # None: read it from LAYOUT
-    timeout: float
-    #: Credentials and the ACL policy of what we create (travels to Spark partitions too).
-    security: ZkSecurity = field(default_factory=ZkSecurity)
 
 
 def security_from_args(
@@ -79,25 +63,10 @@ def target_from_args(
     return ClusterTarget(zk, root, None, timeout, sec)
 
 
-async def read_manager(zk: ZkClient, root: str) -> LedgerManager:
-    try:
-        data, _ = await zk.get(f"{root}/LAYOUT")
-    except NoNodeError as exc:
-        raise NoClusterError(
-            f"no BookKeeper cluster at {root}: {root}/LAYOUT does not exist"
-        ) from exc
-    try:
-        return parse_layout(data).manager
-    except LayoutError as exc:
-        raise LayoutError(f"{root}/LAYOUT: {exc}") from exc
-
-
-@asynccontextmanager
-async def connect(target: ClusterTarget) -> AsyncIterator[tuple[ZkClient, LedgerManager]]:
-    zk = ZkClient(target.hosts, timeout=target.timeout, security=target.security)
-    await zk.start()
-    try:
-        manager = target.manager or await read_manager(zk, target.root)
-        yield zk, manager
-    finally:
-        await zk.close()
+def target_of_args(args: argparse.Namespace, config: AuditorConfig | None = None) -> ClusterTarget:
+    """The cluster, with credentials; `--config`'s zkEnableSecurity counts as the flag does."""
+    secure = args.zk_enable_security or (config is not None and config.bookkeeper.zkEnableSecurity)
+    security = security_from_args(args.zk_auth_file, secure)
+    return target_from_args(
+        args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
+    )

@@ -122,8 +122,8 @@ def _exit_code(doc: dict[str, Any]) -> int:
 
 
 async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from auditor.checks.explain import document_text
-    from auditor.checks.explain_run import check_ledger_id
+    from auditor.analysis.explain import document_text
+    from auditor.analysis.explain_run import check_ledger_id
 
     ledger_id = check_ledger_id(args.ledger_id)
     if args.api:
@@ -144,14 +144,14 @@ async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
 
 
 async def _explain_direct(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
+    from auditor.analysis.explain_run import explain_ledger
     from auditor.checks.context import open_context
-    from auditor.checks.explain_run import explain_ledger
-    from auditor.cli.cluster import connect
-    from auditor.cli.main import _target
+    from auditor.cli.cluster import target_of_args
     from auditor.config import load_config
+    from auditor.metadata.cluster import connect
 
     config = load_config(args.config, args.overrides)
-    target = _target(args, config)
+    target = target_of_args(args, config)
     async with (
         connect(target) as (zk, manager),
         open_context(zk, target.root, manager, config) as ctx,

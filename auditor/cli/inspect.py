@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from auditor.cli.cluster import ClusterTarget, connect
+from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.registry import all_known_bookies, read_bookies, resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING
 
 from auditor.cli import admin
 from auditor.cli import explain as explain_cli
-from auditor.cli.cluster import ClusterTarget, security_from_args, target_from_args
+from auditor.cli.cluster import target_of_args
 from auditor.errors import AuditorError, ConfigError
+from auditor.metadata.cluster import ClusterTarget
 
 if TYPE_CHECKING:
-    from auditor.config import AuditorConfig
+    pass
 
 EXIT_INTERNAL = 70
 
@@ -169,15 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _target(args: argparse.Namespace, config: AuditorConfig | None = None) -> ClusterTarget:
-    """The cluster, with credentials; `--config`'s zkEnableSecurity counts as the flag does."""
-    secure = args.zk_enable_security or (config is not None and config.bookkeeper.zkEnableSecurity)
-    security = security_from_args(args.zk_auth_file, secure)
-    return target_from_args(
-        args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
-    )
-
-
 async def _dispatch(args: argparse.Namespace) -> int:
     from auditor.cli import inspect
 
@@ -187,7 +179,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
         "bookies": inspect.cmd_bookies,
     }
     if args.command in commands:
-        return await commands[args.command](_target(args), args.json)
+        return await commands[args.command](target_of_args(args), args.json)
     if args.command == "check":
         return await _check(args)
     if args.command == "selftest":
@@ -257,7 +249,7 @@ async def _check(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.overrides)
         return await cmd_check(
-            _target(args, config), args.which, config, as_json=args.json, mark=args.mark
+            target_of_args(args, config), args.which, config, as_json=args.json, mark=args.mark
         )
     except AuditorError as exc:
         print(f"bk-auditor: error: {exc}", file=sys.stderr)
@@ -291,7 +283,7 @@ async def _scan(args: argparse.Namespace) -> int:
         options = EngineOptions(args.engine, args.master, scan.parse_spark_conf(args.spark_conf))
         if args.command == "snapshot":
             return await scan.cmd_snapshot(
-                _target(args, config),
+                target_of_args(args, config),
                 config,
                 options,
                 args.partitions,
@@ -312,7 +304,7 @@ async def _scan(args: argparse.Namespace) -> int:
         )
         if args.from_snapshot:
             return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args)
-        return await scan.cmd_scan(_target(args, config), config, scan_args)
+        return await scan.cmd_scan(target_of_args(args, config), config, scan_args)
     except AuditorError as exc:
         print(f"bk-auditor: error: {exc}", file=sys.stderr)
         return 2
@@ -329,7 +321,7 @@ async def _risk(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.overrides)
 
         def target() -> ClusterTarget:
-            return _target(args, config)
+            return target_of_args(args, config)
 
         if args.command == "risk":
             return await risk.cmd_risk(

@@ -18,20 +18,20 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from auditor.checks.context import CheckContext, open_context
-from auditor.checks.risk import DOMAINS, SEVERITIES, RiskReport
-from auditor.checks.risk_run import judge_risk, run_risk
-from auditor.checks.whatif_run import (
+from auditor.analysis.risk import DOMAINS, SEVERITIES, RiskReport
+from auditor.analysis.risk_run import judge_risk, run_risk
+from auditor.analysis.whatif_run import (
     ClusterView,
     WhatIfReport,
     WhatIfRequest,
     live_view,
     predict,
-    snapshot_view,
 )
-from auditor.cli.cluster import ClusterTarget, connect
+from auditor.checks.context import CheckContext, open_context
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
+from auditor.metadata.cluster import ClusterTarget, connect
+from auditor.scan.snapshot_view import snapshot_view
 
 DEFAULT_TOP = 10
 

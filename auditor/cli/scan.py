@@ -19,10 +19,11 @@ from typing import TextIO
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check
 from auditor.cli.check import render_text
-from auditor.cli.cluster import ClusterTarget, connect
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
-from auditor.scan.engine import EngineOptions, require, start_engine
+from auditor.metadata.cluster import ClusterTarget, connect
+from auditor.scan.engine import EngineOptions, require
+from auditor.scan.engines import start_engine
 from auditor.scan.job import (
     SCAN_CHECKS,
     ScanResult,

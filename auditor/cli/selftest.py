@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from auditor.checks.selftest import run_selftest
+from auditor.selftest.cases import run_selftest
 
 
 def add_parser(sub: Any) -> None:

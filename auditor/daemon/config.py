@@ -168,7 +168,7 @@ class ScanSection:
 
 @dataclass(frozen=True, slots=True)
 class SelfTestSection:
-    """The leader's detector self-test (`auditor.checks.selftest`) and end-to-end canary."""
+    """The leader's detector self-test (`auditor.selftest.harness`) and end-to-end canary."""
 
     enabled: bool = True
     #: Seconds between self-tests; one also runs when a node becomes the leader.
@@ -186,7 +186,7 @@ class SelfTestSection:
 
 @dataclass(frozen=True, slots=True)
 class RiskSection:
-    """The leader's periodic risk report (`auditor.checks.risk`)."""
+    """The leader's periodic risk report (`auditor.analysis.risk`)."""
 
     #: Seconds between risk reports (the first when a node becomes the leader); 0: off.
     interval: float = 3600.0
@@ -796,7 +796,7 @@ def load_daemon_config(
     selftest: SelfTestSection = built["selftest"]
     selftest = replace(selftest, canary_root=selftest.canary_root.rstrip("/"))
     if selftest.canary:
-        from auditor.checks.canary import validate_canary_root
+        from auditor.selftest.canary import validate_canary_root
 
         validate_canary_root(selftest.canary_root, daemon.ledgers_root)
 

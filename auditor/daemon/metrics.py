@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, generate_latest
 
+from auditor.analysis.risk import DOMAINS, SEVERITIES, RiskReport
 from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok
 from auditor.checks.findings import ALL_CHECKS, CATEGORIES, DROP_CAUSES, Check, CheckReport
-from auditor.checks.risk import DOMAINS, SEVERITIES, RiskReport
 
 if TYPE_CHECKING:
-    from auditor.checks.selftest import SelfTestResult
+    from auditor.selftest.harness import SelfTestResult
 
 PREFIX = "bookkeeper_auditor"
 OUTCOMES = ("ok", "violations", "failed", "skipped")

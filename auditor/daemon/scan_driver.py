@@ -64,7 +64,7 @@ class ScanDriver:
 
     async def run(self, ctx: CheckContext, check: Check) -> CheckReport:
         """One run of `check` as a scan job over the leader's cluster; marks through `ctx`."""
-        from auditor.cli.cluster import ClusterTarget
+        from auditor.metadata.cluster import ClusterTarget
         from auditor.scan.job import run_scan
         from auditor.scan.partition import ScanSpec
 
@@ -94,7 +94,7 @@ async def _open(options: EngineOptions) -> Engine:
     is cancelled meanwhile, the session is stopped once it is up, rather than
     left holding the cluster's resources until this daemon leads again.
     """
-    from auditor.scan.engine import open_engine
+    from auditor.scan.engines import open_engine
 
     opening = asyncio.ensure_future(asyncio.to_thread(open_engine, options, None))
     try:

@@ -4,7 +4,7 @@ One task per periodic check (initial delay from the ctime stored in
 ZooKeeper, so a new leader resumes the old leader's rhythm; jitter; the ctime
 written after a success), a task following the bookie set and one following
 the `lostBookieRecoveryDelay` znode, both feeding the pure state machine of
-`auditor.checks.lost_bookie_delay`. Checks run one at a time (as upstream's
+`auditor.schedule.lost_bookie_delay`. Checks run one at a time (as upstream's
 single auditor thread does, so they never stack load on the bookies), wait
 while auto-recovery is disabled, and are skipped while a delayed lost-bookie
 audit is pending. A failing check is logged and tried again at its next slot;
@@ -24,24 +24,25 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from auditor.checks.canary import CANARY_PLACEMENT, CANARY_REPLICAS, run_canary
+from auditor.analysis.risk import RiskReport
+from auditor.analysis.risk_run import run_risk
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
-from auditor.checks.lost_bookie_delay import (
+from auditor.checks.runner import driver
+from auditor.daemon.config import RiskSection, SelfTestSection
+from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
+from auditor.metadata.records import CheckKind
+from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
+from auditor.schedule.lost_bookie_delay import (
     CancelPendingAudit,
     Decision,
     LostBookieDelay,
     RunAuditNow,
     ScheduleAudit,
 )
-from auditor.checks.risk import RiskReport
-from auditor.checks.risk_run import run_risk
-from auditor.checks.runner import driver
-from auditor.checks.selftest import SelfTestResult, run_selftest
-from auditor.daemon.config import RiskSection, SelfTestSection
-from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
-from auditor.metadata.records import CheckKind
-from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
+from auditor.selftest.canary import CANARY_PLACEMENT, CANARY_REPLICAS, run_canary
+from auditor.selftest.cases import run_selftest
+from auditor.selftest.harness import SelfTestResult
 from auditor.zk import FencedOutError, NoNodeError, ZkUnavailableError
 
 #: Checks whose last run time BookKeeper keeps in ZooKeeper.

@@ -21,10 +21,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from auditor.analysis.risk import RiskReport
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check, CheckReport
-from auditor.checks.risk import RiskReport
-from auditor.checks.selftest import SelfTestResult
 from auditor.daemon.election import Elector, Leadership, current_auditor, election_path
 from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
@@ -34,6 +33,7 @@ from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
+from auditor.selftest.harness import SelfTestResult
 from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
 
 
@@ -107,7 +107,7 @@ class Daemon:
             yield ur
 
     async def explain(self, ledger_id: int) -> dict[str, Any]:
-        from auditor.checks.explain_run import explain_on_cluster
+        from auditor.analysis.explain_run import explain_on_cluster
 
         if self.manager is None:
             raise NotLeaderError("the ledger layout has not been read yet")
@@ -464,7 +464,7 @@ class Daemon:
     async def run(
         self, *, api_factory: Any = None, notify: Any = None, signals: bool = True
     ) -> int:
-        from auditor.cli.cluster import read_manager
+        from auditor.metadata.cluster import read_manager
 
         d = self.config.daemon
         if signals:

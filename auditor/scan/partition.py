@@ -23,8 +23,8 @@ from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMa
 from auditor.checks.metadata_run import run_metadata_check
 from auditor.checks.placement_run import run_placement_check
 from auditor.checks.replicas_run import ReplicasRun
-from auditor.cli.cluster import ClusterTarget, connect
 from auditor.config import AuditorConfig
+from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.walk import IdRange
 
 #: Checks that walk the ledgers, so run per partition (grace reads only the marks

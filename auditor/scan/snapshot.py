@@ -25,9 +25,9 @@ from auditor.checks.findings import Check, CheckReport, LedgerOutcome
 from auditor.checks.metadata_run import judge_metadata
 from auditor.checks.placement_run import judge_placement, placement_policy
 from auditor.checks.tally import ViolationLog
-from auditor.cli.cluster import connect
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError, FormatError
+from auditor.metadata.cluster import connect
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.serde import LedgerMetadataFormatError
 from auditor.metadata.walk import IdRange, LedgerRecord
@@ -219,8 +219,8 @@ async def describe_cluster(
     zk: ZkClient, root: str, manager: str, config: AuditorConfig, seen: set[str], ledgers: int
 ) -> SnapshotCluster:
     """Bookies and their locations, through the same sources the live check uses."""
-    from auditor.checks.racks import open_rack_resolver
     from auditor.metadata.registry import all_known_bookies, read_bookies
+    from auditor.topology.racks import open_rack_resolver
 
     registered = await read_bookies(zk, root)
     known = registered.available | await all_known_bookies(zk, root)

@@ -39,15 +39,6 @@ from auditor.bookie.protocol import (
     verify_entry_body,
 )
 from auditor.bookie.results import LacRead
-from auditor.checks.racks import (
-    RackSourceError,
-    load_racks_file,
-    normalize_location,
-    parse_json_racks,
-    parse_pulsar_racks,
-    parse_script_output,
-    parse_yaml_racks,
-)
 from auditor.config import AuditorConfig, load_config, parse_properties
 from auditor.daemon.config import DaemonConfig, load_daemon_config
 from auditor.errors import ConfigError
@@ -96,6 +87,15 @@ from auditor.proto.data_formats_pb2 import (
     CookieFormat,
     LedgerMetadataFormat,
     UnderreplicatedLedgerFormat,
+)
+from auditor.topology.locations import normalize_location
+from auditor.topology.racks import (
+    RackSourceError,
+    load_racks_file,
+    parse_json_racks,
+    parse_pulsar_racks,
+    parse_script_output,
+    parse_yaml_racks,
 )
 from tests.vectors import load
 

@@ -16,12 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from auditor.checks.racks import (
-    normalize_location,
-    parse_json_racks,
-    parse_pulsar_racks,
-    parse_yaml_racks,
-)
+from auditor.topology.locations import normalize_location
+from auditor.topology.racks import parse_json_racks, parse_pulsar_racks, parse_yaml_racks
 from tests.fuzz.support import fuzz_settings, run
 from tests.fuzz.targets import racks
 

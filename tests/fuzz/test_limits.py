@@ -27,13 +27,6 @@ from auditor.bookie.protocol import (
     decode_frame,
     decode_response,
 )
-from auditor.checks.racks import (
-    RackSourceError,
-    load_racks_file,
-    parse_json_racks,
-    parse_pulsar_racks,
-    parse_yaml_racks,
-)
 from auditor.config import load_config, parse_properties
 from auditor.daemon.config import load_daemon_config
 from auditor.errors import AuditorError, ConfigError
@@ -49,6 +42,13 @@ from auditor.metadata.serde import HEADER_PREFIX, LedgerMetadataFormatError, dec
 from auditor.metadata.textformat import TextFormatError, from_text
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 from auditor.proto.data_formats_pb2 import LedgerMetadataFormat
+from auditor.topology.racks import (
+    RackSourceError,
+    load_racks_file,
+    parse_json_racks,
+    parse_pulsar_racks,
+    parse_yaml_racks,
+)
 from tests.fuzz.support import ALLOCATION_LIMIT, cpu_limit, peak_allocation, varint
 
 pytestmark = pytest.mark.fuzz

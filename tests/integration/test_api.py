@@ -26,10 +26,10 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
     reflection_pb2_grpc,
 )
 
+from auditor.analysis.explain_run import explain_on_cluster
 from auditor.api import LIVENESS, READINESS
 from auditor.api.convert import report_from_json
 from auditor.api.server import ApiServer, start_api_server
-from auditor.checks.explain_run import explain_on_cluster
 from auditor.checks.findings import Category, Check, CheckReport, Coverage, Violation
 from auditor.checks.tally import ViolationLog
 from auditor.config import load_config

@@ -15,10 +15,10 @@ from typing import Any
 
 import grpc
 
+from auditor.analysis.explain_run import LedgerNotFoundError, explain_ledger
 from auditor.api.server import ApiServer, start_api_server
 from auditor.bookie.protocol import Operation
 from auditor.checks.context import CheckContext
-from auditor.checks.explain_run import LedgerNotFoundError, explain_ledger
 from auditor.daemon.service import Daemon
 from auditor.metadata.model import LedgerState
 from auditor.metadata.underreplication import UnderreplicationManager

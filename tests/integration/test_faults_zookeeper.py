@@ -36,10 +36,10 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from kazoo.protocol.serialization import GetChildren, GetChildren2, GetData
 
+from auditor.analysis.risk_run import run_risk
 from auditor.api import LIVENESS, READINESS
 from auditor.api.server import start_api_server
 from auditor.checks.findings import ALL_CHECKS, Check
-from auditor.checks.risk_run import run_risk
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.scheduler import CTIME_KIND
 from auditor.daemon.service import Daemon

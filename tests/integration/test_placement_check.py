@@ -18,13 +18,13 @@ import pytest
 
 from auditor.checks.findings import Category, CheckReport
 from auditor.checks.placement_run import run_placement_check
-from auditor.checks.racks import RackSourceError
 from auditor.errors import ConfigError
 from auditor.metadata.model import LedgerState
 from auditor.metadata.registry import register_bookie
 from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
 from auditor.testing import harness
 from auditor.testing.cluster import make_metadata
+from auditor.topology.racks import RackSourceError
 from auditor.zk import ZkClient
 
 RACKAWARE = "ensemblePlacementPolicy=org.apache.bookkeeper.client.RackawareEnsemblePlacementPolicy"

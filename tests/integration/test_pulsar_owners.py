@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from auditor.analysis.explain_run import explain_ledger
 from auditor.api.convert import report_from_json
-from auditor.checks.explain_run import explain_ledger
 from auditor.checks.findings import Check
 from auditor.checks.owners import Owner
 from auditor.proto import auditor_service_pb2 as pb

@@ -13,15 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from auditor.checks.racks import (
-    RackResolver,
-    RackSourceError,
-    open_rack_resolver,
-)
 from auditor.config import load_config
 from auditor.errors import ConfigError
 from auditor.metadata.registry import register_bookie
 from auditor.testing.cluster import ClusterWriter
+from auditor.topology.racks import RackResolver, RackSourceError, open_rack_resolver
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"

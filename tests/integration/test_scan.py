@@ -18,9 +18,9 @@ import pyarrow.dataset as ds
 import pytest
 
 from auditor.cli.check import cmd_check
-from auditor.cli.cluster import ClusterTarget
 from auditor.cli.main import main
 from auditor.config import load_config
+from auditor.metadata.cluster import ClusterTarget
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.seeded import EXPECTED, ROOT, build_seeded_cluster

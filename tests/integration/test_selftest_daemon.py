@@ -15,15 +15,6 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from auditor.api.convert import status_json, status_response
-from auditor.checks.canary import (
-    CANARY_IDS,
-    CANARY_MANAGER,
-    CANARY_PLACEMENT,
-    CANARY_REPLICAS,
-    NO_REPLICA_ID,
-    RACKS_NODE,
-)
-from auditor.checks.selftest import SELFTEST_CHECKS, FixtureFailure
 from auditor.cli.admin import render_status
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
@@ -31,6 +22,15 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerWalker
+from auditor.selftest.canary import (
+    CANARY_IDS,
+    CANARY_MANAGER,
+    CANARY_PLACEMENT,
+    CANARY_REPLICAS,
+    NO_REPLICA_ID,
+    RACKS_NODE,
+)
+from auditor.selftest.harness import SELFTEST_CHECKS, FixtureFailure
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config, running
 from auditor.zk import NoNodeError, ZkClient

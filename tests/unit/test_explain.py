@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from auditor.analysis.explain import ExplainInputs, LedgerCheckResult, copies_json, explain
 from auditor.bookie.availability import Availability
-from auditor.checks.explain import ExplainInputs, LedgerCheckResult, copies_json, explain
 from auditor.checks.placement import PlacementPolicy
 from auditor.checks.replicas import BookieAnswer, Listed, Probed, Unanswered
 from auditor.metadata.model import LedgerMetadata, LedgerState, Segment

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.checks.lost_bookie_delay import (
+from auditor.schedule.lost_bookie_delay import (
     NUM_BOOKIE_AUDITS_DELAYED,
     NUM_DELAYED_BOOKIE_AUDITS_CANCELLED,
     NUM_SKIPPING_CHECK_TASK_TIMES,

@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from auditor.bookie.protocol import Status
 from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok, Unanswered
 from auditor.checks.findings import ALL_CHECKS, CATEGORIES, Category, Check, CheckReport, Violation
-from auditor.checks.selftest import SelfTestResult
 from auditor.checks.tally import ViolationLog
 from auditor.daemon.metrics import BOOKIE_OPS, OUTCOMES, Metrics, bookie_status
+from auditor.selftest.harness import SelfTestResult
 
 ROOT = Path(__file__).resolve().parents[2]
 

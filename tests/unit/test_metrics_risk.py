@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from auditor.checks.risk import RiskReport, domain_keys, ledger_risk, place_of
+from auditor.analysis.risk import RiskReport, domain_keys, ledger_risk, place_of
 from auditor.daemon.metrics import Metrics
 from auditor.testing.cluster import make_metadata
 

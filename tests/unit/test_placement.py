@@ -8,29 +8,31 @@ from hypothesis import strategies as st
 
 from auditor.checks.findings import Category, SkipReason
 from auditor.checks.placement import (
-    DEFAULT_RACK,
-    DEFAULT_REGION_RACK,
-    DEFAULT_ZONE_UPGRADE_DOMAIN,
     Adherence,
     PlacementPolicy,
     PolicyKind,
     analyse_ledger,
     policy_kind,
-    region_of,
     skip_reason,
-)
-from auditor.checks.racks import (
-    RackSourceError,
-    normalize_location,
-    parse_json_racks,
-    parse_pulsar_racks,
-    parse_script_output,
-    parse_yaml_racks,
 )
 from auditor.config import load_config
 from auditor.errors import ConfigError
 from auditor.metadata.model import LedgerState
 from auditor.testing.cluster import make_metadata
+from auditor.topology.locations import (
+    DEFAULT_RACK,
+    DEFAULT_REGION_RACK,
+    DEFAULT_ZONE_UPGRADE_DOMAIN,
+    normalize_location,
+    region_of,
+)
+from auditor.topology.racks import (
+    RackSourceError,
+    parse_json_racks,
+    parse_pulsar_racks,
+    parse_script_output,
+    parse_yaml_racks,
+)
 
 B = [f"b{i}" for i in range(8)]
 RACK = PlacementPolicy(PolicyKind.RACKAWARE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from auditor.checks.risk import (
+from auditor.analysis.risk import (
     SAMPLE,
     Domain,
     DomainKey,

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from auditor.checks.findings import Category, Check, CheckReport, Coverage, Violation
-from auditor.cli.cluster import ClusterTarget
 from auditor.cli.scan import parse_checks, parse_spark_conf
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
+from auditor.metadata.cluster import ClusterTarget
 from auditor.metadata.model import LedgerMetadata, LedgerState
 from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.serde import LedgerMetadataFormatError

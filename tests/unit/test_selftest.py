@@ -17,28 +17,11 @@ import pytest
 
 from auditor.bookie.results import EntryRead, Ok, Outcome
 from auditor.checks.bookie_check import LedgerLoss, ledger_loss
-from auditor.checks.canary import (
-    CORRUPT_ID,
-    NO_REPLICA_ID,
-    ONE_RACK_ID,
-    SPREAD_ID,
-    CanaryLayout,
-    validate_canary_root,
-)
 from auditor.checks.findings import CATEGORIES, Category
 from auditor.checks.grace import past_grace
 from auditor.checks.ledger_check import classify_read
-from auditor.checks.lost_bookie_delay import LostBookieDelay
 from auditor.checks.placement import LedgerPlacement, PlacementPolicy, analyse_ledger
 from auditor.checks.replicas import BookieAnswer, ReplicasVerdict, analyse
-from auditor.checks.selftest import (
-    SELFTEST_CHECKS,
-    Cores,
-    FixtureFailure,
-    SelfTestResult,
-    run_selftest,
-)
-from auditor.checks.selftest_cases import COVERAGE, all_cases
 from auditor.cli.main import main
 from auditor.daemon.config import SelfTestSection, load_daemon_config
 from auditor.daemon.metrics import Metrics
@@ -46,6 +29,22 @@ from auditor.errors import ConfigError
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
+from auditor.schedule.lost_bookie_delay import LostBookieDelay
+from auditor.selftest.canary import (
+    CORRUPT_ID,
+    NO_REPLICA_ID,
+    ONE_RACK_ID,
+    SPREAD_ID,
+    CanaryLayout,
+    validate_canary_root,
+)
+from auditor.selftest.cases import COVERAGE, all_cases, run_selftest
+from auditor.selftest.harness import (
+    SELFTEST_CHECKS,
+    Cores,
+    FixtureFailure,
+    SelfTestResult,
+)
 
 FIXTURES = {"replicas": 9, "placement": 9, "grace": 4, "bookies": 7, "ledgers": 5, "metadata": 10}
 

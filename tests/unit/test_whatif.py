@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from auditor.checks.findings import Category
-from auditor.checks.placement import PlacementPolicy
-from auditor.checks.risk import Severity
-from auditor.checks.whatif import (
+from auditor.analysis.risk import Severity
+from auditor.analysis.whatif import (
     DecommissionTally,
     PlacementTally,
     decommission_effect,
     placement_change,
 )
+from auditor.checks.findings import Category
+from auditor.checks.placement import PlacementPolicy
 from auditor.metadata.model import LedgerState
 from auditor.testing.cluster import make_metadata
 

@@ -23,12 +23,6 @@ from auditor.bookie.results import EntryRead, ErrorStatus, Ok, Outcome
 from auditor.checks.bookie_check import loss_violations
 from auditor.checks.findings import Category
 from auditor.checks.ledger_check import ReadFailure, Verdict
-from auditor.checks.lost_bookie_delay import (
-    AuditReason,
-    CancelPendingAudit,
-    RunAuditNow,
-    ScheduleAudit,
-)
 from auditor.checks.placement import PlacementPolicy, PolicyKind
 from auditor.checks.replicas import (
     BookieAnswer,
@@ -37,9 +31,15 @@ from auditor.checks.replicas import (
     Unanswered,
     unanswered_registered,
 )
-from auditor.checks.selftest import Case, Cores
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.serde import LedgerMetadataFormatError, encode_ledger_metadata
+from auditor.schedule.lost_bookie_delay import (
+    AuditReason,
+    CancelPendingAudit,
+    RunAuditNow,
+    ScheduleAudit,
+)
+from auditor.selftest.harness import Case, Cores, SelfTestResult, run_cases
 
 LEDGER = 4242
 
@@ -644,3 +644,8 @@ COVERAGE: dict[str, tuple[str, ...]] = {
         "metadata/v1_garbage",
     ),
 }
+
+
+def run_selftest(cores: Cores | None = None) -> list[SelfTestResult]:
+    """Every check's fixtures through `cores` (default: the real ones)."""
+    return run_cases(all_cases(), cores or Cores())

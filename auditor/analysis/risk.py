@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from auditor.checks.placement import (
+from auditor.metadata.model import LedgerMetadata
+from auditor.topology.locations import (
     DEFAULT_RACK,
     DEFAULT_REGION,
     DEFAULT_REGION_RACK,
     DEFAULT_ZONE_UPGRADE_DOMAIN,
 )
-from auditor.metadata.model import LedgerMetadata
 
 #: Ledger ids kept per domain and severity (and per "already" severity): enough to act
 #: on, and memory stays flat however many ledgers share the fate.

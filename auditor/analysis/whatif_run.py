@@ -15,26 +15,25 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from auditor.checks.context import CheckContext
-from auditor.checks.placement import PlacementPolicy, PolicyKind, policy_kind, skip_reason
-from auditor.checks.placement_run import Locate, placement_policy
-from auditor.checks.racks import AddressOf, StaticMapping, load_racks_file, open_rack_resolver
-from auditor.checks.risk import iso
-from auditor.checks.whatif import (
+from auditor.analysis.risk import iso
+from auditor.analysis.whatif import (
     DecommissionTally,
     PlacementTally,
     decommission_effect,
     placement_change,
 )
+from auditor.checks.context import CheckContext
+from auditor.checks.placement import PlacementPolicy, PolicyKind, policy_kind, skip_reason
+from auditor.checks.placement_run import Locate, placement_policy
 from auditor.config import AuditorConfig
 from auditor.errors import AuditorError, ConfigError
-from auditor.metadata.registry import address_from_id, all_known_bookies, resolve_bookie
+from auditor.metadata.registry import all_known_bookies, resolve_bookie
 from auditor.metadata.walk import LedgerRecord
+from auditor.topology.racks import AddressOf, StaticMapping, load_racks_file, open_rack_resolver
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,46 +256,4 @@ async def live_view(ctx: CheckContext) -> ClusterView:
         address_of=address_of,
         records=records,
         deleted=lambda: walker.stats.deleted_during_walk,
-    )
-
-
-#: Snapshot rows decoded per batch (memory stays flat however many ledgers).
-BATCH = 65536
-
-
-async def _snapshot_records(directory: Path) -> AsyncIterator[LedgerRecord]:
-    import pyarrow.dataset as ds
-
-    from auditor.scan.snapshot import LEDGERS, record_from_row
-
-    dataset = ds.dataset(str(directory / LEDGERS), format="parquet")
-    for batch in dataset.to_batches(batch_size=BATCH):
-        rows = batch.to_pylist()
-        for rec in sorted((record_from_row(r) for r in rows), key=lambda r: r.ledger_id):
-            yield rec
-
-
-@asynccontextmanager
-async def snapshot_view(directory: Path) -> AsyncIterator[ClusterView]:
-    """A snapshot written by `bk-auditor snapshot`: its registry, cookies and locations."""
-    from auditor.scan.engine import EngineOptions, require
-    from auditor.scan.snapshot import SnapshotCluster
-
-    require(EngineOptions("asyncio"), parquet=True)
-    cluster = SnapshotCluster.load(directory)
-    locations = dict(cluster.locations)
-
-    async def locate(bookies: Iterable[str]) -> dict[str, str]:
-        return {b: locations[b] for b in bookies if b in locations}
-
-    async def address_of(bookie: str) -> tuple[str, int] | None:
-        return address_from_id(bookie)
-
-    yield ClusterView(
-        source=f"snapshot:{directory}",
-        available=frozenset(cluster.writable) | frozenset(cluster.readonly),
-        known=frozenset(cluster.known),
-        locate=locate,
-        address_of=address_of,
-        records=lambda: _snapshot_records(directory),
     )

@@ -6,8 +6,8 @@ no violations. Metrics of run counts and durations cannot tell the two apart
 analysis functions (the very ones its driver calls) synthetic inputs with
 one known defect each, plus clean controls, and compares every answer with
 the exact expected one: right category, right ledger, entries and bookies,
-nothing else. The fixtures live in `auditor.checks.selftest_cases`; this
-module runs them and shapes the result.
+nothing else. The fixtures live in `auditor.selftest.cases` (whose `run_selftest` runs
+them all); this module runs cases and shapes the result.
 
 The cores are passed in as a `Cores` value, so a test can hand in a broken
 one and watch exactly that check fail; the daemon always uses the defaults.
@@ -33,11 +33,11 @@ from auditor.checks.ledger_check import (
     evaluate,
     plan_ledger,
 )
-from auditor.checks.lost_bookie_delay import LostBookieDelay
 from auditor.checks.placement import LedgerPlacement, PlacementPolicy, analyse_ledger
 from auditor.checks.replicas import BookieAnswer, ReplicasVerdict, analyse
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.serde import decode_ledger_metadata
+from auditor.schedule.lost_bookie_delay import LostBookieDelay
 
 #: The checks the self-test covers, in report order (`Check` values; metadata is the
 #: decoder every check shares).
@@ -154,10 +154,3 @@ def run_cases(
             SelfTestResult(check, len(mine), tuple(failures), seconds=time.perf_counter() - started)
         )
     return results
-
-
-def run_selftest(cores: Cores | None = None) -> list[SelfTestResult]:
-    """Every check's fixtures through `cores` (default: the real ones)."""
-    from auditor.checks.selftest_cases import all_cases
-
-    return run_cases(all_cases(), cores or Cores())

@@ -3,7 +3,7 @@
 Only metadata, the bookie registry and the rack sources are read; no bookie is
 asked anything. In the daemon the walk reads the leader's metadata index
 (`CheckContext.walker`), so a run costs no ZooKeeper read per ledger. The same
-judging loop runs over a snapshot's rows (`auditor.checks.whatif_run`), with
+judging loop runs over a snapshot's rows (`auditor.analysis.whatif_run`), with
 the snapshot's registry and locations.
 """
 
@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Set
 
-from auditor.checks.context import CheckContext
-from auditor.checks.findings import SkipReason
-from auditor.checks.placement import skip_reason
-from auditor.checks.placement_run import Locate
-from auditor.checks.racks import open_rack_resolver
-from auditor.checks.risk import (
+from auditor.analysis.risk import (
     DomainKey,
     LedgerRisk,
     RiskReport,
@@ -27,8 +22,13 @@ from auditor.checks.risk import (
     shape_risk,
     write_sets,
 )
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import SkipReason
+from auditor.checks.placement import skip_reason
+from auditor.checks.placement_run import Locate
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerRecord
+from auditor.topology.racks import open_rack_resolver
 
 #: Memoised answers kept at most (a few MB): enough for the ensembles in use at once.
 MEMO = 16384

@@ -12,11 +12,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from auditor.analysis.explain import ExplainInputs, LedgerCheckResult, explain, explain_invalid
 from auditor.checks.context import CheckContext, open_context
-from auditor.checks.explain import ExplainInputs, LedgerCheckResult, explain, explain_invalid
 from auditor.checks.ledger_check_run import ledger_violation
 from auditor.checks.placement_run import placement_policy
-from auditor.checks.racks import open_rack_resolver
 from auditor.checks.replicas_run import ReplicasRun
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError, NotFoundError
@@ -24,6 +23,7 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerWalker
+from auditor.topology.racks import open_rack_resolver
 from auditor.zk import ZkClient
 
 

@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError, FormatError
 from auditor.metadata.registry import address_from_id, resolve_bookie
+from auditor.topology.locations import normalize_location
 from auditor.zk import NoNodeError, ZkClient
 
 #: Seconds a topology script may run before the check gives up on it.
@@ -74,23 +75,6 @@ class RackSourceError(FormatError):
     """
 
     exit_code = 2
-
-
-def normalize_location(raw: str) -> str | None:
-    """A location in BookKeeper's normal form, or None when it says nothing.
-
-    Trailing slashes and whitespace go together, however they interleave
-    (`"r1 /"` is `/r1`): stripping one and then the other could leave the
-    other at the end, and the result would not be in normal form.
-    """
-    text = raw.strip()
-    end = len(text)
-    while end and (text[end - 1] == "/" or text[end - 1].isspace()):
-        end -= 1
-    text = text[:end]
-    if not text:
-        return None
-    return text if text.startswith("/") else "/" + text
 
 
 # --- static mappings (file, znode) -------------------------------------------------

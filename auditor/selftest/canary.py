@@ -36,13 +36,13 @@ from typing import Any
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
 from auditor.checks.placement import PolicyKind
-from auditor.checks.selftest import FixtureFailure, SelfTestResult
 from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet, read_bookies
 from auditor.metadata.serde import encode_ledger_metadata
+from auditor.selftest.harness import FixtureFailure, SelfTestResult
 from auditor.zk import NoNodeError, ZkClient
 
 #: The canary's layout, whatever the cluster's (its root is ours).

@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from auditor.analysis.risk import Severity, worst_severity
 from auditor.checks.bookie_check import LedgerLoss, ledger_loss
 from auditor.checks.findings import Category
 from auditor.checks.placement import PlacementPolicy, analyse_ledger
-from auditor.checks.risk import Severity, worst_severity
 from auditor.metadata.model import LedgerMetadata
 
 PLACEMENT_CATEGORIES = (Category.PLACEMENT_NOT_ADHERING, Category.PLACEMENT_SOFTLY_ADHERING)

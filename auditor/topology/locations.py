@@ -1,0 +1,51 @@
+"""Network locations as BookKeeper writes them: `/rack`, `/region/rack`, `/zone/upgradedomain`.
+
+Shared by the placement check (judging ensembles) and by whatever chooses
+bookies by location (what-if, and a replication worker's replacement choice):
+the default locations each policy gives an unknown bookie, the normal form of
+a location, and how the region-aware and zone-aware policies read one.
+"""
+
+from __future__ import annotations
+
+DEFAULT_RACK = "/default-rack"
+DEFAULT_REGION = "/default-region"
+DEFAULT_REGION_RACK = "/default-region/default-rack"
+DEFAULT_ZONE = "/default-zone"
+DEFAULT_UPGRADE_DOMAIN = "/default-upgradedomain"
+DEFAULT_ZONE_UPGRADE_DOMAIN = DEFAULT_ZONE + DEFAULT_UPGRADE_DOMAIN
+
+
+def normalize_location(raw: str) -> str | None:
+    """A location in BookKeeper's normal form, or None when it says nothing.
+
+    Trailing slashes and whitespace go together, however they interleave
+    (`"r1 /"` is `/r1`): stripping one and then the other could leave the
+    other at the end, and the result would not be in normal form.
+    """
+    text = raw.strip()
+    end = len(text)
+    while end and (text[end - 1] == "/" or text[end - 1].isspace()):
+        end -= 1
+    text = text[:end]
+    if not text:
+        return None
+    return text if text.startswith("/") else "/" + text
+
+
+def region_of(location: str) -> str | None:
+    """The region of a `/region/rack` location, or None when it names no known region."""
+    parts = [p for p in location.split("/") if p]
+    if not parts or location == DEFAULT_RACK or "/" + parts[0] == DEFAULT_REGION:
+        return None
+    return parts[0]
+
+
+def zone_and_domain(location: str) -> tuple[str, str] | None:
+    """`(zone, upgrade domain)`, or None for an unresolved zone-aware location."""
+    if location == DEFAULT_ZONE_UPGRADE_DOMAIN:
+        return None
+    parts = location.split("/")
+    if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
+        return None
+    return parts[1], parts[2]
