@@ -83,7 +83,9 @@ bench: $(STAMP_PY)
 	@$(PY) -m bench
 
 # Three daemons, a ZooKeeper and six bookies under random faults; see docs/reliability.md.
-# SOAK_MINUTES=20 (duration), SOAK_SEED=1 (same seed, same schedule), SOAK_DIR (logs, summary).
+# SOAK_MINUTES=20 (duration), SOAK_SEED=1 (same seed, same schedule), SOAK_SEEDS=1,2,3 or
+# 1-5 (one full run per seed in SOAK_DIR/seed-N, a combined summary and one PASS/FAIL),
+# SOAK_ONLY=host_restart,... (draw only these fault kinds), SOAK_DIR (logs, summary).
 soak: $(STAMP_PY)
 	@$(PY) -m soak
 

@@ -31,6 +31,9 @@ from auditor.zk import ZkClient
 ROOT = "/ledgers"
 ENTRIES = 10
 SESSION = 4.0
+#: Longer than the longest host restart (30 s) with room to spare: a bookie back within
+#: it must cause nothing (issue 21's restart rule); a crash lasts well past it.
+LOST_BOOKIE_DELAY = 40
 #: Bookie i sits in rack RACKS[i]; every ensemble takes one bookie of each rack.
 RACKS = ["/rack-0", "/rack-0", "/rack-1", "/rack-1", "/rack-2", "/rack-2"]
 
@@ -40,7 +43,7 @@ DAEMON_SETTINGS = [
     "auditorPeriodicCheckInterval=60",
     "auditorPeriodicPlacementPolicyCheckInterval=30",
     "auditorReplicasCheckInterval=30",
-    "lostBookieRecoveryDelay=10",
+    f"lostBookieRecoveryDelay={LOST_BOOKIE_DELAY}",
     "readEntryTimeout=1",
     "checks.retry_delay=1",
     "daemon.jitter=0",
@@ -92,6 +95,15 @@ class SoakCluster:
     def client(self) -> ZkClient:
         assert self.zk is not None
         return self.zk
+
+    @property
+    def ur_base(self) -> str:
+        return UnderreplicationManager(self.client, ROOT).base
+
+    def host_bookie(self, d: Daemon) -> BookieEmulator:
+        """The bookie on the same host as daemon `d` (as when the daemon runs beside each
+        bookie under systemd): daemon i sits with bookie 2i, one host per rack."""
+        return self.bookies[2 * self.daemons.index(d)]
 
     # --- set-up ---------------------------------------------------------------------
 
@@ -286,15 +298,8 @@ class SoakCluster:
         self.by_id(old).drop_ledger(lid)
 
     async def marked(self, lids: list[int]) -> list[int]:
-        base = UnderreplicationManager(self.client, ROOT).base
+        base = self.ur_base
         return [lid for lid in lids if await self.client.exists(ur_ledger_path(base, lid))]
-
-    async def unmark(self, lids: list[int]) -> None:
-        """What a replication worker does once a ledger is whole again."""
-        base = UnderreplicationManager(self.client, ROOT).base
-        for lid in lids:
-            with contextlib.suppress(Exception):
-                await self.client.delete(ur_ledger_path(base, lid))
 
 
 def _open_log(path: Path) -> BinaryIO:

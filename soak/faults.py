@@ -3,10 +3,16 @@
 A fault is either reportable (it lasts longer than every retry and delay the
 checks allow, so some check must report one of `expect` for its ledgers) or
 transient by design (shorter than the retries, slower than usual but within
-the read timeout, or a metadata change a careful check must not mistake for
-damage): those expect silence. Reportable faults are repaired at their end
-the way BookKeeper would be (bookie back with its data, marks removed by "the
-replication worker"), so that later checks are clean again.
+the read timeout, a bookie back within lostBookieRecoveryDelay, or a metadata
+change a careful check must not mistake for damage): those expect silence.
+Every bookie fault is repaired at its end the way BookKeeper would be (bookie
+back with its data; `soak.worker` copies what an emptied bookie lacks and
+unmarks the ledgers that are whole again), so that later checks are clean.
+
+A host is a daemon and the bookie beside it (`SoakCluster.host_bookie`): a host
+restart SIGKILLs the daemon and crashes the bookie together (a host that goes
+down hard: power, kernel, hypervisor), then starts both again, the bookie with
+its data and the daemon with the same identity.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from typing import Any
 
 from auditor.bookie.protocol import Status
 from auditor.testing.bookie import BookieEmulator
-from soak.cluster import ENTRIES, SESSION, SoakCluster
+from soak.cluster import SESSION, Daemon, SoakCluster
+from soak.worker import ReplicationWorker
 
 #: Categories a damaged or unreachable copy can legitimately produce.
 DATA_CATEGORIES = frozenset(
@@ -34,8 +41,13 @@ DATA_CATEGORIES = frozenset(
         "unreadable_fragments",
     }
 )
-#: How long a reportable fault lasts: longer than two check intervals.
+#: How long a reportable fault lasts: longer than two check intervals, and than
+#: lostBookieRecoveryDelay (40 s) by 25 s at least.
 LONG = (65.0, 90.0)
+#: How long a host (daemon and bookie) stays down: less than lostBookieRecoveryDelay.
+HOST_DOWN = (5.0, 30.0)
+#: How long a rolling restart waits for a host's bookie to leave its other fault.
+ROLL_WAIT = 100.0
 
 
 @dataclass
@@ -58,6 +70,22 @@ class Fault:
     marked: int | None = None
     #: A leader was in place within 30 s of the fault's end.
     survived: bool | None = None
+    #: The bookie the fault acts on (bookie faults and host restarts), else None.
+    bookie: str | None = None
+    #: The daemon it stops or cuts off, else None.
+    daemon: str | None = None
+    #: When its bookie was unregistered: [gone, back] pairs (back 0.0 while gone).
+    down: list[list[float]] = field(default_factory=list)
+    #: A bad znode's path, and the ledger id it names (a mark's), if any.
+    path: str | None = None
+    ledger_id: int | None = None
+    #: Whether the analysis must find the bad znode named by path in some daemon's log.
+    require_evidence: bool = False
+    #: A rolling restart's number (its hosts are one fault each).
+    roll: int | None = None
+    #: Set by the analysis for faults that must be reported.
+    reported: bool | None = None
+    note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,10 +103,12 @@ class Injector:
         self.zk_lock = asyncio.Lock()
         self.busy: set[str] = set()  # bookie ids in a fault or a ledger move
         self.max_bookie_faults = 2
+        self.worker = ReplicationWorker(cluster)
+        self.rolls = 0
 
     # --- helpers ------------------------------------------------------------------------
 
-    def _begin(self, kind: str, target: str, **kw: Any) -> Fault:
+    def begin(self, kind: str, target: str, **kw: Any) -> Fault:
         f = Fault(kind, target, time.time(), **kw)
         self.faults.append(f)
         print(f"[soak] {time.strftime('%H:%M:%S')} {kind} on {target}", file=sys.stderr, flush=True)
@@ -91,8 +121,46 @@ class Injector:
         return [b for b in self.c.bookies if b.bookie_id not in self.busy]
 
     def bookie_slots(self) -> int:
-        faulty = sum(1 for f in self.faults if f.end == 0.0 and f.kind.startswith("bookie_"))
+        """Bookie faults (host restarts included) that may still begin now."""
+        faulty = sum(1 for f in self.faults if f.end == 0.0 and f.bookie is not None)
         return self.max_bookie_faults - faulty
+
+    async def survives(self, f: Fault) -> None:
+        """Whether some live daemon acts as leader within 30 s of the fault's end."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.c.acting_leader() is not None:
+                f.survived = True
+                return
+            await asyncio.sleep(0.5)
+        f.survived = False
+
+    async def _gone(self, b: BookieEmulator, f: Fault, *, wipe: bool = False) -> None:
+        """Crashes the bookie (or stops it and, with `wipe`, loses its storage)."""
+        if wipe:
+            await b.stop()
+            for lid in b.ledger_ids():
+                b.drop_ledger(lid)
+        else:
+            await b.crash()
+        f.down.append([time.time(), 0.0])
+
+    async def _back(self, b: BookieEmulator, f: Fault) -> None:
+        await b.start()
+        f.down[-1][1] = time.time()
+
+    async def repair_ledgers(self, f: Fault, b: BookieEmulator) -> None:
+        """The replication worker after a bookie fault: what `b` lacks is copied into it
+        from surviving replicas, then the fault's ledgers that are whole are unmarked."""
+        _, kept = await self.worker.repair(f.ledgers, into=[b])
+        if kept:
+            f.note = f"{len(kept)} ledgers kept marked at the repair (not whole)"
+
+    async def sweep(self) -> None:
+        """The replication worker's loop: copies into idle bookies what they lack, unmarks
+        every marked ledger that is whole."""
+        async with self.zk_lock:
+            await self.worker.sweep([b for b in self.free_bookies() if b.running])
 
     def healthy_ledgers(self) -> list[int]:
         return [
@@ -103,7 +171,7 @@ class Injector:
 
     async def zk_restart(self) -> Fault:
         async with self.zk_lock:
-            f = self._begin("zk_restart", self.c.zk_server.hosts)
+            f = self.begin("zk_restart", self.c.zk_server.hosts)
             await asyncio.to_thread(self.c.zk_server.stop)
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
             await asyncio.to_thread(self.c.zk_server.start)
@@ -112,7 +180,7 @@ class Injector:
 
     async def _cut(self, kind: str, seconds: float) -> Fault:
         d = self.rng.choice(self.c.daemons)
-        f = self._begin(kind, d.name)
+        f = self.begin(kind, d.name, daemon=d.name)
         d.proxy.cut()
         await asyncio.sleep(seconds)
         d.proxy.mend()
@@ -132,24 +200,102 @@ class Injector:
         d = self.c.acting_leader()
         if d is None or d.proc is None or d.proc.returncode is not None:
             d = self.rng.choice(self.c.daemons)
-        f = self._begin("leader_kill", d.name)
+        f = self.begin("leader_kill", d.name, daemon=d.name)
         await self.c.kill(d)
         await asyncio.sleep(self.rng.uniform(2.0, 5.0))
         await self.c.launch(d)
         self._end(f)
         return f
 
+    # --- hosts: a daemon and the bookie beside it ------------------------------------
+
+    def _host_for_restart(self) -> tuple[Daemon, BookieEmulator] | None:
+        """The acting leader's host (the case the restart rule is about) if its bookie is
+        free, else another host whose bookie is; None if none is or no bookie slot is left."""
+        if self.bookie_slots() <= 0:
+            return None
+        leader = self.c.acting_leader()
+        hosts = [(d, self.c.host_bookie(d)) for d in self.c.daemons]
+        free = [(d, b) for d, b in hosts if b.bookie_id not in self.busy]
+        if not free:
+            return None
+        return next(((d, b) for d, b in free if d is leader), None) or self.rng.choice(free)
+
+    async def _restart_host(
+        self, kind: str, d: Daemon, b: BookieEmulator, seconds: float, roll: int | None = None
+    ) -> Fault:
+        """Daemon SIGKILLed and bookie crashed together; both back `seconds` later."""
+        self.busy.add(b.bookie_id)
+        try:
+            f = self.begin(
+                kind,
+                f"{d.name}+{b.bookie_id}",
+                bookie=b.bookie_id,
+                daemon=d.name,
+                ledgers=self.c.ledgers_on(b.bookie_id),
+                roll=roll,
+            )
+            async with self.zk_lock:
+                if d.proc is not None and d.proc.returncode is None:
+                    await self.c.kill(d)
+                await self._gone(b, f)
+            await asyncio.sleep(seconds)
+            async with self.zk_lock:
+                await self._back(b, f)
+            await self.c.launch(d)
+            f.end = time.time()
+            async with self.zk_lock:
+                await self.repair_ledgers(f, b)
+            f.repaired = time.time()
+            return f
+        finally:
+            self.busy.discard(b.bookie_id)
+
+    async def host_restart(self) -> Fault | None:
+        """Back within lostBookieRecoveryDelay: no mark, no report (issue 21's restart rule)."""
+        pick = self._host_for_restart()
+        if pick is None:
+            return None
+        return await self._restart_host("host_restart", *pick, self.rng.uniform(*HOST_DOWN))
+
+    async def _wait_free(self, b: BookieEmulator, within: float) -> bool:
+        """Polls until `b` is in no other fault and a bookie slot is free."""
+        deadline = time.monotonic() + within
+        while b.bookie_id in self.busy or self.bookie_slots() <= 0:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.5)
+        return True
+
+    async def rolling_restart(self) -> Fault | None:
+        """Each host in turn, one at a time, as an upgrade does; each waits for a leader
+        before the next goes down. Every host is a fault of its own (their survival is
+        judged here); a host whose bookie stays in another fault is skipped."""
+        self.rolls += 1
+        roll = self.rolls
+        start = self.rng.randrange(len(self.c.daemons))
+        order = self.c.daemons[start:] + self.c.daemons[:start]
+        for d in order:
+            b = self.c.host_bookie(d)
+            if not await self._wait_free(b, ROLL_WAIT):
+                print(f"[soak] rolling restart {roll}: {d.name} skipped", file=sys.stderr)
+                continue
+            seconds = self.rng.uniform(*HOST_DOWN)
+            f = await self._restart_host("rolling_restart", d, b, seconds, roll)
+            await self.survives(f)
+            await asyncio.sleep(2.0)
+        return None
+
     # --- bookies --------------------------------------------------------------------
 
     async def _bookie_fault(
         self,
         kind: str,
-        inject: Callable[[BookieEmulator], Awaitable[None]],
-        repair: Callable[[BookieEmulator], Awaitable[None]],
+        inject: Callable[[BookieEmulator, Fault], Awaitable[None]],
+        repair: Callable[[BookieEmulator, Fault], Awaitable[None]],
         seconds: float,
         expect: frozenset[str] | set[str] = frozenset(),
         require_marks: bool = False,
-        explains: frozenset[str] | set[str] | None = None,
     ) -> Fault | None:
         free = self.free_bookies()
         if not free or self.bookie_slots() <= 0:
@@ -157,24 +303,24 @@ class Injector:
         b = self.rng.choice(free)
         self.busy.add(b.bookie_id)
         try:
-            f = self._begin(
+            f = self.begin(
                 kind,
                 b.bookie_id,
+                bookie=b.bookie_id,
                 ledgers=self.c.ledgers_on(b.bookie_id),
                 expect=sorted(expect),
-                explains=sorted(DATA_CATEGORIES if expect else explains or ()),
+                explains=sorted(DATA_CATEGORIES if expect else ()),
                 require_marks=require_marks,
             )
             async with self.zk_lock:
-                await inject(b)
+                await inject(b, f)
             await asyncio.sleep(seconds)
             f.end = time.time()
             async with self.zk_lock:
                 if expect:
                     f.marked = len(await self.c.marked(f.ledgers))
-                await repair(b)
-                if f.explains:
-                    await self.c.unmark(f.ledgers)
+                await repair(b, f)
+                await self.repair_ledgers(f, b)
             f.repaired = time.time()
             return f
         finally:
@@ -183,16 +329,10 @@ class Injector:
     async def bookie_crash(self) -> Fault | None:
         """Killed and left down well past lostBookieRecoveryDelay: its ledgers are lost."""
 
-        async def crash(b: BookieEmulator) -> None:
-            await b.crash()
-
-        async def start(b: BookieEmulator) -> None:
-            await b.start()
-
         return await self._bookie_fault(
             "bookie_crash",
-            crash,
-            start,
+            self._gone,
+            self._back,
             self.rng.uniform(*LONG),
             {"ledgers_on_lost_bookies"},
             require_marks=True,
@@ -201,27 +341,17 @@ class Injector:
     async def bookie_crash_short(self) -> Fault | None:
         """Back within lostBookieRecoveryDelay: nothing to report."""
 
-        async def crash(b: BookieEmulator) -> None:
-            await b.crash()
-
-        async def start(b: BookieEmulator) -> None:
-            await b.start()
-
         # Upstream's periodic bookie check does not wait for lostBookieRecoveryDelay (only
-        # the triggered audit does): if one falls within the outage it reports and marks.
+        # the triggered audit does); issue 21's restart rule does: silence, no exception.
         return await self._bookie_fault(
-            "bookie_crash_short",
-            crash,
-            start,
-            self.rng.uniform(1, 3),
-            explains={"ledgers_on_lost_bookies"},
+            "bookie_crash_short", self._gone, self._back, self.rng.uniform(1, 3)
         )
 
     async def _pause(self, kind: str, seconds: float, expect: set[str]) -> Fault | None:
-        async def pause(b: BookieEmulator) -> None:
+        async def pause(b: BookieEmulator, f: Fault) -> None:
             b.pause()
 
-        async def resume(b: BookieEmulator) -> None:
+        async def resume(b: BookieEmulator, f: Fault) -> None:
             b.resume()
 
         return await self._bookie_fault(kind, pause, resume, seconds, expect)
@@ -242,19 +372,19 @@ class Injector:
         """Slow answers, within readEntryTimeout."""
         latency = self.rng.uniform(0.1, 0.4)
 
-        async def slow(b: BookieEmulator) -> None:
+        async def slow(b: BookieEmulator, f: Fault) -> None:
             b.set_latency(latency)
 
-        async def clear(b: BookieEmulator) -> None:
+        async def clear(b: BookieEmulator, f: Fault) -> None:
             b.clear_faults()
 
         return await self._bookie_fault("bookie_slow", slow, clear, self.rng.uniform(20, 40))
 
     async def _storm(self, kind: str, status: Status) -> Fault | None:
-        async def storm(b: BookieEmulator) -> None:
+        async def storm(b: BookieEmulator, f: Fault) -> None:
             b.inject_status(status)
 
-        async def clear(b: BookieEmulator) -> None:
+        async def clear(b: BookieEmulator, f: Fault) -> None:
             b.clear_faults()
 
         return await self._bookie_fault(
@@ -268,24 +398,21 @@ class Injector:
         return await self._storm("bookie_toomany", Status.ETOOMANYREQUESTS)
 
     async def bookie_empty(self) -> Fault | None:
-        """Restarted with the same identity and empty storage: every copy on it is gone."""
-        held: list[int] = []
+        """Restarted with the same identity and empty storage: every copy on it is gone.
+        The repair is the replication worker's: it copies the entries back from the
+        surviving replicas (`repair_ledgers`), then unmarks what is whole."""
 
-        async def wipe(b: BookieEmulator) -> None:
-            await b.stop()
-            held.extend(b.ledger_ids())
-            for lid in held:
-                b.drop_ledger(lid)
-            await b.start()
+        async def wipe(b: BookieEmulator, f: Fault) -> None:
+            await self._gone(b, f, wipe=True)
+            await self._back(b, f)
 
-        async def refill(b: BookieEmulator) -> None:
-            for lid in self.c.ledgers_on(b.bookie_id):
-                b.put_ledger(lid, range(ENTRIES))
+        async def nothing(b: BookieEmulator, f: Fault) -> None:
+            return None
 
         return await self._bookie_fault(
             "bookie_empty",
             wipe,
-            refill,
+            nothing,
             self.rng.uniform(*LONG),
             DATA_CATEGORIES - {"ledgers_on_lost_bookies", "bookie_unavailable_registered"},
             require_marks=True,
@@ -304,7 +431,7 @@ class Injector:
         bookies = set(self.c.ledgers[lid].segments[0].bookies)
         self.busy |= bookies
         try:
-            f = self._begin("ledger_delete", str(lid), ledgers=[lid])
+            f = self.begin("ledger_delete", str(lid), ledgers=[lid])
             async with self.zk_lock:
                 await self.c.delete_ledger(lid)
                 await self.c.add_ledger()  # keep the population steady
@@ -326,9 +453,7 @@ class Injector:
             moved = {ensemble[pos], new}
             self.busy |= moved
             try:
-                f = self._begin(
-                    "ledger_rereplicate", f"{lid}:{ensemble[pos]}->{new}", ledgers=[lid]
-                )
+                f = self.begin("ledger_rereplicate", f"{lid}:{ensemble[pos]}->{new}", ledgers=[lid])
                 async with self.zk_lock:
                     await self.c.rereplicate(lid, ensemble[pos], new)
                 self._end(f)

@@ -1,9 +1,14 @@
 """`make soak`: three daemons, a ZooKeeper and six bookies under random faults for a while.
 
 Environment: SOAK_MINUTES (20), SOAK_SEED (1: the same seed gives the same
-fault schedule), SOAK_LEDGERS (120), SOAK_DIR (/tmp/bk-auditor-soak: daemon
-logs, faults.json, summary.json). Progress on stderr, the JSON summary on
-stdout; exit 1 when an assertion fails (each failure named on stderr).
+fault schedule), SOAK_SEEDS (e.g. `1,2,3` or `1-5`: several full runs one
+after another, each in SOAK_DIR/seed-N, with a combined summary; overrides
+SOAK_SEED), SOAK_ONLY (e.g. `host_restart,bad_mark`: draw only these kinds, to
+reproduce one fault), SOAK_LEDGERS (120), SOAK_DIR (/tmp/bk-auditor-soak: daemon logs,
+faults.json, summary.json). Progress on stderr, the JSON summary on stdout
+(the combined one for SOAK_SEEDS), a PASS/FAIL line per seed and overall on
+stderr; exit 1 when an assertion fails (each failure named on stderr), 2 on
+a bad setting.
 """
 
 from __future__ import annotations
@@ -22,16 +27,21 @@ from pathlib import Path
 from typing import Any
 
 from soak.analysis import analyse
+from soak.badznodes import ZnodeFaults
 from soak.cluster import DAEMON_SETTINGS, SoakCluster
 from soak.faults import LONG, Fault, Injector
+from soak.seeds import SeedsError, combine, parse_seeds
 
-#: (kind, lane, weight). Lanes: one ZooKeeper/daemon fault at a time, up to two
-#: bookie faults, one ledger change at a time.
+#: (kind, lane, weight). Lanes: one ZooKeeper/daemon fault at a time (host restarts
+#: included: they also take a bookie slot), up to two bookie faults, one ledger change
+#: at a time, one bad znode at a time.
 KINDS: list[tuple[str, str, float]] = [
     ("zk_restart", "cluster", 1.0),
     ("zk_partition", "cluster", 1.0),
     ("session_expire", "cluster", 1.0),
     ("leader_kill", "cluster", 0.7),
+    ("host_restart", "cluster", 0.7),
+    ("rolling_restart", "cluster", 0.3),
     ("bookie_crash", "bookie", 1.0),
     ("bookie_crash_short", "bookie", 1.0),
     ("bookie_pause", "bookie", 1.0),
@@ -42,31 +52,47 @@ KINDS: list[tuple[str, str, float]] = [
     ("bookie_empty", "bookie", 1.0),
     ("ledger_delete", "ledger", 1.0),
     ("ledger_rereplicate", "ledger", 1.0),
+    ("bad_ctime", "znode", 0.5),
+    ("bad_mark", "znode", 0.5),
+    ("bad_delay", "znode", 0.5),
+    ("bad_ledger_znode", "znode", 0.5),
 ]
 REPORTABLE = {"bookie_crash", "bookie_pause", "bookie_eio", "bookie_toomany", "bookie_empty"}
+#: Kinds that also take a bookie slot when they begin.
+NEEDS_BOOKIE = {"host_restart"}
 SETTLE = 30.0
+#: How often the replication worker looks at every mark.
+SWEEP = 10.0
 
 
 def log(msg: str) -> None:
     print(f"[soak] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
 
-async def _survives(c: SoakCluster, f: Fault) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if c.acting_leader() is not None:
-            f.survived = True
-            return
-        await asyncio.sleep(0.5)
-    f.survived = False
+def parse_only(text: str) -> list[tuple[str, str, float]]:
+    """The kinds SOAK_ONLY names (all when empty); ValueError naming an unknown one."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = {k for k, _, _ in KINDS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"SOAK_ONLY: unknown fault kind {unknown[0][:40]!r}")
+    return [k for k in KINDS if not names or k[0] in names]
 
 
-async def soak(minutes: float, seed: int, ledgers: int, workdir: Path) -> dict[str, Any]:
+async def soak(
+    minutes: float,
+    seed: int,
+    ledgers: int,
+    workdir: Path,
+    kinds: list[tuple[str, str, float]] | None = None,
+) -> dict[str, Any]:
+    kinds = kinds or KINDS
     rng = random.Random(seed)
     c = SoakCluster(workdir, ledgers)
     errors: list[str] = []
     await c.start()
     inj = Injector(c, rng)
+    znodes = ZnodeFaults(inj)
     t_start = time.time()
     deadline = time.monotonic() + minutes * 60
     stop_sampling = asyncio.Event()
@@ -77,9 +103,20 @@ async def soak(minutes: float, seed: int, ledgers: int, workdir: Path) -> dict[s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop_sampling.wait(), 10)
 
+    async def worker() -> None:
+        while not stop_sampling.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop_sampling.wait(), SWEEP)
+            try:
+                await inj.sweep()
+            except Exception as exc:  # a driver failure, not a finding: reported as such
+                errors.append(f"worker sweep: {type(exc).__name__}: {exc}")
+                log(f"driver error in the worker's sweep: {exc!r}")
+
     sampling = asyncio.ensure_future(sampler())
+    sweeping = asyncio.ensure_future(worker())
     tasks: set[asyncio.Task[None]] = set()
-    lanes_busy: dict[str, bool] = {"cluster": False, "ledger": False}
+    lanes_busy: dict[str, bool] = {"cluster": False, "ledger": False, "znode": False}
     skipped = 0
 
     def spawn(kind: str, lane: str, run: Callable[[], Awaitable[Fault | None]]) -> None:
@@ -89,7 +126,7 @@ async def soak(minutes: float, seed: int, ledgers: int, workdir: Path) -> dict[s
             try:
                 f = await run()
                 if f is not None:
-                    await _survives(c, f)
+                    await inj.survives(f)
             except Exception as exc:  # a driver failure, not a finding: reported as such
                 errors.append(f"{kind}: {type(exc).__name__}: {exc}")
                 log(f"driver error in {kind}: {exc!r}")
@@ -103,16 +140,18 @@ async def soak(minutes: float, seed: int, ledgers: int, workdir: Path) -> dict[s
 
     try:
         await asyncio.sleep(20)  # the first election and the leader's start audit
-        weights = [w for _, _, w in KINDS]
+        weights = [w for _, _, w in kinds]
         while time.monotonic() < deadline:
             await asyncio.sleep(rng.uniform(3.0, 8.0))
-            kind, lane, _ = rng.choices(KINDS, weights)[0]
+            kind, lane, _ = rng.choices(kinds, weights)[0]
             remaining = deadline - time.monotonic()
-            busy = lanes_busy.get(lane, False) or (lane == "bookie" and inj.bookie_slots() <= 0)
+            needs_slot = lane == "bookie" or kind in NEEDS_BOOKIE
+            busy = lanes_busy.get(lane, False) or (needs_slot and inj.bookie_slots() <= 0)
             if busy or (kind in REPORTABLE and remaining < LONG[1]):
                 skipped += 1
                 continue
-            spawn(kind, lane, getattr(inj, kind))
+            owner = znodes if lane == "znode" else inj
+            spawn(kind, lane, getattr(owner, kind))
         log("schedule over; waiting for faults under way")
         while tasks:
             await asyncio.gather(*list(tasks))
@@ -122,6 +161,7 @@ async def soak(minutes: float, seed: int, ledgers: int, workdir: Path) -> dict[s
     finally:
         stop_sampling.set()
         await sampling
+        await sweeping
         await c.stop()
     run_end = time.time()
     (workdir / "faults.json").write_text(json.dumps([f.as_dict() for f in inj.faults], indent=1))
@@ -133,10 +173,16 @@ async def soak(minutes: float, seed: int, ledgers: int, workdir: Path) -> dict[s
         "daemons": len(c.daemons),
         "bookies": len(c.bookies),
         "daemon_settings": DAEMON_SETTINGS,
+        "kinds_drawn": [k for k, _, _ in kinds] if kinds != KINDS else "all",
         "faults_injected": len(inj.faults),
         "schedule_skipped": skipped,
         "final_leader": final_leader.name if final_leader else None,
         "driver_errors": errors,
+        "worker": {
+            "entries_copied": inj.worker.copied,
+            "marks_removed": inj.worker.unmarked,
+            "ledgers_kept_marked_not_whole": len(inj.worker.kept),
+        },
         **result,
     }
 
@@ -149,6 +195,10 @@ def failures(s: dict[str, Any]) -> list[str]:
         out.append(f"faults not reported: {s['missed']}")
     if s["false_alarms"]:
         out.append(f"false alarms: {len(s['false_alarms'])}")
+    if s["leader_flaps"]:
+        out.append(f"leaderships that did not hold: {s['leader_flaps']}")
+    if s["blinded"]:
+        out.append(f"auditing stopped by a bad znode: {s['blinded']}")
     if s["resources_grew"]:
         out.append(f"RSS or fds grew: {s['resources_grew']}")
     if s["driver_errors"]:
@@ -161,24 +211,52 @@ def failures(s: dict[str, Any]) -> list[str]:
     return out
 
 
-def main() -> int:
-    minutes = float(os.environ.get("SOAK_MINUTES", "20"))
-    seed = int(os.environ.get("SOAK_SEED", "1"))
-    ledgers = int(os.environ.get("SOAK_LEDGERS", "120"))
-    workdir = Path(os.environ.get("SOAK_DIR", "/tmp/bk-auditor-soak"))
-    logging.getLogger("kazoo").setLevel(logging.ERROR)
+def run_seed(
+    minutes: float, seed: int, ledgers: int, workdir: Path, kinds: list[tuple[str, str, float]]
+) -> dict[str, Any]:
+    """One full run in `workdir` (emptied first): its summary, failures included."""
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     log(f"{minutes:g} min, seed {seed}, {ledgers} ledgers, logs in {workdir}")
-    summary = asyncio.run(soak(minutes, seed, ledgers, workdir))
+    summary = asyncio.run(soak(minutes, seed, ledgers, workdir, kinds))
     fails = failures(summary)
     summary["failures"] = fails
-    text = json.dumps(summary, indent=1, default=str)
-    (workdir / "summary.json").write_text(text)
-    print(text)
+    summary["verdict"] = "FAIL" if fails else "PASS"
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     for f in fails:
-        log(f"FAIL: {f}")
-    return 1 if fails else 0
+        log(f"FAIL (seed {seed}): {f}")
+    log(f"seed {seed}: {summary['verdict']}")
+    return summary
+
+
+def main() -> int:
+    try:
+        minutes = float(os.environ.get("SOAK_MINUTES", "20"))
+        ledgers = int(os.environ.get("SOAK_LEDGERS", "120"))
+        seeds = parse_seeds(os.environ.get("SOAK_SEEDS", ""))
+        seed = int(os.environ.get("SOAK_SEED", "1"))
+        kinds = parse_only(os.environ.get("SOAK_ONLY", ""))
+    except (ValueError, SeedsError) as exc:
+        log(f"bad setting: {exc}")
+        return 2
+    workdir = Path(os.environ.get("SOAK_DIR", "/tmp/bk-auditor-soak"))
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    if not seeds:
+        summary = run_seed(minutes, seed, ledgers, workdir, kinds)
+        print(json.dumps(summary, indent=1, default=str))
+        return 1 if summary["failures"] else 0
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    summaries = []
+    for n in seeds:
+        summaries.append(run_seed(minutes, n, ledgers, workdir / f"seed-{n}", kinds))
+    combined = combine(summaries, workdir)
+    (workdir / "summary.json").write_text(json.dumps(combined, indent=1, default=str))
+    print(json.dumps(combined, indent=1, default=str))
+    for line in combined["lines"]:
+        log(line)
+    log(f"overall: {combined['verdict']}")
+    return 0 if combined["verdict"] == "PASS" else 1
 
 
 if __name__ == "__main__":

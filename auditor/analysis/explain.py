@@ -14,7 +14,7 @@ a bookie that does not answer is asked once (a run re-checks it after
 `checks.retry_delay` before reporting `bookie_unavailable_registered`), and
 nothing is ever marked.
 
-Copies are computed on ranges (`replica_shortfall`), never per entry, and
+Copies are computed on ranges (`replicas.segment_shortfall`), never per entry, and
 what is listed is capped (`LIMIT` ranges per list, with totals beside), so a
 ledger of millions of entries explains in one page.
 """
@@ -26,9 +26,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from auditor.bookie.availability import Availability, expected_count, replica_shortfall
+from auditor.bookie.availability import Availability, expected_count
 from auditor.checks.bookie_check import ledger_loss, loss_violations
-from auditor.checks.findings import Category, Check, SkipReason, Violation
+from auditor.checks.findings import Category, Check, SkipReason, Violation, metadata_invalid
 from auditor.checks.grace import past_grace
 from auditor.checks.owners import owner_of
 from auditor.checks.placement import PlacementPolicy, analyse_ledger
@@ -40,17 +40,24 @@ from auditor.checks.replicas import (
     Unanswered,
     Unverified,
     analyse,
+    segment_shortfall,
+    verdict_violations,
 )
-from auditor.metadata.model import LedgerMetadata, LedgerState, SegmentRange
+from auditor.checks.replicas import skip_reason as replicas_skip
+from auditor.metadata.model import LedgerMetadata, SegmentRange
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.schedule import stores_entry
-from auditor.metadata.underreplication import UnderreplicatedLedger
+from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 
 #: Ranges listed at most per list (copies of a segment, a bookie's holdings or gaps).
 LIMIT = 100
 
 #: The order checks appear in (the order `check all` runs them).
 CHECK_ORDER = (Check.REPLICAS, Check.PLACEMENT, Check.GRACE, Check.BOOKIES, Check.LEDGERS)
+
+
+#: A ledger's under-replication mark as read: valid, corrupt (it still marks the ledger), none.
+Mark = UnderreplicatedLedger | CorruptMark | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +85,14 @@ class ExplainInputs:
     rack_sources: Mapping[str, str]
     policy: PlacementPolicy
     registered: BookieSet
-    mark: UnderreplicatedLedger | None
+    mark: Mark
     grace_period_s: int
     now_ms: int
     ledgers: LedgerCheckResult
+
+
+#: The grace check's outcome for a corrupt mark: named in its report's invalid znodes.
+INVALID_ZNODE = "invalid_znode"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +100,7 @@ class CheckVerdict:
     """One check's conclusion about the ledger: ok, violation(s), or skipped with why."""
 
     check: Check
-    outcome: str  # "ok" | "violation" | "skipped"
+    outcome: str  # "ok" | "violation" | "skipped" | INVALID_ZNODE
     reason: str
     violations: tuple[Violation, ...] = ()
 
@@ -146,36 +157,16 @@ def _status(copies: int, md: LedgerMetadata) -> str:
     return str(Category.BELOW_WRITE_QUORUM)
 
 
-def _assumed(answer: BookieAnswer | None, seg: SegmentRange) -> Availability:
-    """What a bookie is taken to hold for counting copies (optimistic when unknown).
-
-    As in the replicas check, a copy is only counted as missing when it is
-    known to be: a listing says so, or a probe read came back absent.
-    """
-    if isinstance(answer, Listed):
-        return answer.availability
-    if isinstance(answer, Probed):
-        absent = sorted(e for e, present in answer.entries.items() if not present)
-        runs: list[tuple[int, int]] = []
-        start = seg.first
-        for e in absent:
-            if seg.first <= e <= seg.last:
-                runs.append((start, e - start))
-                start = e + 1
-        runs.append((start, seg.last + 1 - start))
-        return Availability.from_runs(runs)
-    return Availability.from_runs([(seg.first, seg.last - seg.first + 1)])
-
-
 def _copy_ranges(
     md: LedgerMetadata, seg: SegmentRange, answers: Mapping[str, BookieAnswer]
 ) -> Iterator[tuple[int, int, int]]:
-    """The segment partitioned into maximal `(first, last, copies)` ranges, ascending."""
-    held = [_assumed(answers.get(b), seg) for b in seg.bookies]
+    """The segment partitioned into maximal `(first, last, copies)` ranges, ascending.
+
+    The short ranges are the replicas check's own count (`segment_shortfall`):
+    optimistic where nothing is known, as in a check run.
+    """
     position = seg.first
-    for first, last, copies in replica_shortfall(
-        seg.first, seg.last, md.ensemble_size, md.write_quorum, held
-    ):
+    for first, last, copies in segment_shortfall(md, seg, answers):
         if first > position:
             yield (position, first - 1, md.write_quorum)
         yield (first, last, copies)
@@ -326,15 +317,20 @@ def segments_json(inputs: ExplainInputs) -> list[dict[str, Any]]:
 
 
 def replicas_verdict(inputs: ExplainInputs) -> CheckVerdict:
-    """The replicas check's judgement (`ReplicasRun._judge` minus the retries and the writes)."""
+    """The replicas check's judgement (its driver's, minus the retries and the writes)."""
     md, c = inputs.md, Check.REPLICAS
-    if md.state is LedgerState.OPEN:
-        return _skipped(c, SkipReason.OPEN, "only closed ledgers are judged")
-    if md.state is LedgerState.IN_RECOVERY:
-        return _skipped(c, SkipReason.IN_RECOVERY, "only closed ledgers are judged")
-    if md.last_entry_id < 0:
-        return _skipped(c, SkipReason.EMPTY, "the ledger was closed without entries")
+    skip = replicas_skip(md)
+    if skip is SkipReason.EMPTY:
+        return _skipped(c, skip, "the ledger was closed without entries")
+    if skip is not None:
+        return _skipped(c, skip, "only closed ledgers are judged")
     mark = inputs.mark
+    if isinstance(mark, CorruptMark):
+        return _skipped(
+            c,
+            SkipReason.UNDERREPLICATED,
+            f"marked under-replicated by a corrupt mark ({mark}): re-replication owns it",
+        )
     if mark is not None:
         late = past_grace(
             md.ledger_id, inputs.now_ms, mark.ctime, inputs.grace_period_s, mark.replicas
@@ -345,37 +341,19 @@ def replicas_verdict(inputs: ExplainInputs) -> CheckVerdict:
             c, SkipReason.UNDERREPLICATED, "marked under-replicated: re-replication owns it"
         )
     verdict = analyse(md, inputs.answers)
-    found: list[Violation] = []
+    available = inputs.registered.available
+    # Asked once: a run asks a silent bookie again before reporting it.
+    found = verdict_violations(md, verdict, inputs.znode_version, available, 1)
     reasons: list[str] = []
     if verdict.category is not None:
-        found.append(
-            Violation(
-                md.ledger_id, verdict.category, None, verdict.evidence(md, inputs.znode_version)
-            )
-        )
         reasons.append(
             f"some entries have {verdict.min_copies} of {md.write_quorum} copies "
             f"(ack quorum {md.ack_quorum})"
         )
-    for bookie, why in sorted(verdict.unanswered.items()):
-        if bookie not in inputs.registered.available:
+    for bookie in sorted(verdict.unanswered):
+        if bookie not in available:
             reasons.append(f"{bookie} did not answer and is not registered (the bookie check's)")
             continue
-        found.append(
-            Violation(
-                md.ledger_id,
-                Category.BOOKIE_UNAVAILABLE_REGISTERED,
-                bookie,
-                {
-                    "reason": why,
-                    "attempts": 1,
-                    "segments": [
-                        [s.first, s.last] for s in md.segment_ranges() if bookie in s.bookies
-                    ],
-                    "metadata_version": inputs.znode_version,
-                },
-            )
-        )
         reasons.append(
             f"{bookie} is registered but did not answer (asked once; a check run asks again "
             "after checks.retry_delay before reporting)"
@@ -404,13 +382,16 @@ def placement_verdict(inputs: ExplainInputs) -> CheckVerdict:
     )
 
 
-def grace_verdict(
-    ledger_id: int, mark: UnderreplicatedLedger | None, grace: int, now_ms: int
-) -> CheckVerdict:
-    """The grace check needs only the mark (it judges marks, metadata or not)."""
+def grace_verdict(ledger_id: int, mark: Mark, grace: int, now_ms: int) -> CheckVerdict:
+    """The grace check needs only the mark (it judges marks, metadata or not); a corrupt
+    one cannot be aged: the check names it as an invalid znode of its report."""
     c = Check.GRACE
     if mark is None:
         return _ok(c, "not marked under-replicated")
+    if isinstance(mark, CorruptMark):
+        return CheckVerdict(
+            c, INVALID_ZNODE, f"the mark is corrupt ({mark}): named as an invalid znode"
+        )
     if grace <= 0:
         return _skipped(
             c,
@@ -468,9 +449,11 @@ def verdicts(inputs: ExplainInputs) -> dict[Check, CheckVerdict]:
 # --- the document --------------------------------------------------------------------------------
 
 
-def mark_json(mark: UnderreplicatedLedger | None) -> dict[str, Any] | None:
+def mark_json(mark: Mark) -> dict[str, Any] | None:
     if mark is None:
         return None
+    if isinstance(mark, CorruptMark):
+        return {"corrupt": mark.reason, "path": mark.path}
     return {"missing_replicas": list(mark.replicas), "ctime": mark.ctime}
 
 
@@ -501,17 +484,12 @@ def explain_invalid(
     path: str,
     znode_version: int,
     reason: str,
-    mark: UnderreplicatedLedger | None,
+    mark: Mark,
     grace_period_s: int,
     now_ms: int,
 ) -> dict[str, Any]:
     """The document for metadata that does not decode: the checks that read it say so."""
-    v = Violation(
-        ledger_id,
-        Category.METADATA_INVALID,
-        None,
-        {"reason": reason, "path": path, "metadata_version": znode_version},
-    )
+    v = metadata_invalid(ledger_id, path, znode_version, reason)
     verdict = _found(Check.REPLICAS, reason, [v]).to_json()
     checks = {str(c): verdict for c in CHECK_ORDER}
     grace = grace_verdict(ledger_id, mark, grace_period_s, now_ms)

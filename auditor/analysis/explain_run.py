@@ -1,10 +1,13 @@
 """Gathering what `explain` needs for one ledger, through the checks' own I/O paths.
 
 Metadata and the mark are fresh reads (never the leader's index: an
-explanation is about now); bookies are asked exactly as the replicas check
-asks them (`ReplicasRun.answers`), racks come from the configured sources as
-the placement check resolves them, and the ledger check's sampled reads run
-as in a check run. Nothing is written. The assembly is `explain.explain`.
+explanation is about now); a corrupt mark is explained as one (its path and
+what is wrong), as the checks treat it. Everything else goes through the drivers' public
+per-ledger functions, the ones their runs call: bookies are asked by
+`replicas_run.bookie_answers`, the policy is `placement_run.placement_policy`
+over racks from the configured sources, and the ledger check's sampled reads
+are `ledger_check_run.ledger_violation`. Nothing is written. The assembly is
+`explain.explain`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from auditor.analysis.explain import ExplainInputs, LedgerCheckResult, explain, 
 from auditor.checks.context import CheckContext, open_context
 from auditor.checks.ledger_check_run import ledger_violation
 from auditor.checks.placement_run import placement_policy
-from auditor.checks.replicas_run import ReplicasRun
+from auditor.checks.replicas_run import bookie_answers
 from auditor.config import AuditorConfig
-from auditor.errors import ConfigError, NotFoundError
+from auditor.errors import NotFoundError
 from auditor.metadata.layout import LedgerManager
-from auditor.metadata.paths import LONG_MAX
+
+# The one rule for ledger ids; `explain`'s argument is checked by it (re-exported for the CLI).
+from auditor.metadata.paths import check_ledger_id as check_ledger_id
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerWalker
 from auditor.topology.racks import open_rack_resolver
@@ -31,12 +36,6 @@ class LedgerNotFoundError(NotFoundError):
     """The ledger asked about has no metadata under the ledgers root."""
 
 
-def check_ledger_id(ledger_id: int) -> int:
-    if not 0 <= ledger_id <= LONG_MAX:
-        raise ConfigError(f"a ledger id is 0..{LONG_MAX}, got {ledger_id}")
-    return ledger_id
-
-
 async def explain_ledger(
     ctx: CheckContext, ledger_id: int, *, rng: random.Random | None = None
 ) -> dict[str, Any]:
@@ -45,7 +44,8 @@ async def explain_ledger(
     rec = await LedgerWalker(ctx.zk, ctx.root, ctx.manager).read(ledger_id)
     if rec is None:
         raise LedgerNotFoundError(f"ledger {ledger_id} does not exist under {ctx.root}")
-    mark = await ctx.urm.get(ledger_id)
+    # A corrupt mark is named, not a failure: it still marks the ledger.
+    mark = await ctx.urm.get_mark(ledger_id)
     grace = ctx.config.bookkeeper.underreplicatedLedgerRecoveryGracePeriod
     now_ms = int(ctx.clock() * 1000)
     md = rec.metadata
@@ -59,7 +59,7 @@ async def explain_ledger(
     located = await resolver.locations(sorted(known | mine))
     policy = placement_policy(ctx.config.bookkeeper, known, located)
     sources = {b: src for b in sorted(mine) if (src := resolver.source_of(b)) is not None}
-    answers = await ReplicasRun(ctx).answers(md)
+    answers = await bookie_answers(ctx, md)
     if await ctx.urm.is_replication_enabled():
         ledgers = LedgerCheckResult(await ledger_violation(ctx, md, rec.znode_version, rng=rng))
     else:

@@ -29,10 +29,10 @@ import enum
 from collections import Counter
 from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from auditor.metadata.model import LedgerMetadata
+from auditor.timefmt import iso
 from auditor.topology.locations import (
     DEFAULT_RACK,
     DEFAULT_REGION,
@@ -92,10 +92,6 @@ def place_of(location: str | None) -> Place:
     parts = [p for p in location.split("/") if p]
     region = parts[0] if len(parts) >= 2 and "/" + parts[0] != DEFAULT_REGION else None
     return Place(location, region)
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 def severity(copies: int, ack_quorum: int) -> Severity:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from auditor.analysis.risk import iso
 from auditor.analysis.whatif import (
     DecommissionTally,
     PlacementTally,
@@ -33,6 +32,7 @@ from auditor.config import AuditorConfig
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.registry import all_known_bookies, resolve_bookie
 from auditor.metadata.walk import LedgerRecord
+from auditor.timefmt import iso
 from auditor.topology.racks import AddressOf, StaticMapping, load_racks_file, open_rack_resolver
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -26,16 +27,31 @@ from auditor.checks.findings import (
     Check,
     CheckReport,
     Coverage,
+    InvalidZnodeLog,
     Violation,
 )
 from auditor.checks.owners import Owner
 from auditor.checks.tally import ViolationLog
 from auditor.daemon.state import CheckState, DaemonState, Outcome
 from auditor.errors import ConfigError, FormatError
-from auditor.metadata.underreplication import UnderreplicatedLedger
+from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.proto import auditor_service_pb2 as pb
+from auditor.timefmt import from_iso, iso_datetime
 
 ALL = "all"
+#: How much of an unknown name an error quotes back (a request may be megabytes).
+NAME_SHOWN = 64
+#: Invalid znodes `status` lists per check (the count is exact; the report lists more).
+STATUS_ZNODES_SHOWN = 10
+
+_names = reprlib.Repr()
+_names.maxstring = NAME_SHOWN
+
+
+def shown_name(name: str) -> str:
+    """`name` quoted for an error message, bounded to about `NAME_SHOWN` characters."""
+    text = _names.repr(name)
+    return text if len(name) <= NAME_SHOWN else f"{text} ({len(name)} characters)"
 
 
 class UnknownNameError(ConfigError):
@@ -53,7 +69,7 @@ def parse_check(name: str, *, allow_all: bool = False) -> Check | None:
     if name in {str(c) for c in ALL_CHECKS}:
         return Check(name)
     valid = [str(c) for c in ALL_CHECKS] + ([ALL] if allow_all else [])
-    raise UnknownNameError(f"unknown check {name!r}; expected one of {', '.join(valid)}")
+    raise UnknownNameError(f"unknown check {shown_name(name)}; expected one of {', '.join(valid)}")
 
 
 def parse_category(name: str) -> Category:
@@ -61,7 +77,8 @@ def parse_category(name: str) -> Category:
         return Category(name)
     except ValueError:
         raise UnknownNameError(
-            f"unknown category {name!r}; expected one of {', '.join(str(c) for c in Category)}"
+            f"unknown category {shown_name(name)}; "
+            f"expected one of {', '.join(str(c) for c in Category)}"
         ) from None
 
 
@@ -77,28 +94,19 @@ def timestamp(ts: float | None) -> Timestamp | None:
     return Timestamp(seconds=whole, nanos=nanos)
 
 
-def _iso_text(when: datetime) -> str:
-    return when.isoformat().replace("+00:00", "Z")
-
-
-def iso(ts: float | None) -> str | None:
-    """Seconds since the epoch as the reports write times (`...Z`)."""
-    return None if ts is None else _iso_text(datetime.fromtimestamp(ts, UTC))
-
-
 def stamp_iso(msg: Any, name: str) -> str | None:
-    """A Timestamp field as `iso` would write it; None when unset (never happened)."""
+    """A Timestamp field as the reports write times; None when unset (never happened)."""
     if not msg.HasField(name):
         return None
     stamp: Timestamp = getattr(msg, name)
-    return _iso_text(stamp.ToDatetime(tzinfo=UTC))
+    return iso_datetime(stamp.ToDatetime(tzinfo=UTC))
 
 
 def _from_iso(value: Any, what: str) -> float:
     if not isinstance(value, str):
         raise ReportFormatError(f"report field {what} is not a timestamp: {value!r}")
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return from_iso(value)
     except ValueError as exc:
         raise ReportFormatError(f"report field {what} is not a timestamp: {value!r}") from exc
 
@@ -132,6 +140,10 @@ def check_status(cs: CheckState, now: float | None = None) -> pb.CheckStatus:
             {k: n for k, n in cs.last_report.dropped.items() if n}
         )
         msg.false_alarm_share = cs.last_report.false_alarm_share
+        invalid = cs.last_report.invalid_znodes
+        msg.invalid_znodes_total = invalid.total
+        for z in invalid.listed()[:STATUS_ZNODES_SHOWN]:
+            msg.invalid_znodes.add(path=z.path, reason=z.reason)
     return msg
 
 
@@ -155,7 +167,36 @@ def status_response(state: DaemonState, now: float | None = None) -> pb.GetStatu
         ran = timestamp(st.ran_at)
         if ran is not None:
             entry.ran_at.CopyFrom(ran)
+    _leadership(state, msg)
     return msg
+
+
+def _stamp(field: Timestamp, ts: float | None) -> None:
+    stamp = timestamp(ts)
+    if stamp is not None:
+        field.CopyFrom(stamp)
+
+
+def _leadership(state: DaemonState, msg: pb.GetStatusResponse) -> None:
+    """The election phase, the last decisions, a duplicate identity, unusable znodes."""
+    msg.election_phase = str(state.phase)
+    for d in state.decisions:
+        entry = msg.decisions.add(
+            action=str(d.action),
+            reason=str(d.reason),
+            message=d.message,
+            detail=d.detail,
+            backoff_seconds=round(d.backoff, 3),
+        )
+        _stamp(entry.at, d.at)
+    if state.duplicate_vote is not None:
+        msg.duplicate_identity_vote = state.duplicate_vote
+        _stamp(msg.duplicate_identity_since, state.duplicate_since)
+    _stamp(msg.backoff_until, state.backoff_until)
+    for name in sorted(state.invalid_znodes):
+        z = state.invalid_znodes[name]
+        entry_z = msg.invalid_znodes.add(znode=z.znode, value=z.value, using=z.using)
+        _stamp(entry_z.since, z.since)
 
 
 _OUTCOMES: dict[int, Outcome] = {pb.Outcome.Value(f"OUTCOME_{o.name}"): o for o in Outcome}
@@ -195,6 +236,14 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
                     dict(sorted(c.would_be_violations_dropped.items())) if c.has_report else None
                 ),
                 "false_alarm_share": c.false_alarm_share if c.has_report else None,
+                "invalid_znodes": (
+                    {
+                        "total": c.invalid_znodes_total,
+                        "listed": [{"path": z.path, "reason": z.reason} for z in c.invalid_znodes],
+                    }
+                    if c.has_report
+                    else None
+                ),
             }
             for c in msg.checks
         },
@@ -206,6 +255,31 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
                 "ran_at": stamp_iso(t, "ran_at"),
             }
             for t in msg.selftest
+        },
+        "election_phase": msg.election_phase or None,
+        "decisions": [
+            {
+                "at": stamp_iso(d, "at"),
+                "action": d.action,
+                "reason": d.reason,
+                "message": d.message,
+                "detail": d.detail or None,
+                "backoff_s": d.backoff_seconds if d.action == "back_off" else None,
+            }
+            for d in msg.decisions
+        ],
+        "duplicate_identity": (
+            {
+                "vote": msg.duplicate_identity_vote,
+                "since": stamp_iso(msg, "duplicate_identity_since"),
+            }
+            if msg.duplicate_identity_vote
+            else None
+        ),
+        "backoff_until": stamp_iso(msg, "backoff_until"),
+        "invalid_znodes": {
+            z.znode: {"value": z.value, "using": z.using, "since": stamp_iso(z, "since")}
+            for z in msg.invalid_znodes
         },
     }
 
@@ -230,6 +304,9 @@ def report_response(report: CheckReport) -> pb.GetReportResponse:
     msg.would_be_violations_dropped.update({k: n for k, n in report.dropped.items() if n})
     msg.counts.update(report.counts())
     msg.ledgers_skipped.update({k: n for k, n in report.ledgers_skipped.items() if n})
+    msg.invalid_znodes_total = report.invalid_znodes.total
+    for z in report.invalid_znodes:
+        msg.invalid_znodes.add(path=z.path, reason=z.reason)
     for name, ts in (("started_at", report.started_at), ("finished_at", report.finished_at)):
         stamp = timestamp(ts)
         if stamp is not None:
@@ -267,6 +344,7 @@ def report_from_json(doc: dict[str, Any]) -> CheckReport:
             violations=_violation_log(doc),
             marked_underreplicated=[int(i) for i in doc["marked_underreplicated"]],
             lost_bookies=[str(b) for b in doc.get("lost_bookies", [])],
+            invalid_znodes=InvalidZnodeLog.from_json(doc.get("invalid_znodes")),
         )
         report.dropped.update(
             {str(k): int(n) for k, n in doc.get("would_be_violations_dropped", {}).items()}
@@ -324,16 +402,35 @@ def violations(
 
 
 def underreplicated_selected(
-    ur: UnderreplicatedLedger, missing_replica: str, excluding_missing_replica: str
+    ur: UnderreplicatedLedger | CorruptMark, missing_replica: str, excluding_missing_replica: str
 ) -> bool:
-    """BookKeeper's listunderreplicated filters: exact membership in the replica list."""
+    """BookKeeper's listunderreplicated filters: exact membership in the replica list.
+
+    A corrupt mark passes every filter: its replicas cannot be read, and it is never hidden.
+    """
+    if isinstance(ur, CorruptMark):
+        return True
     if missing_replica and missing_replica not in ur.replicas:
         return False
     return not (excluding_missing_replica and excluding_missing_replica in ur.replicas)
 
 
-def underreplicated(ur: UnderreplicatedLedger) -> pb.UnderReplicatedLedger:
+def underreplicated(ur: UnderreplicatedLedger | CorruptMark) -> pb.UnderReplicatedLedger:
+    if isinstance(ur, CorruptMark):
+        corrupt = pb.CorruptMark(path=ur.path, reason=ur.reason)
+        if ur.ledger_id is not None:
+            corrupt.ledger_id = ur.ledger_id
+        return pb.UnderReplicatedLedger(corrupt=corrupt)
     msg = pb.UnderReplicatedLedger(ledger_id=ur.ledger_id, replicas=list(ur.replicas))
     if ur.ctime >= 0:
         msg.ctime_ms = ur.ctime
     return msg
+
+
+def mark_of(msg: pb.UnderReplicatedLedger) -> UnderreplicatedLedger | CorruptMark:
+    """A listing's item back as `list_marks` yields it (znode versions do not travel)."""
+    if msg.HasField("corrupt"):
+        c = msg.corrupt
+        return CorruptMark(c.path, c.ledger_id if c.HasField("ledger_id") else None, c.reason)
+    ctime = msg.ctime_ms if msg.HasField("ctime_ms") else -1
+    return UnderreplicatedLedger(msg.ledger_id, tuple(msg.replicas), ctime)

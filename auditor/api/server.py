@@ -8,10 +8,12 @@ client certificate verified against the configured CA; with neither
 configured they are refused outright rather than left open.
 
 Health: "" and `auditor-liveness` report whether the daemon's loop is alive
-(the heartbeat in the state is fresh); `auditor-readiness` whether it is
-connected to ZooKeeper. Readiness never depends on leadership: with two
-replicas only one would ever be ready, and rollouts and disruption budgets
-would stall.
+(the heartbeat in the state is fresh, and the daemon has not said otherwise: it
+does when its election task ended, just before it exits non-zero);
+`auditor-readiness` whether it is connected to ZooKeeper and in the election
+(voting, leading, or backing off after a failure; not while refusing to vote for
+a duplicate identity). Readiness never depends on leadership: with two replicas
+only one would ever be ready, and rollouts and disruption budgets would stall.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from auditor.api import AUTH_METADATA_KEY, AUTH_SCHEME, LIVENESS, READINESS, convert
 from auditor.checks.findings import Check, CheckReport
+from auditor.daemon.preflight import check_api_token
 from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
 from auditor.logs import get_logger
@@ -406,6 +409,7 @@ async def start_api_server(
     """
     if not 0 <= port < 65536:
         raise ConfigError(f"the API port must be 0..65535, got {port}")
+    check_api_token(token or "")
     creds = _credentials(tls_cert, tls_key, tls_client_ca)
     server = grpc.aio.server(
         options=[

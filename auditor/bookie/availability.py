@@ -66,7 +66,9 @@ __all__ = [
     "AvailabilityFormatError",
     "MissingEntries",
     "SequenceGroup",
+    "copies_short",
     "expected_count",
+    "fewest_copies",
     "min_copies",
     "replica_shortfall",
 ]
@@ -765,30 +767,23 @@ def _missing_events(runs: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]
         yield (end + 1, -1)
 
 
-def replica_shortfall(
-    first: int,
-    last: int,
-    ensemble_size: int,
-    write_quorum: int,
-    bookies: Sequence[Availability | None],
+def copies_short(
+    write_quorum: int, missing: Iterable[Iterable[tuple[int, int]]]
 ) -> Iterator[tuple[int, int, int]]:
-    """Ranges of ``[first, last]`` stored on fewer than ``write_quorum`` bookies.
+    """Where entries have fewer than ``write_quorum`` copies, from what each holder lacks.
 
-    ``bookies[i]`` is the availability reported by ensemble member ``i`` (None for a
-    bookie that holds nothing, or did not answer). Yields maximal inclusive
-    ``(start, end, copies)`` with ``copies < write_quorum``, ascending. The cost is
-    proportional to the total number of missing runs over all bookies.
+    ``missing`` has one stream per holder (a bookie's duty in one segment): the
+    inclusive ``(start, end)`` ranges it should store and does not, ascending. An
+    entry missing from ``d`` streams has ``write_quorum - d`` copies. Yields maximal
+    inclusive ``(start, end, copies)`` with ``copies < write_quorum``, ascending (a
+    sweep over the streams merged in order). The cost is proportional to the total
+    number of missing ranges. This is the one copy count: the replicas check, explain
+    and `replica_shortfall` all end here.
     """
-    if len(bookies) != ensemble_size:
-        raise ValueError(f"need {ensemble_size} bookies, got {len(bookies)}")
-    streams = [
-        _missing_events((bookie or EMPTY).missing(first, last, ensemble_size, write_quorum, i))
-        for i, bookie in enumerate(bookies)
-    ]
     depth = 0
     position = 0
     pending: tuple[int, int, int] | None = None
-    for at, delta in heapq.merge(*streams):
+    for at, delta in heapq.merge(*(_missing_events(ranges) for ranges in missing)):
         if at > position and depth > 0:
             copies = write_quorum - depth
             if pending is not None and pending[1] == position - 1 and pending[2] == copies:
@@ -803,6 +798,52 @@ def replica_shortfall(
         yield pending
 
 
+def fewest_copies(
+    shortfall: Iterable[tuple[int, int, int]], write_quorum: int
+) -> tuple[int, list[tuple[int, int]]]:
+    """The lowest copy count of ``shortfall`` and the ranges where it is reached.
+
+    ``shortfall`` is ascending and disjoint (`copies_short` output, one segment
+    after another). The count is ``write_quorum`` when nothing is short; the
+    ranges are inclusive, ascending, adjacent ones merged (across segments too).
+    """
+    lowest = write_quorum
+    where: list[tuple[int, int]] = []
+    for start, end, copies in shortfall:
+        if copies < lowest:
+            lowest, where = copies, [(start, end)]
+        elif copies == lowest:
+            if where and where[-1][1] + 1 == start:
+                where[-1] = (where[-1][0], end)
+            else:
+                where.append((start, end))
+    return lowest, where
+
+
+def replica_shortfall(
+    first: int,
+    last: int,
+    ensemble_size: int,
+    write_quorum: int,
+    bookies: Sequence[Availability | None],
+) -> Iterator[tuple[int, int, int]]:
+    """Ranges of ``[first, last]`` stored on fewer than ``write_quorum`` bookies.
+
+    ``bookies[i]`` is the availability reported by ensemble member ``i`` (None for a
+    bookie that holds nothing, or did not answer). Yields maximal inclusive
+    ``(start, end, copies)`` with ``copies < write_quorum``, ascending (`copies_short`).
+    """
+    if len(bookies) != ensemble_size:
+        raise ValueError(f"need {ensemble_size} bookies, got {len(bookies)}")
+    return copies_short(
+        write_quorum,
+        [
+            (bookie or EMPTY).missing(first, last, ensemble_size, write_quorum, i)
+            for i, bookie in enumerate(bookies)
+        ],
+    )
+
+
 def min_copies(
     first: int,
     last: int,
@@ -812,10 +853,5 @@ def min_copies(
 ) -> int:
     """The lowest number of copies of any entry in ``[first, last]`` (``write_quorum``
     when nothing is missing), as the replicas check reports it."""
-    return min(
-        (
-            copies
-            for _, _, copies in replica_shortfall(first, last, ensemble_size, write_quorum, bookies)
-        ),
-        default=write_quorum,
-    )
+    shortfall = replica_shortfall(first, last, ensemble_size, write_quorum, bookies)
+    return fewest_copies(shortfall, write_quorum)[0]

@@ -2,8 +2,10 @@
 
 One pass over the metadata in id order (reads pipelined by the walker), each
 ledger's lost bookies computed against the available set read before the
-walk. Choices where upstream is silent or where a one-shot run differs from
-the daemon (the daemon's delay bookkeeping lives in `lost_bookie_delay`):
+walk; a ledger with none is settled at once, one with a lost bookie once the
+registry has been read again after the walk. Choices where upstream is silent
+or where a one-shot run differs from the daemon (the daemon's delay
+bookkeeping lives in `auditor.schedule`):
 
 * The available set is read again after the walk, and a bookie that has
   re-registered meanwhile is not reported: "lost" means unavailable both
@@ -25,9 +27,6 @@ the daemon (the daemon's delay bookkeeping lives in `lost_bookie_delay`):
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-
 from auditor.checks.bookie_check import (
     LedgerLoss,
     LostBookieIndex,
@@ -35,133 +34,135 @@ from auditor.checks.bookie_check import (
     loss_violations,
 )
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Check, CheckReport, DropCause, SkipReason, Violation
+from auditor.checks.findings import Check, CheckReport, DropCause, LedgerOutcome
+from auditor.checks.pool import bounded
 from auditor.checks.progress import Progress
+from auditor.checks.recorder import RunRecorder, decode_error
 from auditor.metadata.underreplication import UnderreplicationFormatError
+from auditor.metadata.walk import LedgerRecord
+
+__all__ = ["BookieCheckRun", "run_bookie_check"]
 
 
 async def run_bookie_check(ctx: CheckContext) -> CheckReport:
     """Reports (and with `ctx.mark`, marks) every ledger with a bookie that is neither
     writable nor read-only."""
-    report = ctx.new_report(Check.BOOKIES)
-    before = await ctx.registered()
-    index = LostBookieIndex(before.available)
-    walker = ctx.walker()
-    progress = Progress(
-        ctx.log,
-        str(Check.BOOKIES),
-        interval=ctx.config.checks.progress_interval,
-        max_ledger_id=await walker.max_ledger_id(),
-    )
-    ctx.log.info(
-        "bookie check started",
-        writable=len(before.writable),
-        readonly=len(before.readonly),
-    )
-    losses: list[LedgerLoss] = []
-    invalid: list[Violation] = []
-    async for rec in walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency):
-        progress.tick(rec.ledger_id)
-        report.ledgers_checked += 1
+    return await BookieCheckRun(ctx).run()
+
+
+class BookieCheckRun:
+    def __init__(self, ctx: CheckContext) -> None:
+        self.ctx = ctx
+        self.recorder = RunRecorder.for_context(ctx, Check.BOOKIES)
+        self.log = self.recorder.log
+        self.index = LostBookieIndex(())
+        #: Ledgers with a lost bookie, settled once the registry is read again after the walk.
+        self.losses: list[LedgerLoss] = []
+
+    def judge(self, rec: LedgerRecord) -> LedgerOutcome | None:
+        """One ledger of the walk: settled now, or (None) held while one of its bookies
+        looks lost."""
         if rec.metadata is None:
-            reason = rec.error.reason if rec.error is not None else "metadata did not decode"
-            invalid.append(
-                invalid_metadata_violation(rec.ledger_id, reason, rec.path, rec.znode_version)
+            v = invalid_metadata_violation(
+                rec.ledger_id, decode_error(rec), rec.path, rec.znode_version
             )
-            continue
-        loss = index.add(rec.metadata, rec.znode_version)
-        if loss is not None:
-            losses.append(loss)
-    if walker.stats.deleted_during_walk:
-        report.ledgers_skipped[str(SkipReason.DELETED)] = walker.stats.deleted_during_walk
-    if walker.stats.foreign_znodes:
-        ctx.log.warning(
-            "znodes under the ledgers root that are not ledgers",
-            examples=walker.stats.foreign_znodes[:10],
-            count=len(walker.stats.foreign_znodes),
+            return self.recorder.violation(rec.ledger_id, rec.znode_version, [v])
+        loss = self.index.add(rec.metadata, rec.znode_version)
+        if loss is None:
+            return self.recorder.ok(rec.ledger_id, rec.znode_version)
+        self.losses.append(loss)
+        return None
+
+    async def run(self) -> CheckReport:
+        ctx, recorder = self.ctx, self.recorder
+        before = await ctx.registered()
+        # A held bookie (its lost-bookie delay still running) counts as present:
+        # it may be restarting, and a restart marks nothing.
+        held = ctx.held_bookies() - before.available
+        self.index = LostBookieIndex(before.available | held)
+        if held:
+            self.log.info("bookies held by the lost-bookie delay left alone", bookies=sorted(held))
+        walker = ctx.walker()
+        progress = Progress(
+            self.log,
+            str(Check.BOOKIES),
+            interval=ctx.config.checks.progress_interval,
+            max_ledger_id=await walker.max_ledger_id(),
         )
-
-    after = await ctx.registered()
-    returned = set(index.lost_bookies) & after.available
-    if returned:
-        ctx.log.info("bookies registered again during the walk: not lost", bookies=sorted(returned))
-        index.forget(returned)
-        kept_losses = [kept for loss in losses if (kept := loss.without(returned)) is not None]
-        # Ledgers whose every lost bookie came back: would-be violations, not reported.
-        gone = len(losses) - len(kept_losses)
-        if gone:
-            report.dropped[str(DropCause.BOOKIE_RETURNED)] += gone
-        losses = kept_losses
-
-    report.lost_bookies = index.lost_bookies
-    for loss in losses:
-        report.violations.extend(loss_violations(loss))
-    report.violations.extend(invalid)
-    _log_findings(ctx, report, index)
-    await _mark_all(ctx, report, losses)
-    report.finished_at = ctx.clock()
-    ctx.log.info(
-        "bookie check finished",
-        ledgers_checked=report.ledgers_checked,
-        ledgers_deleted_during_walk=walker.stats.deleted_during_walk,
-        lost_bookies=report.lost_bookies,
-        counts=report.counts(),
-        marked=len(report.marked_underreplicated),
-        seconds=round(report.finished_at - report.started_at, 3),
-    )
-    return report
-
-
-def _log_findings(ctx: CheckContext, report: CheckReport, index: LostBookieIndex) -> None:
-    for v in report.violations:
-        ctx.log.warning(
-            "violation",
-            check=str(report.check),
-            ledger_id=v.ledger_id,
-            category=str(v.category),
-            bookie=v.bookie,
-            **v.detail,
+        self.log.info(
+            "bookie check started",
+            writable=len(before.writable),
+            readonly=len(before.readonly),
         )
-    for bookie, ledgers in index:
-        ctx.log.warning("lost bookie", bookie=bookie, ledgers=len(ledgers))
-
-
-async def _mark_all(ctx: CheckContext, report: CheckReport, losses: Sequence[LedgerLoss]) -> None:
-    """One mark per affected ledger, a bounded number in flight."""
-    if not ctx.mark or not losses:
-        return
-    if not await ctx.urm.is_replication_enabled():
-        ctx.log.warning(
-            "replication is disabled: reporting but not marking",
-            ledgers_not_marked=len(losses),
+        async for rec in walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency):
+            progress.tick(rec.ledger_id)
+            self.judge(rec)
+        if walker.stats.foreign_znodes:
+            self.log.warning(
+                "znodes under the ledgers root that are not ledgers",
+                examples=walker.stats.foreign_znodes[:10],
+                count=walker.stats.unexpected_count,
+            )
+        losses = await self._settle_losses()
+        report = recorder.report
+        report.lost_bookies = self.index.lost_bookies
+        for bookie, ledgers in self.index:
+            self.log.warning("lost bookie", bookie=bookie, ledgers=len(ledgers))
+        await self._mark_all(losses)
+        report = recorder.finish(walker)
+        self.log.info(
+            "bookie check finished",
+            ledgers_checked=report.ledgers_checked,
+            ledgers_deleted_during_walk=walker.stats.deleted_during_walk,
             lost_bookies=report.lost_bookies,
+            counts=report.counts(),
+            marked=len(report.marked_underreplicated),
+            seconds=round(report.finished_at - report.started_at, 3),
         )
-        return
-    limit = ctx.config.checks.ledger_concurrency
-    pending: set[asyncio.Task[None]] = set()
-    try:
-        for loss in losses:
-            if len(pending) >= limit:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()
-            pending.add(asyncio.ensure_future(_mark_one(ctx, report, loss)))
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
-    finally:
-        for task in pending:
-            task.cancel()
+        return report
 
+    async def _settle_losses(self) -> list[LedgerLoss]:
+        """ "Lost" is unavailable before and after the walk: bookies that registered again
+        meanwhile are forgotten, and a ledger left with none is a dropped would-be violation."""
+        after = await self.ctx.registered()
+        returned = set(self.index.lost_bookies) & after.available
+        if returned:
+            self.log.info(
+                "bookies registered again during the walk: not lost", bookies=sorted(returned)
+            )
+            self.index.forget(returned)
+        kept: list[LedgerLoss] = []
+        for loss in self.losses:
+            still = loss.without(returned)
+            if still is None:
+                self.recorder.ok(loss.ledger_id, loss.znode_version)
+                self.recorder.dropped(loss.ledger_id, DropCause.BOOKIE_RETURNED)
+                continue
+            self.recorder.violation(loss.ledger_id, loss.znode_version, loss_violations(still))
+            kept.append(still)
+        self.losses = []
+        return kept
 
-async def _mark_one(ctx: CheckContext, report: CheckReport, loss: LedgerLoss) -> None:
-    try:
-        await ctx.mark_underreplicated(report, loss.ledger_id, loss.bookies)
-    except UnderreplicationFormatError as exc:
-        ctx.log.error(
-            "could not mark ledger: its existing under-replication mark is corrupt",
-            ledger_id=loss.ledger_id,
-            missing_replicas=list(loss.bookies),
-            error=str(exc),
-        )
+    async def _mark_all(self, losses: list[LedgerLoss]) -> None:
+        """One mark per affected ledger, a bounded number in flight."""
+        if not self.ctx.mark or not losses:
+            return
+        if not await self.ctx.urm.is_replication_enabled():
+            self.log.warning(
+                "replication is disabled: reporting but not marking",
+                ledgers_not_marked=len(losses),
+                lost_bookies=self.recorder.report.lost_bookies,
+            )
+            return
+        await bounded(losses, self._mark_one, self.ctx.config.checks.ledger_concurrency)
+
+    async def _mark_one(self, loss: LedgerLoss) -> None:
+        try:
+            await self.ctx.mark_underreplicated(self.recorder.report, loss.ledger_id, loss.bookies)
+        except UnderreplicationFormatError as exc:
+            self.log.error(
+                "could not mark ledger: its existing under-replication mark is corrupt",
+                ledger_id=loss.ledger_id,
+                missing_replicas=list(loss.bookies),
+                error=str(exc),
+            )

@@ -51,6 +51,9 @@ class CheckContext:
     on_retry_queue: Callable[[int], None] | None = None
     #: The leader's metadata index; walks read it while it is current.
     index: IndexSync | None = None
+    #: Bookies whose lost-bookie delay is pending (the daemon's restart rule): the
+    #: checks leave their fragments alone, since they may only be restarting.
+    held_bookies: Callable[[], frozenset[str]] = field(default=lambda: frozenset())
 
     def __post_init__(self) -> None:
         self.urm = UnderreplicationManager(

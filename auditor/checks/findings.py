@@ -5,14 +5,20 @@ A check produces one `CheckReport`: how many ledgers it analysed and skipped
 needs to act on it, and what it marked. The JSON form is the `check --json`
 contract documented in the README; every category of a check is present in
 `counts`, zeros included, so dashboards never see a missing series.
+
+A bad znode that is no ledger (a corrupt under-replication mark, a ledger
+znode whose path spells an id beyond 2^63-1) has no ledger id to hang a
+`Violation` on, yet it is a finding all the same: it is an `InvalidZnode` of
+the report (path and reason), kept like violations are (every one counted,
+the first `checks.max_violations_listed` listed), and it makes `check` exit 1.
 """
 
 from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from auditor.checks.owners import Owner
@@ -21,6 +27,7 @@ from auditor.checks.tally import ViolationLog
 # Re-exported: a report is read with its violations and their categories.
 from auditor.checks.violation import Category as Category
 from auditor.checks.violation import Violation as Violation
+from auditor.timefmt import iso as _iso
 
 
 class Check(enum.StrEnum):
@@ -159,8 +166,100 @@ def _order(v: Violation) -> tuple[int, str, str]:
     return (v.ledger_id, str(v.category), v.bookie or "")
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+@dataclass(frozen=True, slots=True)
+class InvalidZnode:
+    """A znode a check read that names no valid ledger or mark: where it is and what is wrong."""
+
+    path: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+class InvalidZnodeLog:
+    """A report's invalid znodes: every one counted, the first `limit` (by path) listed.
+
+    `limit` 0 lists them all; None until the report gives it its violations' limit
+    (`checks.max_violations_listed`), so both are bounded by the one setting.
+    """
+
+    __slots__ = ("_kept", "_sorted", "limit", "total")
+
+    def __init__(self, items: Iterable[InvalidZnode] = (), *, limit: int | None = None) -> None:
+        self.limit = limit
+        #: Invalid znodes found, listed or not.
+        self.total = 0
+        self._kept: list[InvalidZnode] = []
+        self._sorted = True
+        for z in items:
+            self.append(z)
+
+    def append(self, z: InvalidZnode) -> None:
+        self.total += 1
+        self._kept.append(z)
+        self._sorted = False
+        if self.limit and len(self._kept) >= 2 * self.limit:
+            self.listed()
+
+    def count_unlisted(self, n: int) -> None:
+        """Counts `n` more that cannot be listed (a walk keeps only its first ones)."""
+        self.total += max(n, 0)
+
+    def merge(self, other: InvalidZnodeLog) -> None:
+        """Adds another part's (partitions name disjoint znodes); this log's limit holds."""
+        self.total += other.total
+        self._kept.extend(other.listed())
+        self._sorted = False
+
+    def listed(self) -> list[InvalidZnode]:
+        """The first `limit` by path (all when unlimited)."""
+        if not self._sorted:
+            self._kept.sort(key=lambda z: z.path)
+            if self.limit:
+                del self._kept[self.limit :]
+            self._sorted = True
+        return self._kept
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.listed())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total": self.total, "listed": [z.to_json() for z in self.listed()]}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> InvalidZnodeLog:
+        """The report document's `invalid_znodes` (absent in documents older than it: none)."""
+        if doc is None:
+            return cls(limit=0)
+        listed = [InvalidZnode(str(z["path"]), str(z["reason"])) for z in doc["listed"]]
+        log = cls(listed, limit=len(listed) if int(doc["total"]) > len(listed) else 0)
+        log.count_unlisted(int(doc["total"]) - len(listed))
+        return log
+
+    def __iter__(self) -> Iterator[InvalidZnode]:
+        return iter(self.listed())
+
+    def __len__(self) -> int:
+        """Listed ones; `total` counts them all."""
+        return len(self.listed())
+
+    def __bool__(self) -> bool:
+        return self.total > 0
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, InvalidZnodeLog):
+            return self.total == other.total and self.listed() == other.listed()
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"InvalidZnodeLog(total={self.total}, listed={self.listed()!r})"
 
 
 @dataclass
@@ -179,11 +278,18 @@ class CheckReport:
     dropped: Counter[str] = field(default_factory=Counter)
     #: Pulsar owners of flagged ledgers (see `owners.py`); reports group violations by them.
     owners: dict[int, Owner] = field(default_factory=dict)
+    #: Bad znodes that name no ledger (corrupt marks, ledger paths beyond 2^63-1): every
+    #: one counted, as many listed as violations are.
+    invalid_znodes: InvalidZnodeLog = field(default_factory=InvalidZnodeLog)
 
     def __post_init__(self) -> None:
         if not isinstance(self.violations, ViolationLog):
             # A plain list (documents, tests): listed in full.
             self.violations = ViolationLog(self.violations)
+        if not isinstance(self.invalid_znodes, InvalidZnodeLog):
+            self.invalid_znodes = InvalidZnodeLog(self.invalid_znodes, limit=0)
+        if self.invalid_znodes.limit is None:
+            self.invalid_znodes.limit = self.violations.limit
 
     def merge(self, other: CheckReport) -> None:
         """Adds a partial report of the same check (another partition or retry stage)."""
@@ -194,6 +300,7 @@ class CheckReport:
         self.ledgers_checked += other.ledgers_checked
         self.ledgers_skipped.update(other.ledgers_skipped)
         self.violations.merge(other.violations)
+        self.invalid_znodes.merge(other.invalid_znodes)
         self.dropped.update(other.dropped)
         self.marked_underreplicated.extend(other.marked_underreplicated)
         self.lost_bookies.extend(b for b in other.lost_bookies if b not in self.lost_bookies)
@@ -233,6 +340,11 @@ class CheckReport:
     def has_violations(self) -> bool:
         return bool(self.violations)
 
+    @property
+    def has_findings(self) -> bool:
+        """Violations or invalid znodes: what makes `check` exit 1."""
+        return bool(self.violations) or bool(self.invalid_znodes)
+
     def _violation_json(self, v: Violation) -> dict[str, Any]:
         doc = v.to_json()
         owner = self.owners.get(v.ledger_id)
@@ -270,6 +382,7 @@ class CheckReport:
             "samples": self.samples(),
             "would_be_violations_dropped": {k: n for k, n in sorted(self.dropped.items()) if n},
             "false_alarm_share": self.false_alarm_share,
+            "invalid_znodes": self.invalid_znodes.to_json(),
         }
         if self.owners:
             out["by_owner"] = self.by_owner()

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -517,6 +517,24 @@ def evaluate(plan: LedgerPlan, failures: Mapping[int, Sequence[ReadFailure]]) ->
         for f in plan.fragments
         if f.segment in by_fragment
     ]
+
+
+def leave_held_alone(bad: Iterable[BadFragment], held: Set[str]) -> list[BadFragment]:
+    """`bad` without the bookies in `held`, and without fragments left with no bad bookie.
+
+    Held bookies are those whose lost-bookie delay is still running: they may
+    only be restarting, so their fragments are not reported or marked until the
+    delay has run out (upstream's fix for apache/bookkeeper#3817 does the same
+    for bookies waiting for their audit).
+    """
+    if not held:
+        return list(bad)
+    kept: list[BadFragment] = []
+    for frag in bad:
+        rest = tuple(b for b in frag.bad if b.bookie not in held)
+        if rest:
+            kept.append(BadFragment(frag.fragment, rest, frag.checks))
+    return kept
 
 
 def bad_bookie_ids(bad: Iterable[BadFragment]) -> list[str]:

@@ -13,9 +13,10 @@ chooses differently from upstream:
   reason, ledgers already in progress finish and are reported, but none is
   marked. Upstream stops the same way but counts nothing.
 * **Concurrency**: at most `auditorMaxNumberOfConcurrentOpenLedgerOperations`
-  ledgers are in progress (upstream bounds only the opens with it); entry
-  reads are bounded per bookie by the client's in-flight cap and, when
-  `inFlightReadEntryNumInLedgerChecker` > 0, by that many across the run.
+  ledgers are in progress (the checks' pool, `pool.bounded`; upstream bounds
+  only the opens with it); entry reads are bounded per bookie by the client's
+  in-flight cap and, when `inFlightReadEntryNumInLedgerChecker` > 0, by that
+  many across the run.
   Waiting for a ledger slot longer than
   `auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec` logs a warning
   and keeps waiting: every bookie call has its own timeout, so a slot always
@@ -36,12 +37,13 @@ chooses differently from upstream:
   them all; with a 100% percentage on a bookie that lost a big ledger that is
   a read per entry for nothing).
 * **Before reporting** a ledger with bad fragments its metadata is read
-  again: deleted meanwhile, it is counted as skipped (`deleted`); changed
-  (an ensemble replaced, the ledger closed), it is checked again with the new
-  metadata, up to three times in all, and skipped (`metadata_changing`) if it
-  is still changing then (a deleted or changed ledger that ends up not
-  reported is counted under `would_be_violations_dropped`, cause
-  `ledger_deleted` or `metadata_changed`). Otherwise the violation `unreadable_fragments` is
+  again (`reread.Reread`, the replicas check's loop too): deleted meanwhile,
+  it is counted as skipped (`deleted`); changed (an ensemble replaced, the
+  ledger closed), it is checked again with the new metadata, up to three
+  times in all, and skipped (`metadata_changing`) if it is still changing
+  then (a deleted or changed ledger that ends up not reported is counted
+  under `would_be_violations_dropped`, cause `ledger_deleted` or
+  `metadata_changed`). Otherwise the violation `unreadable_fragments` is
   reported (bookie: the first bad bookie) and, with marking on, the ledger
   is marked under-replicated with every bad bookie as a missing replica.
 * Undecodable metadata is `metadata_invalid`; ledgers deleted during the
@@ -54,7 +56,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -64,7 +66,7 @@ from auditor.checks.findings import (
     Category,
     Check,
     CheckReport,
-    DropCause,
+    LedgerOutcome,
     SkipReason,
     Violation,
     metadata_invalid,
@@ -82,23 +84,29 @@ from auditor.checks.ledger_check import (
     entry_ranges,
     evaluate,
     lac_from_answers,
+    leave_held_alone,
     metadata_problem,
     plan_ledger,
     single_entry_probe,
     violation_detail,
 )
+from auditor.checks.pool import bounded
 from auditor.checks.progress import Progress
+from auditor.checks.recorder import RunRecorder
+from auditor.checks.reread import Reread, Suspect
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet
-from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
-from auditor.metadata.walk import LedgerRecord
-from auditor.zk import NoNodeError
+from auditor.metadata.walk import LedgerRecord, Walker
 
-__all__ = ["ledger_violation", "run_ledger_check"]
+__all__ = [
+    "LedgerAnalysis",
+    "LedgerCheckRun",
+    "LedgerReader",
+    "ledger_violation",
+    "run_ledger_check",
+]
 
-#: Analyses of one ledger when its metadata keeps changing under us.
-_ATTEMPTS: Final = 3
 #: Seconds a look at the replication flag (or at the registered bookies) stays fresh.
 _FLAG_TTL: Final = 1.0
 _BOOKIES_TTL: Final = 5.0
@@ -107,7 +115,7 @@ _NOT_ASKED: Final = NoAnswer(Unanswered.NOT_RESOLVED, "bookie is neither writabl
 
 async def run_ledger_check(ctx: CheckContext, *, rng: random.Random | None = None) -> CheckReport:
     """Checks every ledger; `rng` drives the sampling (tests pass a seeded one)."""
-    return await _Run(ctx, rng or random.Random()).run()
+    return await LedgerCheckRun(ctx, rng or random.Random()).run()
 
 
 async def ledger_violation(
@@ -122,16 +130,16 @@ async def ledger_violation(
     if problem is not None:
         path = ledger_path(ctx.manager, ctx.root, md.ledger_id)
         return metadata_invalid(md.ledger_id, path, version, problem)
-    a = await _Run(ctx, rng or random.Random())._analyse(md, version)
-    if not a.bad:
-        return None
-    bad = bad_bookie_ids(a.bad)
-    detail = violation_detail(md, version, a.plan, a.bad, lac=a.lac, reads=a.reads)
-    return Violation(md.ledger_id, Category.UNREADABLE_FRAGMENTS, bad[0] if bad else None, detail)
+    return (await LedgerReader(ctx, rng or random.Random()).analyse(md, version)).violation()
+
+
+# --- reading one ledger ----------------------------------------------------------------------
 
 
 @dataclass(slots=True)
-class _Analysis:
+class LedgerAnalysis:
+    """What the reads of one version of a ledger found."""
+
     md: LedgerMetadata
     version: int
     plan: LedgerPlan
@@ -139,34 +147,38 @@ class _Analysis:
     lac: LacAnswer | None
     reads: int
 
+    def violation(self) -> Violation | None:
+        """`unreadable_fragments` naming the first bad bookie; None when every read passed."""
+        if not self.bad:
+            return None
+        bad = bad_bookie_ids(self.bad)
+        detail = violation_detail(
+            self.md, self.version, self.plan, self.bad, lac=self.lac, reads=self.reads
+        )
+        return Violation(
+            self.md.ledger_id, Category.UNREADABLE_FRAGMENTS, bad[0] if bad else None, detail
+        )
 
-class _Run:
-    def __init__(self, ctx: CheckContext, rng: random.Random) -> None:
+
+class LedgerReader:
+    """The ledger check's reads of one ledger at a time: LAC, the single-entry probe, samples.
+
+    A run has one (it holds the run's read budget, `inFlightReadEntryNumInLedgerChecker`,
+    and counts the entries read); `ledger_violation` makes one for a single ledger.
+    """
+
+    def __init__(self, ctx: CheckContext, rng: random.Random, log: Any = None) -> None:
         self.ctx = ctx
         self.rng = rng
-        self.log = ctx.log
+        self.log = log if log is not None else ctx.log.bind(check=str(Check.LEDGERS))
         bk = ctx.config.bookkeeper
         self.pct = bk.auditorLedgerVerificationPercentage
-        self.max_ledgers = bk.auditorMaxNumberOfConcurrentOpenLedgerOperations
-        self.slot_warning = bk.auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec / 1000.0
         limit = bk.inFlightReadEntryNumInLedgerChecker
         self.read_limit = limit if limit > 0 else None
         self.read_slots = asyncio.Semaphore(limit) if limit > 0 else None
-        self.report = ctx.new_report(Check.LEDGERS)
         self.entries_read = 0
-        self._flag_at = -_FLAG_TTL
-        self._enabled = True
         self._bookies_at = -_BOOKIES_TTL
         self._bookies: frozenset[str] = frozenset()
-
-    # --- shared, refreshed views -------------------------------------------------------
-
-    async def _replication_enabled(self, *, fresh: bool = False) -> bool:
-        now = time.monotonic()
-        if fresh or now - self._flag_at >= _FLAG_TTL:
-            self._enabled = await self.ctx.urm.is_replication_enabled()
-            self._flag_at = now
-        return self._enabled
 
     async def _available(self) -> frozenset[str]:
         now = time.monotonic()
@@ -176,184 +188,8 @@ class _Run:
             self._bookies_at = now
         return self._bookies
 
-    # --- the run -------------------------------------------------------------------------
-
-    async def run(self) -> CheckReport:
-        report = self.report
-        if not await self._replication_enabled(fresh=True):
-            async for _ in self.ctx.walker().ledger_ids():
-                report.ledgers_skipped[SkipReason.REPLICATION_DISABLED] += 1
-            report.finished_at = self.ctx.clock()
-            self.log.warning(
-                "ledger check not run: replication is disabled", check=str(Check.LEDGERS)
-            )
-            return report
-        walker = self.ctx.walker()
-        progress = Progress(
-            self.log,
-            str(Check.LEDGERS),
-            interval=self.ctx.config.checks.progress_interval,
-            max_ledger_id=await walker.max_ledger_id(),
-        )
-        slots = asyncio.Semaphore(self.max_ledgers)
-        tasks: set[asyncio.Task[None]] = set()
-        errors: list[BaseException] = []
-        stopped = False
-
-        def finished(task: asyncio.Task[None]) -> None:
-            tasks.discard(task)
-            slots.release()
-            if not task.cancelled() and (exc := task.exception()) is not None:
-                errors.append(exc)
-
-        window = min(self.max_ledgers, self.ctx.config.checks.ledger_concurrency)
-        try:
-            async for rec in walker.ledgers(concurrency=max(1, window)):
-                if errors:
-                    break
-                if stopped or not await self._replication_enabled():
-                    if not stopped:
-                        stopped = True
-                        self.log.warning(
-                            "replication disabled during the ledger check: "
-                            "remaining ledgers are skipped",
-                            check=str(Check.LEDGERS),
-                            next_ledger_id=rec.ledger_id,
-                        )
-                    report.ledgers_skipped[SkipReason.REPLICATION_DISABLED] += 1
-                    continue
-                progress.tick(rec.ledger_id)
-                await self._acquire(slots, rec.ledger_id)
-                task = asyncio.create_task(self._ledger(rec), name=f"ledger-check {rec.ledger_id}")
-                tasks.add(task)
-                task.add_done_callback(finished)
-            if tasks:
-                await asyncio.wait(list(tasks))
-        except BaseException:
-            for task in list(tasks):
-                task.cancel()
-            if tasks:
-                await asyncio.wait(list(tasks))
-            raise
-        if errors:
-            raise errors[0]
-        if walker.stats.deleted_during_walk:
-            report.ledgers_skipped[SkipReason.DELETED] += walker.stats.deleted_during_walk
-        # Ledgers finish out of order; the report lists them in id order.
-        report.marked_underreplicated.sort()
-        report.finished_at = self.ctx.clock()
-        self.log.info(
-            "ledger check finished",
-            check=str(Check.LEDGERS),
-            ledgers_checked=report.ledgers_checked,
-            ledgers_skipped=dict(report.ledgers_skipped),
-            violations=report.violations.total,
-            marked=len(report.marked_underreplicated),
-            entries_read=self.entries_read,
-            verification_percentage=self.pct,
-        )
-        return report
-
-    async def _acquire(self, slots: asyncio.Semaphore, ledger_id: int) -> None:
-        if self.slot_warning <= 0:
-            await slots.acquire()
-            return
-        while True:
-            try:
-                async with asyncio.timeout(self.slot_warning):
-                    await slots.acquire()
-                return
-            except TimeoutError:
-                self.log.warning(
-                    "waiting for a ledger slot (auditorMaxNumberOfConcurrentOpenLedgerOperations)",
-                    check=str(Check.LEDGERS),
-                    ledger_id=ledger_id,
-                    waited_s=self.slot_warning,
-                    in_progress=self.max_ledgers,
-                )
-
-    # --- one ledger ------------------------------------------------------------------------
-
-    async def _ledger(self, rec: LedgerRecord) -> None:
-        if rec.metadata is None:
-            reason = rec.error.reason if rec.error is not None else "unreadable metadata"
-            self._invalid(rec.ledger_id, rec.path, rec.znode_version, reason)
-            return
-        md, version = rec.metadata, rec.znode_version
-        for attempt in range(1, _ATTEMPTS + 1):
-            problem = metadata_problem(md)
-            if problem is not None:
-                self._invalid(rec.ledger_id, rec.path, version, problem)
-                return
-            analysis = await self._analyse(md, version)
-            if not analysis.bad:
-                self.report.ledgers_checked += 1
-                if attempt > 1:  # judged again on new metadata: the first look's finding is void
-                    self._dropped(rec.ledger_id, DropCause.METADATA_CHANGED)
-                return
-            try:
-                data, stat = await self.ctx.zk.get(rec.path)
-            except NoNodeError:
-                self.report.ledgers_skipped[SkipReason.DELETED] += 1
-                self._dropped(rec.ledger_id, DropCause.LEDGER_DELETED)
-                self.log.info(
-                    "ledger deleted while being checked",
-                    check=str(Check.LEDGERS),
-                    ledger_id=rec.ledger_id,
-                )
-                return
-            fresh_version = int(stat.version)
-            if fresh_version == version:
-                await self._report(analysis)
-                return
-            if attempt == _ATTEMPTS:
-                break
-            self.log.info(
-                "ledger metadata changed while being checked; checking again",
-                check=str(Check.LEDGERS),
-                ledger_id=rec.ledger_id,
-                metadata_version=version,
-                new_metadata_version=fresh_version,
-            )
-            try:
-                md = decode_ledger_metadata(data, rec.ledger_id, znode_ctime=int(stat.ctime))
-            except LedgerMetadataFormatError as exc:
-                self._invalid(rec.ledger_id, rec.path, fresh_version, exc.reason)
-                return
-            version = fresh_version
-        # Still changing after several looks: the next run will see it settled.
-        self.report.ledgers_skipped[SkipReason.METADATA_CHANGING] += 1
-        self._dropped(rec.ledger_id, DropCause.METADATA_CHANGED)
-        self.log.warning(
-            "ledger metadata kept changing; not judged this run",
-            check=str(Check.LEDGERS),
-            ledger_id=rec.ledger_id,
-            attempts=_ATTEMPTS,
-        )
-
-    def _dropped(self, ledger_id: int, cause: DropCause) -> None:
-        """A would-be `unreadable_fragments` not reported (false-alarm accounting)."""
-        self.report.dropped[str(cause)] += 1
-        self.log.info(
-            "would-be violation dropped",
-            check=str(Check.LEDGERS),
-            ledger_id=ledger_id,
-            cause=str(cause),
-        )
-
-    def _invalid(self, ledger_id: int, path: str, version: int, reason: str) -> None:
-        self.report.ledgers_checked += 1
-        v = metadata_invalid(ledger_id, path, version, reason)
-        self.report.violations.append(v)
-        self.log.warning(
-            "violation",
-            check=str(Check.LEDGERS),
-            ledger_id=ledger_id,
-            category=str(v.category),
-            **v.detail,
-        )
-
-    async def _analyse(self, md: LedgerMetadata, version: int) -> _Analysis:
+    async def analyse(self, md: LedgerMetadata, version: int) -> LedgerAnalysis:
+        """Plans, reads and evaluates one version of a ledger (nothing recorded)."""
         available = await self._available()
         lac: LacAnswer | None = None
         if not md.closed:
@@ -361,7 +197,6 @@ class _Run:
             if lac.lac is None:
                 self.log.warning(
                     "no bookie of the last ensemble answered READ_LAC; LAC taken as -1",
-                    check=str(Check.LEDGERS),
                     ledger_id=md.ledger_id,
                     bookies=list(md.segments[-1].bookies),
                 )
@@ -372,7 +207,8 @@ class _Run:
             md, lac_value, available, self.pct, self.rng, last_entry_may_exist=may_exist
         )
         failures, reads = await self._read_planned(md, plan)
-        return _Analysis(md, version, plan, evaluate(plan, failures), lac, reads)
+        bad = leave_held_alone(evaluate(plan, failures), self.ctx.held_bookies())
+        return LedgerAnalysis(md, version, plan, bad, lac, reads)
 
     async def _read_lac(self, md: LedgerMetadata, available: frozenset[str]) -> LacAnswer:
         bookies = list(dict.fromkeys(md.segments[-1].bookies))
@@ -396,7 +232,6 @@ class _Run:
         if not exists:
             self.log.info(
                 "last fragment skipped: its only entry is absent on every bookie of its write set",
-                check=str(Check.LEDGERS),
                 ledger_id=md.ledger_id,
                 entry_id=probe.entry_id,
             )
@@ -431,49 +266,151 @@ class _Run:
         if self.read_limit is not None:
             width = min(width, self.read_limit)
 
-        async def worker() -> None:
+        async def read(item: tuple[int, int]) -> None:
             nonlocal reads
-            for k, entry in queue:
-                check = plan.checks[k]
-                outcome = await self._read(check.bookie, md.ledger_id, entry)
-                reads += 1
-                reason = classify_read(md, entry, outcome)
-                if reason is not None:
-                    failures.setdefault(k, []).append(ReadFailure(entry, reason))
+            k, entry = item
+            if k in failures:
+                return  # taken while waiting for a slot; the pair failed meanwhile
+            check = plan.checks[k]
+            outcome = await self._read(check.bookie, md.ledger_id, entry)
+            reads += 1
+            reason = classify_read(md, entry, outcome)
+            if reason is not None:
+                failures.setdefault(k, []).append(ReadFailure(entry, reason))
 
-        await asyncio.gather(*(worker() for _ in range(max(1, min(width, bound)))))
+        # The queue drops a pair once it has failed, so no read of it is sent after that.
+        await bounded(queue, read, min(width, bound))
         return failures, reads
 
-    async def _report(self, a: _Analysis) -> None:
-        md = a.md
-        bad = bad_bookie_ids(a.bad)
-        detail = violation_detail(md, a.version, a.plan, a.bad, lac=a.lac, reads=a.reads)
-        v = Violation(md.ledger_id, Category.UNREADABLE_FRAGMENTS, bad[0] if bad else None, detail)
-        self.report.ledgers_checked += 1
-        self.report.violations.append(v)
-        evidence: dict[str, Any] = {"lac": detail["lac"]} if "lac" in detail else {}
-        self.log.warning(
-            "violation",
-            check=str(Check.LEDGERS),
-            ledger_id=md.ledger_id,
-            category=str(v.category),
-            bookie=v.bookie,
-            bad_bookies=bad,
-            fragments=_fragment_evidence(a.bad),
-            metadata_version=a.version,
-            **evidence,
+
+# --- the run -------------------------------------------------------------------------------
+
+
+class LedgerCheckRun:
+    def __init__(self, ctx: CheckContext, rng: random.Random) -> None:
+        self.ctx = ctx
+        self.recorder = RunRecorder.for_context(ctx, Check.LEDGERS)
+        self.log = self.recorder.log
+        self.reader = LedgerReader(ctx, rng, self.log)
+        bk = ctx.config.bookkeeper
+        self.max_ledgers = bk.auditorMaxNumberOfConcurrentOpenLedgerOperations
+        self.slot_warning = bk.auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec / 1000.0
+        self.walker: Walker = ctx.walker()
+        self.reread: Reread[LedgerAnalysis] = Reread(self.recorder, self.walker, self._report)
+        self._flag_at = -_FLAG_TTL
+        self._enabled = True
+
+    async def _replication_enabled(self, *, fresh: bool = False) -> bool:
+        now = time.monotonic()
+        if fresh or now - self._flag_at >= _FLAG_TTL:
+            self._enabled = await self.ctx.urm.is_replication_enabled()
+            self._flag_at = now
+        return self._enabled
+
+    async def run(self) -> CheckReport:
+        recorder = self.recorder
+        if not await self._replication_enabled(fresh=True):
+            async for ledger_id in self.walker.ledger_ids():
+                recorder.skipped(ledger_id, SkipReason.REPLICATION_DISABLED)
+            self.log.warning("ledger check not run: replication is disabled")
+            return recorder.finish(self.walker)
+        await bounded(
+            self._to_check(),
+            self.judge,
+            self.max_ledgers,
+            slow=self._slow_slot,
+            slow_after=self.slot_warning,
         )
+        report = recorder.finish(self.walker)
+        self.log.info(
+            "ledger check finished",
+            ledgers_checked=report.ledgers_checked,
+            ledgers_skipped=dict(report.ledgers_skipped),
+            violations=report.violations.total,
+            marked=len(report.marked_underreplicated),
+            entries_read=self.reader.entries_read,
+            verification_percentage=self.reader.pct,
+        )
+        return report
+
+    async def _to_check(self) -> AsyncIterator[LedgerRecord]:
+        """The walk, minus the ledgers left once replication is disabled (counted as skipped)."""
+        progress = Progress(
+            self.log,
+            str(Check.LEDGERS),
+            interval=self.ctx.config.checks.progress_interval,
+            max_ledger_id=await self.walker.max_ledger_id(),
+        )
+        window = max(1, min(self.max_ledgers, self.ctx.config.checks.ledger_concurrency))
+        stopped = False
+        async for rec in self.walker.ledgers(concurrency=window):
+            if stopped or not await self._replication_enabled():
+                if not stopped:
+                    stopped = True
+                    self.log.warning(
+                        "replication disabled during the ledger check: "
+                        "remaining ledgers are skipped",
+                        next_ledger_id=rec.ledger_id,
+                    )
+                self.recorder.skipped(
+                    rec.ledger_id, SkipReason.REPLICATION_DISABLED, rec.znode_version
+                )
+                continue
+            progress.tick(rec.ledger_id)
+            yield rec
+
+    def _slow_slot(self, rec: LedgerRecord) -> None:
+        self.log.warning(
+            "waiting for a ledger slot (auditorMaxNumberOfConcurrentOpenLedgerOperations)",
+            ledger_id=rec.ledger_id,
+            waited_s=self.slot_warning,
+            in_progress=self.max_ledgers,
+        )
+
+    # --- one ledger ------------------------------------------------------------------------
+
+    async def judge(self, rec: LedgerRecord) -> LedgerOutcome | None:
+        """How the ledger came out (recorded once)."""
+        return await self.reread.judge(rec, self._look)
+
+    async def _look(
+        self, md: LedgerMetadata, rec: LedgerRecord
+    ) -> LedgerOutcome | Suspect[LedgerAnalysis]:
+        problem = metadata_problem(md)
+        if problem is not None:
+            return self.recorder.metadata_invalid(rec, problem)
+        analysis = await self.reader.analyse(md, rec.znode_version)
+        if not analysis.bad:
+            return self.recorder.ok(rec.ledger_id, rec.znode_version)
+        return Suspect(analysis)
+
+    async def _report(self, a: LedgerAnalysis) -> LedgerOutcome:
+        md = a.md
+        v = a.violation()
+        assert v is not None
+        bad = bad_bookie_ids(a.bad)
+        lac: dict[str, Any] = {"lac": v.detail["lac"]} if "lac" in v.detail else {}
+        line = {
+            "ledger_id": md.ledger_id,
+            "category": str(v.category),
+            "bookie": v.bookie,
+            "bad_bookies": bad,
+            "fragments": _fragment_evidence(a.bad),
+            "metadata_version": a.version,
+            **lac,
+        }
+        outcome = self.recorder.violation(md.ledger_id, a.version, [v], lines=[("violation", line)])
         if not self.ctx.mark:
-            return
+            return outcome
         if not await self._replication_enabled(fresh=True):
             self.log.warning(
                 "not marking under-replicated: replication is disabled",
-                check=str(Check.LEDGERS),
                 ledger_id=md.ledger_id,
                 missing_replicas=bad,
             )
-            return
-        await self.ctx.mark_underreplicated(self.report, md.ledger_id, bad)
+            return outcome
+        await self.ctx.mark_underreplicated(self.recorder.report, md.ledger_id, bad)
+        return outcome
 
 
 def _interleave(

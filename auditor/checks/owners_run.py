@@ -4,8 +4,8 @@ Owners are looked up at report time, for flagged ledgers only, rather than
 carried through the walk: the leader's metadata index keeps no custom
 metadata (it would cost every healthy ledger bytes for a name that matters
 only when something is wrong), and a run flags few ledgers. Each lookup is a
-fresh read of the ledger's znode, pipelined `checks.ledger_concurrency` at a
-time; a ledger deleted meanwhile simply has no owner. Equal owners are stored
+fresh read of the ledger's znode, `checks.ledger_concurrency` at a time (the
+checks' pool); a ledger deleted meanwhile simply has no owner. Equal owners are stored
 once, so memory follows the distinct owners and the flagged ledgers, never
 the whole cluster. The lookup is an annotation, not part of the verdict: if
 ZooKeeper fails during it, the report goes out with the owners found so far.
@@ -13,11 +13,10 @@ ZooKeeper fails during it, the report goes out with the owners found so far.
 
 from __future__ import annotations
 
-import asyncio
-
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import CheckReport
 from auditor.checks.owners import Owner, owner_of
+from auditor.checks.pool import bounded
 from auditor.errors import ServiceUnavailableError
 from auditor.metadata.walk import LedgerWalker
 
@@ -38,10 +37,8 @@ async def attach_owners(ctx: CheckContext, report: CheckReport) -> None:
         if owner is not None:
             report.owners[ledger_id] = interned.setdefault(owner, owner)
 
-    step = max(1, ctx.config.checks.ledger_concurrency)
     try:
-        for i in range(0, len(wanted), step):
-            await asyncio.gather(*(one(lid) for lid in wanted[i : i + step]))
+        await bounded(wanted, one, ctx.config.checks.ledger_concurrency)
     except ServiceUnavailableError as exc:
         ctx.log.warning(
             "owners of flagged ledgers not all known: ZooKeeper failed",

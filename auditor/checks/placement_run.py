@@ -5,6 +5,10 @@ ZooKeeper reads are the whole cost. Rack sources are loaded once, before the
 walk, so a broken source stops the check before any verdict rather than
 halfway; locations are cached per bookie, so memory follows the number of
 bookies, not of ledgers.
+
+`PlacementRun` (the drivers' one shape: see `auditor.checks`) judges records
+whatever their source: `run_placement_check` feeds it the live walk and the
+rack sources, a scan of a snapshot its rows and rack map.
 """
 
 from __future__ import annotations
@@ -13,16 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import (
-    Category,
-    Check,
-    CheckReport,
-    LedgerOutcome,
-    Outcome,
-    SkipReason,
-    Violation,
-    metadata_invalid,
-)
+from auditor.checks.findings import Category, Check, CheckReport, LedgerOutcome, Violation
 from auditor.checks.placement import (
     LedgerPlacement,
     PlacementPolicy,
@@ -32,12 +27,25 @@ from auditor.checks.placement import (
     skip_reason,
 )
 from auditor.checks.progress import Progress
+from auditor.checks.recorder import LogLine, RunRecorder
 from auditor.config import BookKeeperConfig
 from auditor.errors import FormatError
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerRecord
 from auditor.topology.locations import region_of
 from auditor.topology.racks import open_rack_resolver
+
+__all__ = [
+    "Locate",
+    "MarkFn",
+    "PlacementRun",
+    "cluster_regions",
+    "placement_policy",
+    "run_placement_check",
+]
+
+Locate = Callable[[Iterable[str]], Awaitable[dict[str, str]]]
+MarkFn = Callable[[CheckReport, int], Awaitable[object]]
 
 
 async def _known_bookies(ctx: CheckContext) -> frozenset[str]:
@@ -58,12 +66,20 @@ def cluster_regions(
     return frozenset(r for r in regions if r is not None)
 
 
-def _invalid(rec: LedgerRecord) -> Violation:
-    reason = rec.error.reason if rec.error is not None else "metadata missing"
-    return metadata_invalid(rec.ledger_id, rec.path, rec.znode_version, reason)
+def placement_policy(
+    bk: BookKeeperConfig, known: frozenset[str], locations: dict[str, str]
+) -> PlacementPolicy:
+    """The configured policy; region-aware learns the cluster's regions from `known`."""
+    policy = PlacementPolicy.from_config(bk)
+    if policy_kind(bk.ensemblePlacementPolicy) is PolicyKind.REGIONAWARE:
+        regions = cluster_regions(known, locations, policy.default_location)
+        policy = PlacementPolicy.from_config(bk, cluster_regions=regions)
+    return policy
 
 
-def _log_placement(log: Any, found: LedgerPlacement, category: Category, rec: LedgerRecord) -> None:
+def _segment_lines(found: LedgerPlacement, category: Category, rec: LedgerRecord) -> list[LogLine]:
+    """One "placement violation" line per deciding segment."""
+    lines: list[LogLine] = []
     for seg in found.segments:
         v = seg.verdict
         fields: dict[str, Any] = {
@@ -83,88 +99,72 @@ def _log_placement(log: Any, found: LedgerPlacement, category: Category, rec: Le
             fields["window_start"] = v.window_start
             fields["window_bookies"] = list(v.window)
             fields["window_locations"] = list(v.window_locations)
-        log.warning("placement violation", **fields)
+        lines.append(("placement violation", fields))
+    return lines
 
 
-def placement_policy(
-    bk: BookKeeperConfig, known: frozenset[str], locations: dict[str, str]
-) -> PlacementPolicy:
-    """The configured policy; region-aware learns the cluster's regions from `known`."""
-    policy = PlacementPolicy.from_config(bk)
-    if policy_kind(bk.ensemblePlacementPolicy) is PolicyKind.REGIONAWARE:
-        regions = cluster_regions(known, locations, policy.default_location)
-        policy = PlacementPolicy.from_config(bk, cluster_regions=regions)
-    return policy
+class PlacementRun:
+    """Judges ledger records against one policy; records come from the live walk or a
+    snapshot, locations from the rack sources or the snapshot's rack map: that is the
+    whole difference between the two."""
 
+    def __init__(
+        self,
+        recorder: RunRecorder,
+        policy: PlacementPolicy,
+        locate: Locate,
+        *,
+        mark: MarkFn | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self.policy = policy
+        self.locate = locate
+        #: Marks not-adhering ledgers (`repairedPlacementPolicyNotAdheringBookieEnabled`).
+        self.mark = mark
 
-Locate = Callable[[Iterable[str]], Awaitable[dict[str, str]]]
-MarkFn = Callable[[CheckReport, int], Awaitable[object]]
-
-
-async def judge_placement(
-    records: AsyncIterator[LedgerRecord],
-    policy: PlacementPolicy,
-    locate: Locate,
-    report: CheckReport,
-    *,
-    log: Any,
-    outcome: Callable[[LedgerOutcome], None],
-    mark: MarkFn | None,
-    tick: Callable[[int], None] = lambda _: None,
-) -> None:
-    """The walk-independent part: judge each record, record the outcome, maybe mark.
-
-    Records come from the live walk or from a snapshot; locations from the
-    rack sources or from the snapshot's rack map; that is the whole difference.
-    """
-    for_check = Check.PLACEMENT
-    async for rec in records:
-        tick(rec.ledger_id)
-        md = rec.metadata
-        version = rec.znode_version
+    async def judge(self, rec: LedgerRecord) -> LedgerOutcome:
+        """One ledger: judged, skipped or invalid (recorded once); marked when asked to."""
+        recorder, md, version = self.recorder, rec.metadata, rec.znode_version
         if md is None:
-            report.ledgers_checked += 1
-            violation = _invalid(rec)
-            log.warning(
-                "metadata invalid",
-                ledger_id=rec.ledger_id,
-                category=str(Category.METADATA_INVALID),
-                check=str(for_check),
-                **violation.detail,
-            )
-            report.violations.append(violation)
-            outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.VIOLATION, None, version))
-            continue
+            return recorder.metadata_invalid(rec)
         skip = skip_reason(md)
         if skip is not None:
-            report.ledgers_skipped[str(skip)] += 1
-            outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.SKIPPED, str(skip), version))
-            continue
-        report.ledgers_checked += 1
-        found = analyse_ledger(md, policy, await locate(md.bookies()))
+            return recorder.skipped(rec.ledger_id, skip, version)
+        found = analyse_ledger(md, self.policy, await self.locate(md.bookies()))
         category = found.category
         if category is None:
-            outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.OK, None, version))
-            continue
-        _log_placement(log, found, category, rec)
+            return recorder.ok(rec.ledger_id, version)
         detail = found.detail() | {"metadata_version": version}
-        report.violations.append(Violation(rec.ledger_id, category, None, detail))
-        outcome(LedgerOutcome(for_check, rec.ledger_id, Outcome.VIOLATION, None, version))
-        if mark is not None and category is Category.PLACEMENT_NOT_ADHERING:
+        outcome = recorder.violation(
+            rec.ledger_id,
+            version,
+            [Violation(rec.ledger_id, category, None, detail)],
+            lines=_segment_lines(found, category, rec),
+        )
+        if self.mark is not None and category is Category.PLACEMENT_NOT_ADHERING:
             try:
-                await mark(report, rec.ledger_id)
+                await self.mark(recorder.report, rec.ledger_id)
             except FormatError as exc:
                 # As upstream: a failed repair mark is logged and changes nothing else.
-                log.error(
+                recorder.log.error(
                     "could not mark not-adhering ledger under-replicated",
                     ledger_id=rec.ledger_id,
                     error=str(exc),
                 )
+        return outcome
+
+    async def judge_all(
+        self, records: AsyncIterator[LedgerRecord], *, tick: Callable[[int], None] = lambda _: None
+    ) -> None:
+        async for rec in records:
+            tick(rec.ledger_id)
+            await self.judge(rec)
 
 
 async def run_placement_check(ctx: CheckContext) -> CheckReport:
     """Judges every segment of every closed ledger against the configured policy."""
-    report = ctx.new_report(Check.PLACEMENT)
+    recorder = RunRecorder.for_context(ctx, Check.PLACEMENT)
+    log = recorder.log
     bk = ctx.config.bookkeeper
     kind = policy_kind(bk.ensemblePlacementPolicy)
     resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
@@ -172,7 +172,7 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
     known = await _known_bookies(ctx)
     policy = placement_policy(bk, known, await resolver.locations(sorted(known)))
     repair = bk.repairedPlacementPolicyNotAdheringBookieEnabled
-    ctx.log.info(
+    log.info(
         "placement check started",
         policy=kind.value,
         rack_sources=resolver.source_names,
@@ -184,27 +184,19 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
     async def mark(report: CheckReport, ledger_id: int) -> object:
         return await ctx.mark_underreplicated(report, ledger_id, [])
 
+    run = PlacementRun(recorder, policy, resolver.locations, mark=mark if repair else None)
     walker = ctx.walker()
     progress = Progress(
-        ctx.log,
+        log,
         str(Check.PLACEMENT),
         interval=ctx.config.checks.progress_interval,
         max_ledger_id=await walker.max_ledger_id(),
     )
-    await judge_placement(
-        walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency),
-        policy,
-        resolver.locations,
-        report,
-        log=ctx.log,
-        outcome=ctx.outcome,
-        mark=mark if repair else None,
-        tick=progress.tick,
+    await run.judge_all(
+        walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency), tick=progress.tick
     )
-    if walker.stats.deleted_during_walk:
-        report.ledgers_skipped[str(SkipReason.DELETED)] += walker.stats.deleted_during_walk
-    report.finished_at = ctx.clock()
-    ctx.log.info(
+    report = recorder.finish(walker)
+    log.info(
         "placement check finished",
         ledgers_checked=report.ledgers_checked,
         ledgers_skipped=dict(report.ledgers_skipped),

@@ -4,8 +4,9 @@ For a closed ledger, every entry must have write-quorum copies on the bookies
 of its write set. Each ensemble bookie answers once per ledger (what it holds,
 as an availability encoding), or is probed by reads when it cannot list
 (DbLedgerStorage), or does not answer at all. From that we compute, per entry,
-how many of its write set lack it, and the ledger's worst entry decides its
-category: `no_replica`, `below_ack_quorum` or `below_write_quorum`.
+how many of its write set lack it (on ranges, with the copy count the bookie
+layer owns, `availability.copies_short`), and the ledger's worst entry decides
+its category: `no_replica`, `below_ack_quorum` or `below_write_quorum`.
 
 Two deliberate differences from BookKeeper's `AuditorReplicasCheckTask`:
 - Missing entries are "expected and not available", computed on ranges, not
@@ -19,18 +20,22 @@ Two deliberate differences from BookKeeper's `AuditorReplicasCheckTask`:
 Copies are counted optimistically for bookies we know nothing about (not
 answered, or entries a probe did not read): a violation is only ever claimed
 for copies we know are missing.
+
+Also here, because the driver and `explain` must agree on them: which ledgers
+are judged at all (`skip_reason`), and the violations a final verdict reports
+(`verdict_violations`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.bookie.availability import Availability
-from auditor.checks.findings import Category
-from auditor.metadata.model import LedgerMetadata, SegmentRange
+from auditor.bookie.availability import Availability, copies_short, fewest_copies
+from auditor.checks.findings import Category, Coverage, SkipReason, Violation
+from auditor.metadata.model import LedgerMetadata, LedgerState, SegmentRange
 from auditor.metadata.schedule import first_stored, last_stored, stores_entry
 
 #: How many ranges of evidence a violation carries at most.
@@ -73,6 +78,8 @@ class Unverified:
 
 BookieAnswer = Listed | Probed | Unanswered | Unverified
 
+_NOT_ASKED = Unanswered("not asked")
+
 
 @dataclass(frozen=True, slots=True)
 class Expectation:
@@ -83,17 +90,30 @@ class Expectation:
     index: int
 
 
+def skip_reason(md: LedgerMetadata) -> SkipReason | None:
+    """Why the check leaves a ledger alone: only closed ledgers with entries are judged."""
+    if md.state is LedgerState.OPEN:
+        return SkipReason.OPEN
+    if md.state is LedgerState.IN_RECOVERY:
+        return SkipReason.IN_RECOVERY
+    if md.last_entry_id < 0:
+        return SkipReason.EMPTY
+    return None
+
+
+def segment_expectations(md: LedgerMetadata, seg: SegmentRange) -> Iterator[Expectation]:
+    """The bookies of one segment that must hold at least one of its entries."""
+    e, w = md.ensemble_size, md.write_quorum
+    if seg.empty:
+        return
+    for i, bookie in enumerate(seg.bookies):
+        if first_stored(seg.first, seg.last, e, w, i) is not None:
+            yield Expectation(seg, bookie, i)
+
+
 def expectations(md: LedgerMetadata) -> list[Expectation]:
     """Every (segment, bookie) pair that must hold at least one entry of a closed ledger."""
-    out: list[Expectation] = []
-    e, w = md.ensemble_size, md.write_quorum
-    for seg in md.segment_ranges():
-        if seg.empty:
-            continue
-        for i, bookie in enumerate(seg.bookies):
-            if first_stored(seg.first, seg.last, e, w, i) is not None:
-                out.append(Expectation(seg, bookie, i))
-    return out
+    return [exp for seg in md.segment_ranges() for exp in segment_expectations(md, seg)]
 
 
 def probe_entries(md: LedgerMetadata, bookie: str) -> list[int]:
@@ -141,6 +161,18 @@ class ReplicasVerdict:
     def bookies_missing_entries(self) -> list[str]:
         return sorted({m.bookie for m in self.missing})
 
+    def coverage(self) -> Coverage:
+        """This ledger's (bookie) pairs by how they were verified."""
+        out = Coverage()
+        for how in self.verified.values():
+            if how is Verified.LISTED:
+                out.listed += 1
+            elif how is Verified.PROBED:
+                out.probed += 1
+            else:
+                out.unverified += 1
+        return out
+
     def evidence(self, md: LedgerMetadata, znode_version: int) -> dict[str, Any]:
         return {
             "copies_found": self.min_copies,
@@ -185,46 +217,6 @@ def _missing_ranges(
     return [], 0
 
 
-def _worst(ranges: Iterable[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
-    """The highest number of overlapping ranges, and where it is reached (a sweep line)."""
-    events: list[tuple[int, int]] = []
-    for a, b in ranges:
-        events.append((a, 1))
-        events.append((b + 1, -1))
-    if not events:
-        return 0, []
-    events.sort()
-    depth = best = 0
-    where: list[tuple[int, int]] = []
-    i = 0
-    n = len(events)
-    while i < n:
-        pos = events[i][0]
-        while i < n and events[i][0] == pos:
-            depth += events[i][1]
-            i += 1
-        if i < n and depth > 0:
-            end = events[i][0] - 1
-            if depth > best:
-                best, where = depth, [(pos, end)]
-            elif depth == best:
-                if where and where[-1][1] + 1 == pos:
-                    where[-1] = (where[-1][0], end)
-                else:
-                    where.append((pos, end))
-    return best, where
-
-
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(ranges):
-        if out and a <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(b, out[-1][1]))
-        else:
-            out.append((a, b))
-    return out
-
-
 def unanswered_registered(verdict: ReplicasVerdict, registered: Set[str]) -> list[str]:
     """The bookies a final verdict reports as `bookie_unavailable_registered`.
 
@@ -232,6 +224,24 @@ def unanswered_registered(verdict: ReplicasVerdict, registered: Set[str]) -> lis
     lost bookies are the bookie check's finding, not this one's.
     """
     return sorted(b for b in verdict.unanswered if b in registered)
+
+
+def segment_shortfall(
+    md: LedgerMetadata, seg: SegmentRange, answers: Mapping[str, BookieAnswer]
+) -> Iterator[tuple[int, int, int]]:
+    """Ranges of one segment with fewer than write-quorum known copies: `(first, last, copies)`.
+
+    Counted as `analyse` counts them: a copy is missing only when a listing or
+    a probe says so.
+    """
+    e, w = md.ensemble_size, md.write_quorum
+    return copies_short(
+        w,
+        [
+            _missing_ranges(exp, answers.get(exp.bookie, _NOT_ASKED), e, w)[0]
+            for exp in segment_expectations(md, seg)
+        ],
+    )
 
 
 def analyse(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> ReplicasVerdict:
@@ -244,11 +254,9 @@ def analyse(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
     missing: list[MissingOnBookie] = []
     unanswered: dict[str, str] = {}
     verified: dict[str, Verified] = {}
-    worst_m = 0
-    worst_where: list[tuple[int, int]] = []
-    by_segment: dict[int, list[tuple[int, int]]] = {}
+    by_segment: dict[int, list[list[tuple[int, int]]]] = {}
     for exp in expectations(md):
-        answer = answers.get(exp.bookie, Unanswered("not asked"))
+        answer = answers.get(exp.bookie, _NOT_ASKED)
         if isinstance(answer, Unanswered):
             unanswered[exp.bookie] = answer.reason
             verified[exp.bookie] = Verified.UNVERIFIED
@@ -261,7 +269,7 @@ def analyse(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
         )
         ranges, count = _missing_ranges(exp, answer, e, w)
         if count:
-            by_segment.setdefault(exp.segment.first, []).extend(ranges)
+            by_segment.setdefault(exp.segment.first, []).append(ranges)
             missing.append(
                 MissingOnBookie(
                     exp.segment.first,
@@ -271,15 +279,12 @@ def analyse(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
                     count,
                 )
             )
-    for ranges in by_segment.values():
-        m, where = _worst(ranges)
-        if m > worst_m:
-            worst_m, worst_where = m, where
-        elif m == worst_m and m > 0:
-            worst_where.extend(where)
-    copies = w - worst_m
+    # Segments in entry order, so the worst ranges come out ascending and merge across them.
+    copies, worst = fewest_copies(
+        (short for streams in by_segment.values() for short in copies_short(w, streams)), w
+    )
     category: Category | None = None
-    if worst_m > 0:
+    if copies < w:
         if copies <= 0:
             category = Category.NO_REPLICA
         elif copies < a:
@@ -290,8 +295,43 @@ def analyse(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
         md.ledger_id,
         category,
         max(copies, 0),
-        tuple(_merged(worst_where)[:EVIDENCE_LIMIT]),
+        tuple(worst[:EVIDENCE_LIMIT]),
         tuple(missing),
         unanswered,
         verified,
     )
+
+
+def unavailable_violation(
+    md: LedgerMetadata, bookie: str, reason: str, attempts: int, version: int
+) -> Violation:
+    """`bookie_unavailable_registered`: a registered bookie that did not answer `attempts` times."""
+    return Violation(
+        md.ledger_id,
+        Category.BOOKIE_UNAVAILABLE_REGISTERED,
+        bookie,
+        {
+            "reason": reason,
+            "attempts": attempts,
+            "segments": [[s.first, s.last] for s in md.segment_ranges() if bookie in s.bookies],
+            "metadata_version": version,
+        },
+    )
+
+
+def verdict_violations(
+    md: LedgerMetadata,
+    verdict: ReplicasVerdict,
+    version: int,
+    registered: Set[str],
+    attempts: int,
+) -> list[Violation]:
+    """What a final verdict reports: its category, then each silent registered bookie."""
+    found: list[Violation] = []
+    if verdict.category is not None:
+        found.append(Violation(md.ledger_id, verdict.category, None, verdict.evidence(md, version)))
+    for bookie in unanswered_registered(verdict, registered):
+        found.append(
+            unavailable_violation(md, bookie, verdict.unanswered[bookie], attempts, version)
+        )
+    return found

@@ -33,7 +33,7 @@ def _driver(check: Check) -> Driver:
 
         return run_replicas_check
     if check is Check.GRACE:
-        from auditor.checks.grace import run_grace_check
+        from auditor.checks.grace_run import run_grace_check
 
         return run_grace_check
     if check is Check.PLACEMENT:

@@ -206,11 +206,15 @@ def _api_client(args: argparse.Namespace, target: str) -> ApiClient:
     # grpc's core logs connection failures on stderr by itself; the CLI says it in one line.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from auditor.api.client import ApiClient
+    from auditor.daemon.preflight import check_api_token
 
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is not None:
+        check_api_token(token, f"the API token (--token or {TOKEN_ENV})")
     return ApiClient(
         target,
         timeout=args.timeout,
-        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        token=token,
         tls=args.tls,
         tls_ca=args.tls_ca,
         tls_cert=args.tls_cert,
@@ -261,8 +265,14 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
                 f"  {'':<10} would-be violations dropped: {causes} "
                 f"(false-alarm share {c['false_alarm_share']:.2f})\n"
             )
+        invalid = c.get("invalid_znodes")
+        if invalid and invalid["total"]:
+            out.write(f"  {'':<10} invalid znodes: {invalid['total']}\n")
+            for z in invalid["listed"]:
+                out.write(f"  {'':<10}   {z['path']}: {z['reason']}\n")
         if c["last_error"]:
             out.write(f"  {'':<10} last error: {c['last_error']}\n")
+    _render_leadership(doc, out)
     tests = doc["selftest"]
     if tests:
         failed = [t["failure"] for t in tests.values() if not t["ok"]]
@@ -271,6 +281,34 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
         out.write(f"  self-test: {verdict} ({len(tests)} detectors, last {when})\n")
         for line in failed:
             out.write(f"    {line}\n")
+
+
+#: Leadership decisions the text status lists (`--json` has all the daemon keeps).
+DECISIONS_SHOWN = 5
+
+
+def _render_leadership(doc: dict[str, Any], out: TextIO) -> None:
+    """The election phase, a duplicate identity, unusable znodes, the last decisions."""
+    phase = doc.get("election_phase") or "unknown"
+    until = doc.get("backoff_until")
+    out.write(f"  election: {phase}" + (f" (voting again at {until})" if until else "") + "\n")
+    dup = doc.get("duplicate_identity")
+    if dup:
+        out.write(
+            f"  DUPLICATE IDENTITY: vote {dup['vote']} of another ZooKeeper session carries "
+            f"this daemon's identity (since {dup['since'] or '-'}); this daemon refuses to vote\n"
+        )
+    for name, z in (doc.get("invalid_znodes") or {}).items():
+        out.write(
+            f"  znode {name} holds {z['value']}, which is unusable (since {z['since'] or '-'}); "
+            f"using {z['using']}\n"
+        )
+    decisions = (doc.get("decisions") or [])[-DECISIONS_SHOWN:]
+    if decisions:
+        out.write("  last leadership decisions:\n")
+        for d in decisions:
+            detail = f" [{d['detail']}]" if d["detail"] else ""
+            out.write(f"    {d['at'] or '-'}  {d['reason']:<19} {d['message']}{detail}\n")
 
 
 async def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

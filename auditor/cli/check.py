@@ -1,9 +1,17 @@
 """`bk-auditor check ...`: run checks once, print a report, exit 0 / 1 / 2.
 
 Exit codes are part of the contract (scripts and cron jobs branch on them):
-0 no violation, 1 violations found, 2 the check could not run. With `--json`
+0 no violation, 1 violations or invalid znodes found (a corrupt mark, a ledger
+znode whose path spells no valid id: `invalid_znodes`), 2 the check could not run. With `--json`
 stdout carries exactly one JSON object (schema in the README); logs go to
 stderr either way.
+
+`check all` contains a check that cannot run, as the daemon does: a broken
+rack source stops placement, not the bookie, ledger, replicas and grace
+checks, which need no racks. The others still run and report; the one that
+could not is named with its error (`failed`), and the exit code is 2, since
+not everything was checked. Only ZooKeeper itself gone stops the whole run:
+every further check would wait out the same timeout to say the same thing.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from auditor.checks.context import open_context
 from auditor.checks.findings import Category, Check, CheckReport, Violation
 from auditor.checks.runner import ALL_CHECKS, driver
 from auditor.config import AuditorConfig
+from auditor.errors import AuditorError, ServiceUnavailableError
 from auditor.metadata.cluster import ClusterTarget, connect
 
 
@@ -71,6 +80,14 @@ def render_text(report: CheckReport, out: TextIO) -> None:
                 f"  ... the first {shown} of {data['violations_total']} violations "
                 "(checks.max_violations_listed)\n"
             )
+    invalid = data["invalid_znodes"]
+    for z in invalid["listed"]:
+        out.write(f"  invalid znode {z['path']}: {z['reason']}\n")
+    if invalid["total"] > len(invalid["listed"]):
+        out.write(
+            f"  ... the first {len(invalid['listed'])} of {invalid['total']} invalid znodes "
+            "(checks.max_violations_listed)\n"
+        )
     if data["would_be_violations_dropped"]:
         causes = ", ".join(f"{k}={n}" for k, n in data["would_be_violations_dropped"].items())
         out.write(
@@ -94,25 +111,41 @@ async def cmd_check(
     as_json: bool,
     mark: bool,
     out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
 ) -> int:
     checks = list(ALL_CHECKS) if which == "all" else [Check(which)]
     reports: list[CheckReport] = []
+    failed: dict[str, str] = {}
     async with (
         connect(target) as (zk, manager),
         open_context(zk, target.root, manager, config, mark=mark) as ctx,
     ):
         for check in checks:
-            reports.append(await driver(check)(ctx))
+            try:
+                reports.append(await driver(check)(ctx))
+            except ServiceUnavailableError:
+                raise
+            except AuditorError as exc:
+                if which != "all":
+                    raise  # one check asked for: its error is the answer (exit 2)
+                failed[str(check)] = str(exc)
+                err.write(f"bk-auditor: error: check {check} could not run: {exc}\n")
     if as_json:
         if which == "all":
             doc: dict[str, Any] = {
                 "check": "all",
                 "reports": {str(r.check): r.to_json() for r in reports},
             }
+            if failed:
+                doc["failed"] = failed
         else:
             doc = reports[0].to_json()
         out.write(json.dumps(doc, sort_keys=False) + "\n")
     else:
         for r in reports:
             render_text(r, out)
-    return 1 if any(r.has_violations for r in reports) else 0
+        for name, error in failed.items():
+            out.write(f"check {name}: could not run: {error}\n")
+    if failed:
+        return 2
+    return 1 if any(r.has_findings for r in reports) else 0

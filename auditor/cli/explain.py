@@ -118,7 +118,10 @@ def render_text(doc: dict[str, Any], out: TextIO) -> None:
 
 
 def _exit_code(doc: dict[str, Any]) -> int:
-    return 1 if doc["categories"] else 0
+    """1 when some check flags the ledger: a violation, or its mark is corrupt (the grace
+    check names it as an invalid znode), as `check` exits."""
+    named = any(v["outcome"] == "invalid_znode" for v in doc["checks"].values())
+    return 1 if doc["categories"] or named else 0
 
 
 async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

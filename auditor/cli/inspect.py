@@ -1,4 +1,10 @@
-"""Read-only listings: ledgers, under-replicated ledgers, bookies."""
+"""Read-only listings: ledgers, under-replicated ledgers, bookies.
+
+A bad znode never empties a listing: a corrupt ledger, an invalid ledger
+znode (a path spelling an id beyond 2^63-1) or a corrupt under-replication
+mark is named on its own line with its path and reason, everything else is
+listed, and the exit status is 1 (0 when nothing was bad).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,11 @@ from typing import Any, TextIO
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.registry import all_known_bookies, read_bookies, resolve_bookie
-from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.metadata.underreplication import (
+    CorruptMark,
+    UnderreplicatedLedger,
+    UnderreplicationManager,
+)
 from auditor.metadata.walk import LedgerWalker
 
 
@@ -52,47 +62,63 @@ async def cmd_ledgers(
             else:
                 out.write(ledger_line(rec.metadata) + "\n")
         stats = walker.stats
+        for znode in stats.unexpected:
+            if znode.invalid_ledger:
+                status = 1
+                print(f"bk-auditor: error: invalid ledger znode {znode}", file=err)
+        unnamed = stats.invalid_ledgers - sum(u.invalid_ledger for u in stats.unexpected)
+        if unnamed:
+            status = 1
+            print(f"bk-auditor: error: {unnamed} more invalid ledger znodes", file=err)
         summary = (
             f"{stats.ledgers} ledgers, {stats.corrupt} corrupt, "
             f"{stats.deleted_during_walk} deleted during the walk"
         )
-        if stats.foreign_znodes:
-            first = stats.foreign_znodes[0]
-            summary += f", {len(stats.foreign_znodes)} unexpected znodes (first: {first})"
+        if stats.invalid_ledgers:
+            summary += f", {stats.invalid_ledgers} invalid ledger znodes"
+        if stats.unexpected_count:
+            first = stats.unexpected[0].path
+            summary += f", {stats.unexpected_count} unexpected znodes (first: {first})"
         print(summary, file=err)
     return status
+
+
+def mark_json(item: UnderreplicatedLedger | CorruptMark) -> dict[str, Any]:
+    """One line of `list-underreplicated --json`: a mark, or a corrupt one (`corrupt`: why)."""
+    if isinstance(item, CorruptMark):
+        return {"ledger_id": item.ledger_id, "path": item.path, "corrupt": item.reason}
+    return {"ledger_id": item.ledger_id, "replicas": list(item.replicas), "ctime": item.ctime}
 
 
 async def cmd_list_underreplicated(
     target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr
 ) -> int:
+    """Every mark; each corrupt one on a line of its own (stderr, or a JSON line with
+    `corrupt`), and then exit status 1."""
     async with connect(target) as (zk, _):
         urm = UnderreplicationManager(zk, target.root)
-        count = 0
-        async for ur in urm.list_underreplicated():
-            count += 1
+        count = corrupt = 0
+        async for item in urm.list_marks():
+            if isinstance(item, CorruptMark):
+                corrupt += 1
+            else:
+                count += 1
             if as_json:
-                out.write(
-                    json.dumps(
-                        {
-                            "ledger_id": ur.ledger_id,
-                            "replicas": list(ur.replicas),
-                            "ctime": ur.ctime,
-                        }
-                    )
-                    + "\n"
-                )
+                out.write(json.dumps(mark_json(item)) + "\n")
+            elif isinstance(item, CorruptMark):
+                print(f"bk-auditor: error: corrupt under-replication mark {item}", file=err)
             else:
                 out.write(
-                    f"{ur.ledger_id:>12}  ctime={ur.ctime}  missing={','.join(ur.replicas)}\n"
+                    f"{item.ledger_id:>12}  ctime={item.ctime}  missing={','.join(item.replicas)}\n"
                 )
         enabled = await urm.is_replication_enabled()
+        bad = f", {corrupt} corrupt marks" if corrupt else ""
         print(
-            f"{count} under-replicated ledgers; "
+            f"{count} under-replicated ledgers{bad}; "
             f"auto-recovery {'enabled' if enabled else 'DISABLED'}",
             file=err,
         )
-    return 0
+    return 1 if corrupt else 0
 
 
 async def cmd_bookies(target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout) -> int:

@@ -17,16 +17,13 @@ import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
 
 from auditor.cli import admin
 from auditor.cli import explain as explain_cli
 from auditor.cli.cluster import target_of_args
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.cluster import ClusterTarget
-
-if TYPE_CHECKING:
-    pass
+from auditor.scan.options import ENGINES
 
 EXIT_INTERNAL = 70
 
@@ -74,7 +71,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", choices=["asyncio", "spark"], default="asyncio")
+    p.add_argument("--engine", choices=ENGINES, default="asyncio")
     p.add_argument("--master", default="", metavar="URL", help="Spark master (default local[*])")
     p.add_argument(
         "--partitions",
@@ -181,15 +178,15 @@ async def _dispatch(args: argparse.Namespace) -> int:
     if args.command in commands:
         return await commands[args.command](target_of_args(args), args.json)
     if args.command == "check":
-        return await _check(args)
+        return await _failing_is_2(_check(args))
     if args.command == "selftest":
         from auditor.cli.selftest import cmd_selftest
 
         return cmd_selftest(args)
     if args.command == "explain":
-        return await _explain(args)
+        return await _failing_is_2(explain_cli.cmd_explain(args))
     if args.command in ("scan", "snapshot"):
-        return await _scan(args)
+        return await _failing_is_2(_scan(args))
     if args.command == "bookie-emulator":
         from auditor.testing.bookie import run_emulator
 
@@ -212,7 +209,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
         return await cmd_run(args.config, args.overrides, args.bk_conf, args.zk)
     if args.command in ("risk", "what-if"):
-        return await _risk(args)
+        return await _failing_is_2(_risk(args))
     if args.command in admin.COMMANDS:
         return await admin.dispatch(args)
     if args.command == "demo":
@@ -239,101 +236,82 @@ def _configure_logging() -> None:
     logging.getLogger("kazoo").setLevel(logging.DEBUG if debug else logging.CRITICAL + 1)
 
 
+async def _failing_is_2(run: Awaitable[int]) -> int:
+    """For the commands whose exit 1 is a finding (`check`: violations; `explain`: a check
+    flags the ledger; `scan`; `risk`/`what-if`: at risk), any failure to run is exit 2."""
+    from auditor.logs import configure_logging
+
+    configure_logging()
+    try:
+        return await run
+    except AuditorError as exc:
+        print(f"bk-auditor: error: {exc}", file=sys.stderr)
+        return 2
+
+
 async def _check(args: argparse.Namespace) -> int:
-    """Any failure to run is exit 2 here: 1 means "violations found" for this command."""
     from auditor.cli.check import cmd_check
     from auditor.config import load_config
-    from auditor.logs import configure_logging
 
-    configure_logging()
-    try:
-        config = load_config(args.config, args.overrides)
-        return await cmd_check(
-            target_of_args(args, config), args.which, config, as_json=args.json, mark=args.mark
-        )
-    except AuditorError as exc:
-        print(f"bk-auditor: error: {exc}", file=sys.stderr)
-        return 2
-
-
-async def _explain(args: argparse.Namespace) -> int:
-    """As `check`: 1 means "some check flags the ledger", so any failure is exit 2."""
-    from auditor.logs import configure_logging
-
-    configure_logging()
-    try:
-        return await explain_cli.cmd_explain(args)
-    except AuditorError as exc:
-        print(f"bk-auditor: error: {exc}", file=sys.stderr)
-        return 2
+    config = load_config(args.config, args.overrides)
+    return await cmd_check(
+        target_of_args(args, config), args.which, config, as_json=args.json, mark=args.mark
+    )
 
 
 async def _scan(args: argparse.Namespace) -> int:
-    """As `check`: failing to run is exit 2, violations are 1."""
     from pathlib import Path
 
     from auditor.cli import scan
     from auditor.config import load_config
-    from auditor.logs import configure_logging
     from auditor.scan.engine import EngineOptions
 
-    configure_logging()
-    try:
-        config = load_config(args.config, args.overrides)
-        options = EngineOptions(args.engine, args.master, scan.parse_spark_conf(args.spark_conf))
-        if args.command == "snapshot":
-            return await scan.cmd_snapshot(
-                target_of_args(args, config),
-                config,
-                options,
-                args.partitions,
-                Path(args.out),
-                args.overwrite,
-            )
-        scan_args = scan.ScanArgs(
-            checks=scan.parse_checks(
-                args.checks
-                or (scan.SNAPSHOT_DEFAULT_CHECKS if args.from_snapshot else scan.DEFAULT_CHECKS)
-            ),
-            engine=options,
-            partitions=args.partitions,
-            out=Path(args.out),
-            mark=args.mark,
-            overwrite=args.overwrite,
-            as_json=args.json,
+    config = load_config(args.config, args.overrides)
+    options = EngineOptions(args.engine, args.master, scan.parse_spark_conf(args.spark_conf))
+    if args.command == "snapshot":
+        return await scan.cmd_snapshot(
+            target_of_args(args, config),
+            config,
+            options,
+            args.partitions,
+            Path(args.out),
+            args.overwrite,
         )
-        if args.from_snapshot:
-            return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args)
-        return await scan.cmd_scan(target_of_args(args, config), config, scan_args)
-    except AuditorError as exc:
-        print(f"bk-auditor: error: {exc}", file=sys.stderr)
-        return 2
+    scan_args = scan.ScanArgs(
+        checks=scan.parse_checks(
+            args.checks
+            or (scan.SNAPSHOT_DEFAULT_CHECKS if args.from_snapshot else scan.DEFAULT_CHECKS)
+        ),
+        engine=options,
+        partitions=args.partitions,
+        out=Path(args.out),
+        mark=args.mark,
+        overwrite=args.overwrite,
+        as_json=args.json,
+    )
+    if args.from_snapshot:
+        return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args)
+    return await scan.cmd_scan(target_of_args(args, config), config, scan_args)
 
 
 async def _risk(args: argparse.Namespace) -> int:
-    """`risk` and `what-if`: as `check`, failing to run is exit 2 (1 means "at risk")."""
+    """`risk` and `what-if`."""
     from auditor.cli import risk
     from auditor.config import load_config
-    from auditor.logs import configure_logging
 
-    configure_logging()
-    try:
-        config = load_config(args.config, args.overrides)
+    config = load_config(args.config, args.overrides)
 
-        def target() -> ClusterTarget:
-            return target_of_args(args, config)
+    def target() -> ClusterTarget:
+        return target_of_args(args, config)
 
-        if args.command == "risk":
-            return await risk.cmd_risk(
-                target, config, top=args.top, snapshot=args.from_snapshot, as_json=args.json
-            )
-        request = risk.parse_request(args)
-        return await risk.cmd_what_if(
-            target, config, request, snapshot=args.from_snapshot, as_json=args.json
+    if args.command == "risk":
+        return await risk.cmd_risk(
+            target, config, top=args.top, snapshot=args.from_snapshot, as_json=args.json
         )
-    except AuditorError as exc:
-        print(f"bk-auditor: error: {exc}", file=sys.stderr)
-        return 2
+    request = risk.parse_request(args)
+    return await risk.cmd_what_if(
+        target, config, request, snapshot=args.from_snapshot, as_json=args.json
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,9 @@ Exit codes are those of `check`: 0 no violation, 1 violations found, 2 the
 scan could not run. Input is validated before anything is written: the
 output directory, the engine's packages and the cluster connection are all
 checked first, and `summary.json` is written last, so a directory without it
-is an interrupted scan.
+is an interrupted scan. An output directory that cannot be written, found
+before the scan or when the disk fills up during it, is exit 2 with one line
+(`auditor.scan.output.OutputError`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from auditor.scan.job import (
     run_scan_from_snapshot,
     run_snapshot,
 )
-from auditor.scan.output import SCAN_OUTPUT, check_out_dir, prepare_out_dir, summary_document
+from auditor.scan.options import spark_settings
+from auditor.scan.output import (
+    SCAN_OUTPUT,
+    check_out_dir,
+    prepare_out_dir,
+    summary_document,
+    writing_to,
+)
 from auditor.scan.partition import ScanSpec
 from auditor.scan.snapshot import (
     SNAPSHOT_OUTPUT,
@@ -69,14 +78,8 @@ def parse_checks(text: str, allowed: Sequence[Check] = SCAN_CHECKS) -> tuple[Che
 
 
 def parse_spark_conf(pairs: Sequence[str]) -> dict[str, str]:
-    conf: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not key.startswith("spark."):
-            raise ConfigError(f"--spark-conf takes spark.KEY=VALUE, got {pair!r}")
-        conf[key] = value
-    return conf
+    """Repeated `--spark-conf spark.KEY=VALUE`, by the daemon's `scan.spark_conf` rule."""
+    return spark_settings(pairs, label="--spark-conf", form="spark.KEY=VALUE")
 
 
 def _print(result: ScanResult, as_json: bool, out: TextIO) -> None:
@@ -100,21 +103,22 @@ async def cmd_scan(
         connect(target) as (zk, manager),
         open_context(zk, target.root, manager, config, mark=args.mark) as ctx,
     ):
-        prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
-        engine = await start_engine(args.engine, args.out)
-        try:
-            spec = ScanSpec(replace(target, manager=manager), config, args.checks)
-            result = await run_scan(
-                ctx,
-                engine,
-                spec,
-                partitions=args.partitions or engine.default_partitions(),
-                out=args.out,
-            )
-        finally:
-            await engine.close()
+        with writing_to(args.out):
+            prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
+            engine = await start_engine(args.engine, args.out)
+            try:
+                spec = ScanSpec(replace(target, manager=manager), config, args.checks)
+                result = await run_scan(
+                    ctx,
+                    engine,
+                    spec,
+                    partitions=args.partitions or engine.default_partitions(),
+                    out=args.out,
+                )
+            finally:
+                await engine.close()
     _print(result, args.as_json, out)
-    return 1 if result.has_violations else 0
+    return 1 if result.has_findings else 0
 
 
 async def cmd_snapshot(
@@ -134,15 +138,20 @@ async def cmd_snapshot(
         connect(target) as (zk, manager),
         open_context(zk, target.root, manager, config) as ctx,
     ):
-        prepare_out_dir(out_dir, SNAPSHOT_OUTPUT, overwrite=overwrite)
-        engine = await start_engine(engine_options, out_dir)
-        try:
-            spec = ScanSpec(replace(target, manager=manager), config, ())
-            cluster = await run_snapshot(
-                ctx, engine, spec, partitions=partitions or engine.default_partitions(), out=out_dir
-            )
-        finally:
-            await engine.close()
+        with writing_to(out_dir):
+            prepare_out_dir(out_dir, SNAPSHOT_OUTPUT, overwrite=overwrite)
+            engine = await start_engine(engine_options, out_dir)
+            try:
+                spec = ScanSpec(replace(target, manager=manager), config, ())
+                cluster = await run_snapshot(
+                    ctx,
+                    engine,
+                    spec,
+                    partitions=partitions or engine.default_partitions(),
+                    out=out_dir,
+                )
+            finally:
+                await engine.close()
     out.write(
         f"snapshot of {cluster.ledgers} ledgers and {len(cluster.locations)} bookie locations "
         f"written to {out_dir}\n"
@@ -159,12 +168,13 @@ async def cmd_scan_snapshot(
     cluster = SnapshotCluster.load(snapshot)
     check_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
     require(args.engine, parquet=True)
-    prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
-    engine = await start_engine(args.engine, args.out)
-    try:
-        job = SnapshotJudge(config, checks, cluster)
-        result = await run_scan_from_snapshot(engine, job, snapshot, args.out)
-    finally:
-        await engine.close()
+    with writing_to(args.out):
+        prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
+        engine = await start_engine(args.engine, args.out)
+        try:
+            job = SnapshotJudge(config, checks, cluster)
+            result = await run_scan_from_snapshot(engine, job, snapshot, args.out)
+        finally:
+            await engine.close()
     _print(result, args.as_json, out)
-    return 1 if result.has_violations else 0
+    return 1 if result.has_findings else 0

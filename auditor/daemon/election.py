@@ -14,6 +14,12 @@ kazoo's Lock never notices a lost session once it holds the lock, so
 leadership is not trusted to it: the daemon watches the connection itself, and
 every leader write is fenced on the vote node (`ZkClient.fenced`), so a
 leader that lost its session cannot write anything.
+
+Two daemons given the same identity would look like one auditor to BookKeeper's
+`whoisauditor` while both act; so a vote of another session carrying our identity
+(`Elector.rivals`) makes the daemon refuse to vote, or withdraw a vote that waits
+behind it. The session that owns a vote tells them apart (a vote of our own
+session is ours, whatever its name).
 """
 
 from __future__ import annotations
@@ -114,6 +120,54 @@ class Elector:
         # As BookKeeper's leader does, for people reading the election node.
         await fenced.set(self.path, encode_auditor_vote(self.identity))
         return Leadership(vote_path, fenced)
+
+    @property
+    def our_sequence(self) -> int | None:
+        """Our vote's sequence number while a campaign holds one, else None."""
+        lock = self._lock
+        node = lock.node if lock is not None else None
+        return vote_sequence(node) if isinstance(node, str) else None
+
+    async def rivals(self) -> tuple[list[str], asyncio.Event]:
+        """Votes of other sessions carrying our identity (paths, election order), and an
+        event set when the votes change.
+
+        A vote of our own session that no campaign holds (a resign that timed out)
+        is withdrawn here: left alone, it would stand in line ahead of our next vote.
+        """
+        await self.zk.ensure_path(self.path)
+        children, changed = await self.zk.get_children_watched(self.path)
+        session = self.zk.client_id
+        found: list[str] = []
+        for name in ordered_votes(children):
+            path = f"{self.path}/{name}"
+            try:
+                data, stat = await self.zk.get(path)
+            except NoNodeError:
+                continue
+            if session is not None and int(stat.ephemeralOwner) == session[0]:
+                if self._lock is None:
+                    with contextlib.suppress(NoNodeError):
+                        await self.zk.delete(path)
+                continue
+            try:
+                who = decode_auditor_vote(data)
+            except RecordFormatError:
+                continue
+            if who == self.identity:
+                found.append(path)
+        return found, changed
+
+    def ahead_of_us(self, rivals: list[str]) -> list[str]:
+        """The rivals that precede our vote (all of them while we have none)."""
+        ours = self.our_sequence
+        if ours is None:
+            return rivals
+        return [
+            r
+            for r in rivals
+            if (seq := vote_sequence(r.rsplit("/", 1)[-1])) is not None and seq < ours
+        ]
 
     async def still_leading(self, leadership: Leadership) -> bool:
         """After a reconnect: is our vote still there and first in line?"""

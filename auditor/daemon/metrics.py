@@ -1,48 +1,52 @@
-"""Prometheus series of the daemon, in a registry of its own, served from the event loop.
+"""Prometheus series of the daemon, read from its state when scraped.
 
-Every labelled counter is created at zero for every label value we know
-(checks, categories, outcomes), so `increase()` sees the first violation and
+Why a collector: the daemon records facts in `DaemonState` (and its `Tallies`)
+unconditionally; the series are computed from them at scrape time, so nothing is
+pushed behind "is there a metrics object" guards, and `status` and /metrics can
+never disagree. Names, types and labels are the ones alerts, promtool tests and
+the dashboard rely on.
+
+Every labelled counter exists at zero for every label value we know (checks,
+categories, outcomes, decision reasons), so `increase()` sees the first event and
 absence-based alerts are not fooled by series that appear late.
 
-The leader's series are the ones that count: alerts and the dashboard join
-on `bookkeeper_auditor_is_leader == 1` for the per-run gauges, and a node that
-steps down zeroes its `ledgers_in_violation` gauges so that summing across
-nodes never counts a former leader's last run.
-
-/metrics is answered by a small HTTP server on the asyncio loop rather than
-prometheus_client's thread: a wedged loop then fails the scrape (`up == 0`)
-instead of serving frozen numbers, and stopping is immediate.
+The leader's series are the ones that count: alerts and the dashboard join on
+`bookkeeper_auditor_is_leader == 1` for the per-run gauges, and a node that steps
+down zeroes its `ledgers_in_violation` and invalid-znode gauges so that summing
+across nodes never counts a former leader's last run.
 """
 
 from __future__ import annotations
 
-import asyncio
-import gzip
-import time
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Iterable, Iterator
 from importlib import metadata
-from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
-from auditor.analysis.risk import DOMAINS, SEVERITIES, RiskReport
 from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok
-from auditor.checks.findings import ALL_CHECKS, CATEGORIES, DROP_CAUSES, Check, CheckReport
+from auditor.daemon.leadership import Reason
+from auditor.daemon.metrics_http import MetricsServer
+from auditor.daemon.state import DaemonState
+from auditor.daemon.tallies import BOOKIE_OPS, DURATION_BUCKETS, OUTCOMES
 
-if TYPE_CHECKING:
-    from auditor.selftest.harness import SelfTestResult
+__all__ = ["BOOKIE_OPS", "DURATION_BUCKETS", "OUTCOMES", "ZNODES", "Metrics", "bookie_status"]
 
 PREFIX = "bookkeeper_auditor"
-OUTCOMES = ("ok", "violations", "failed", "skipped")
-#: The bookie client's calls, as `op` label values.
-BOOKIE_OPS = ("read_entry", "read_lac", "get_list_of_entries", "get_bookie_info")
-#: Seconds: check runs take from seconds (bookies) to hours (replicas on large clusters).
-DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)
-
-_MAX_REQUEST_LINE = 8192
-_IDLE_TIMEOUT = 60.0
+#: Znodes whose bad values the daemon contains (and says so in `znode_invalid`).
+ZNODES = (
+    "lostBookieRecoveryDelay",
+    "checkallledgersctime",
+    "placementpolicycheckctime",
+    "replicascheckctime",
+)
 
 
 def bookie_status(outcome: object) -> str:
@@ -65,389 +69,299 @@ def _version() -> str:
         return "unknown"
 
 
-class Metrics:
-    def __init__(
-        self,
-        registry: CollectorRegistry | None = None,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self._clock = clock
-        self._violations = Counter(
-            f"{PREFIX}_violations",
+def _le(bound: float) -> str:
+    """A bucket bound as prometheus_client writes it ("60.0", "+Inf")."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+def _labelled(
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    name: str,
+    doc: str,
+    labels: list[str],
+    rows: Iterable[tuple[tuple[str, ...], float]],
+    created: float | None = None,
+) -> Metric:
+    family = kind(f"{PREFIX}_{name}", doc, labels=labels)
+    for values, value in rows:
+        if isinstance(family, CounterMetricFamily):
+            family.add_metric(list(values), value, created=created)
+        else:
+            family.add_metric(list(values), value)
+    return family
+
+
+class _StateCollector(Collector):
+    """Every series, computed from one `DaemonState` when collected."""
+
+    def __init__(self, owner: Metrics) -> None:
+        self._owner = owner
+        self._version = _version()
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._owner.state
+        t = state.tallies
+        created = t.created
+        yield _labelled(
+            CounterMetricFamily,
+            "violations",
             "Ledgers in violation found by check runs, by category (once per ledger and run).",
             ["check", "category"],
-            registry=r,
+            sorted(t.violations.items()),
+            created,
         )
-        self._in_violation = Gauge(
-            f"{PREFIX}_ledgers_in_violation",
+        yield _labelled(
+            GaugeMetricFamily,
+            "ledgers_in_violation",
             "Ledgers in violation found by the last completed run of the check (0 on followers).",
             ["check", "category"],
-            registry=r,
+            sorted(t.in_violation.items()),
         )
-        self._duration = Histogram(
+        durations = HistogramMetricFamily(
             f"{PREFIX}_check_duration_seconds",
             "Wall time of check runs that started (completed or failed).",
-            ["check"],
-            buckets=DURATION_BUCKETS,
-            registry=r,
+            labels=["check"],
         )
-        self._runs = Counter(
-            f"{PREFIX}_check_runs",
+        for check, h in sorted(t.durations.items()):
+            buckets = [(_le(b), float(n)) for b, n in h.cumulative()]
+            durations.add_metric([check], buckets, h.total)
+            durations.add_sample(
+                f"{PREFIX}_check_duration_seconds_created", {"check": check}, created
+            )
+        yield durations
+        yield _labelled(
+            CounterMetricFamily,
+            "check_runs",
             "Check runs by outcome: ok, violations, failed, skipped.",
             ["check", "outcome"],
-            registry=r,
+            sorted(t.runs.items()),
+            created,
         )
-        self._last_success = Gauge(
-            f"{PREFIX}_check_last_success_timestamp_seconds",
+        yield _labelled(
+            GaugeMetricFamily,
+            "check_last_success_timestamp_seconds",
             "Unix time the check last completed (with or without violations).",
             ["check"],
-            registry=r,
+            (((c,), ts) for c, ts in sorted(t.last_success.items())),
         )
-        self._dropped = Counter(
-            f"{PREFIX}_would_be_violations_dropped",
+        yield _labelled(
+            CounterMetricFamily,
+            "would_be_violations_dropped",
             "Would-be violations not reported (ledgers), by check and cause: metadata "
             "changed, ledger deleted, retry succeeded, marked meanwhile, bookie returned.",
             ["check", "cause"],
-            registry=r,
+            sorted(t.dropped.items()),
+            created,
         )
-        self._age = Gauge(
-            f"{PREFIX}_check_last_success_age_seconds",
+        yield _labelled(
+            GaugeMetricFamily,
+            "check_last_success_age_seconds",
             "Seconds since the check last completed (this node or, after a fail-over, the "
             "leader before it); before any completion, since this node started or was elected.",
             ["check"],
-            registry=r,
+            (((c,), t.age_of(c)) for c in t.durations),
         )
-        #: Last completion per check, and since when this node waits for a first one.
-        self._success_at: dict[str, float] = {}
-        self._waiting_since = clock()
-        self._interval = Gauge(
-            f"{PREFIX}_check_interval_seconds",
+        yield _labelled(
+            GaugeMetricFamily,
+            "check_interval_seconds",
             "Configured period of the check (0: not periodic), for the staleness alert.",
             ["check"],
-            registry=r,
+            (((c,), s) for c, s in sorted(t.intervals.items())),
         )
-        self._is_leader = Gauge(
-            f"{PREFIX}_is_leader", "1 while this daemon is the auditor, else 0.", registry=r
+        yield _gauge(
+            "is_leader", "1 while this daemon is the auditor, else 0.", 1 if state.is_leader else 0
         )
-        self._elected = Gauge(
-            f"{PREFIX}_leader_elected",
+        yield _gauge(
+            "leader_elected",
             "1 while this node sees an elected auditor (this daemon, another, or a Java one).",
-            registry=r,
+            1 if state.leader is not None else 0,
         )
-        self._elections = Counter(
+        yield CounterMetricFamily(
             f"{PREFIX}_election_attempts",
             "Times this daemon entered the auditor election.",
-            registry=r,
+            value=t.election_attempts,
+            created=created,
         )
-        self._marked = Counter(
-            f"{PREFIX}_ledgers_marked_underreplicated",
+        yield _labelled(
+            CounterMetricFamily,
+            "ledgers_marked_underreplicated",
             "Ledgers this daemon marked under-replicated, by the check that marked them.",
             ["reason"],
-            registry=r,
+            (((c,), n) for c, n in sorted(t.marked.items())),
+            created,
         )
-        self._bookie_requests = Counter(
-            f"{PREFIX}_bookie_requests",
+        yield _labelled(
+            CounterMetricFamily,
+            "bookie_requests",
             "Requests to bookies by operation and outcome.",
             ["op", "status"],
-            registry=r,
+            sorted(t.bookie_requests.items()),
+            created,
         )
-        self._retry_queue = Gauge(
-            f"{PREFIX}_retry_queue_ledgers",
+        yield _gauge(
+            "retry_queue_ledgers",
             "Potentially faulty ledgers waiting to be checked again.",
-            registry=r,
+            state.retry_queue,
         )
-        self._lost_bookies = Gauge(
-            f"{PREFIX}_lost_bookies",
+        yield _gauge(
+            "lost_bookies",
             "Bookies named in ledger metadata that are neither writable nor read-only.",
-            registry=r,
+            len(set(state.lost_bookies)),
         )
-        self._underreplicated = Gauge(
-            f"{PREFIX}_underreplicated_ledgers",
+        yield _gauge(
+            "underreplicated_ledgers",
             "Ledgers currently marked under-replicated in ZooKeeper.",
-            registry=r,
+            t.underreplicated,
         )
-        self._replication_enabled = Gauge(
-            f"{PREFIX}_replication_enabled",
+        yield _gauge(
+            "underreplication_marks_invalid",
+            "Corrupt under-replication marks the last grace run named (data that does not "
+            "decode, a name that is no valid ledger id, a mark out of its place).",
+            t.marks_invalid,
+        )
+        yield _labelled(
+            GaugeMetricFamily,
+            "invalid_znodes",
+            "Invalid znodes named by the last completed run of the check: corrupt marks "
+            "(grace), ledger znodes whose path spells no valid id (the walking checks).",
+            ["check"],
+            (((c,), n) for c, n in sorted(t.invalid_znodes.items())),
+        )
+        yield _gauge(
+            "replication_enabled",
             "0 while BookKeeper's autorecovery 'disable' flag is set, else 1.",
-            registry=r,
+            1 if state.replication_enabled else 0,
         )
-        self._index_ledgers = Gauge(
-            f"{PREFIX}_index_ledgers",
+        yield _gauge(
+            "index_ledgers",
             "Ledgers in the leader's metadata index (0 when there is none).",
-            registry=r,
+            t.index_ledgers,
         )
-        self._index_bytes = Gauge(
-            f"{PREFIX}_index_bytes_per_ledger",
+        yield _gauge(
+            "index_bytes_per_ledger",
             "Memory of the metadata index per ledger, as of its last full load.",
-            registry=r,
+            t.index_bytes_per_ledger,
         )
-        self._index_loads = Counter(
+        yield CounterMetricFamily(
             f"{PREFIX}_index_loads",
             "Full reads of every ledger into the metadata index (the first, and after gaps).",
-            registry=r,
+            value=t.index_loads,
+            created=created,
         )
-        self._index_resyncs = Counter(
+        yield CounterMetricFamily(
             f"{PREFIX}_index_resyncs",
             "Times the index's watch was lost (connection or session) and it re-read everything.",
-            registry=r,
+            value=t.index_resyncs,
+            created=created,
         )
-        self._build = Gauge(
-            f"{PREFIX}_build_info", "The running version, as a label.", ["version"], registry=r
+        yield _labelled(
+            GaugeMetricFamily,
+            "build_info",
+            "The running version, as a label.",
+            ["version"],
+            [((self._version,), 1)],
         )
-        self._selftest_success = Gauge(
-            f"{PREFIX}_selftest_success",
+        yield _labelled(
+            GaugeMetricFamily,
+            "selftest_success",
             "1 when the last detector self-test of the check (or canary) found every "
             "known defect exactly, else 0; set by the leader.",
             ["check"],
-            registry=r,
+            (((c,), ok) for c, ok in t.selftest_success.items()),
         )
-        self._selftest_last_run = Gauge(
-            f"{PREFIX}_selftest_last_run_timestamp_seconds",
+        yield _gauge(
+            "selftest_last_run_timestamp_seconds",
             "Unix time of the leader's last detector self-test.",
-            registry=r,
+            t.selftest_last_run,
         )
-        self._selftest_interval = Gauge(
-            f"{PREFIX}_selftest_interval_seconds",
+        yield _gauge(
+            "selftest_interval_seconds",
             "Configured period of the leader's self-test (0: off), for the staleness alert.",
-            registry=r,
+            t.selftest_interval,
         )
-
-        self._at_risk = Gauge(
-            f"{PREFIX}_ledgers_at_risk",
+        yield _labelled(
+            GaugeMetricFamily,
+            "ledgers_at_risk",
             "Closed ledgers the loss of this bookie, rack or region would leave with some "
             "entry below its ack quorum or with no copy, for the top domains of the last "
             "risk report (leader only).",
             ["domain", "name", "severity"],
-            registry=r,
+            t.at_risk.items(),
         )
-        self._risk_last_run = Gauge(
-            f"{PREFIX}_risk_last_run_timestamp_seconds",
+        yield _gauge(
+            "risk_last_run_timestamp_seconds",
             "Unix time the leader's last risk report finished.",
-            registry=r,
+            t.risk_last_run,
+        )
+        # --- leadership and contained znodes ------------------------------------------
+        yield _labelled(
+            CounterMetricFamily,
+            "leadership_decisions",
+            "Leadership decisions of this daemon, by reason (elected, session_lost, "
+            "leader_work_failed, ...; see the runbook).",
+            ["reason"],
+            (((str(r),), state.decision_counts[r]) for r in Reason),
+            created,
+        )
+        backoff = (
+            max(state.backoff_until - t.clock(), 0.0) if state.backoff_until is not None else 0.0
+        )
+        yield _gauge(
+            "election_backoff_seconds",
+            "Seconds until this daemon votes again after a failure (0 when not backing off).",
+            backoff,
+        )
+        yield _gauge(
+            "duplicate_identity",
+            "1 while another ZooKeeper session holds a vote with this daemon's identity "
+            "(this daemon then refuses to vote), else 0.",
+            1 if state.duplicate_vote is not None else 0,
+        )
+        names = dict.fromkeys((*ZNODES, *sorted(state.invalid_znodes)))
+        yield _labelled(
+            GaugeMetricFamily,
+            "znode_invalid",
+            "1 while the named znode holds a value the daemon cannot use (it logs one "
+            "warning per value and falls back: see the runbook), else 0.",
+            ["znode"],
+            (((z,), 1 if z in state.invalid_znodes else 0) for z in names),
         )
 
-        for check in ALL_CHECKS:
-            for category in CATEGORIES[check]:
-                self._violations.labels(str(check), str(category))
-                self._in_violation.labels(str(check), str(category)).set(0)
-        for check in ALL_CHECKS:
-            self._duration.labels(str(check))
-            for outcome in OUTCOMES:
-                self._runs.labels(str(check), outcome)
-            self._marked.labels(str(check))
-            for cause in DROP_CAUSES[check]:
-                self._dropped.labels(str(check), str(cause))
-            self._age.labels(str(check)).set_function(partial(self._age_of, str(check)))
-        for op in BOOKIE_OPS:
-            self._bookie_requests.labels(op, "ok")
-        self._replication_enabled.set(1)
-        self._build.labels(_version()).set(1)
 
-        self._leader = False
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
-        self.http_port: int | None = None
+class Metrics:
+    """The daemon's registry: series from a `DaemonState`, and the /metrics endpoint.
 
-    # --- what the daemon reports ------------------------------------------------
+    Built without a state it shows a fresh one; the daemon binds its own (`bind`).
+    """
 
-    def record_report(self, report: CheckReport, duration_s: float) -> None:
-        """A completed run: counters grow by this run's ledgers, gauges become this run's."""
-        check = str(report.check)
-        for category, n in report.counts().items():
-            if n:
-                self._violations.labels(check, category).inc(n)
-            self._in_violation.labels(check, category).set(n)
-        self._duration.labels(check).observe(max(duration_s, 0.0))
-        self._runs.labels(check, "violations" if report.has_violations else "ok").inc()
-        self._last_success.labels(check).set(report.finished_at or time.time())
-        self._succeeded(check, report.finished_at or self._clock())
-        for cause, n in report.dropped.items():
-            if n:
-                self._dropped.labels(check, cause).inc(n)
-        marked = len(set(report.marked_underreplicated))
-        if marked:
-            self._marked.labels(check).inc(marked)
-        if report.check is Check.BOOKIES:
-            self._lost_bookies.set(len(set(report.lost_bookies)))
+    def __init__(
+        self, state: DaemonState | None = None, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.state = state if state is not None else DaemonState(identity="")
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry.register(_StateCollector(self))
+        self._http = MetricsServer(self.registry)
 
-    def record_failure(self, check: Check, duration_s: float) -> None:
-        self._duration.labels(str(check)).observe(max(duration_s, 0.0))
-        self._runs.labels(str(check), "failed").inc()
+    def bind(self, state: DaemonState) -> None:
+        """Shows `state` from now on (the daemon's own)."""
+        self.state = state
 
-    def record_skip(self, check: Check) -> None:
-        self._runs.labels(str(check), "skipped").inc()
-
-    def set_last_success(self, check: Check, timestamp: float) -> None:
-        """For a new leader: the check's stored ctime, so staleness survives a failover."""
-        self._last_success.labels(str(check)).set(timestamp)
-        self._succeeded(str(check), timestamp)
-
-    def _succeeded(self, check: str, timestamp: float) -> None:
-        self._success_at[check] = max(self._success_at.get(check, timestamp), timestamp)
-
-    def _age_of(self, check: str) -> float:
-        """Computed at scrape time, so a check that stopped completing shows it at once."""
-        since = self._success_at.get(check, self._waiting_since)
-        return max(self._clock() - since, 0.0)
-
-    def set_check_interval(self, check: Check, seconds: float) -> None:
-        self._interval.labels(str(check)).set(seconds)
-
-    def set_selftest_interval(self, seconds: float) -> None:
-        self._selftest_interval.set(seconds)
-
-    def set_leader(self, is_leader: bool) -> None:
-        was, self._leader = self._leader, is_leader
-        if is_leader and not was:
-            self._waiting_since = self._clock()
-        self._is_leader.set(1 if is_leader else 0)
-        if was and not is_leader:
-            for check in ALL_CHECKS:
-                for category in CATEGORIES[check]:
-                    self._in_violation.labels(str(check), str(category)).set(0)
-            self._at_risk.clear()  # a former leader's risk must not add up with the new one's
-
-    def set_leader_elected(self, elected: bool) -> None:
-        self._elected.set(1 if elected else 0)
-
-    def election_attempt(self) -> None:
-        self._elections.inc()
-
-    def bookie_request(self, op: str, status: str) -> None:
-        self._bookie_requests.labels(op, status).inc()
-
-    def index_loaded(self, ledgers: int, bytes_per_ledger: float) -> None:
-        self._index_loads.inc()
-        self._index_ledgers.set(ledgers)
-        self._index_bytes.set(round(bytes_per_ledger, 1))
-
-    def index_resynced(self) -> None:
-        self._index_resyncs.inc()
-
-    def set_index_ledgers(self, n: int) -> None:
-        self._index_ledgers.set(n)
-
-    def set_retry_queue(self, n: int) -> None:
-        self._retry_queue.set(n)
-
-    def set_lost_bookies(self, n: int) -> None:
-        self._lost_bookies.set(n)
-
-    def set_underreplicated(self, n: int) -> None:
-        self._underreplicated.set(n)
-
-    def set_replication_enabled(self, enabled: bool) -> None:
-        self._replication_enabled.set(1 if enabled else 0)
-
-    def record_selftest(self, results: Sequence[SelfTestResult], at: float) -> None:
-        """One self-test (or canary) run: 1/0 per check it covered."""
-        for r in results:
-            self._selftest_success.labels(r.check).set(1 if r.ok else 0)
-        self._selftest_last_run.set(at)
-
-    def record_risk(self, report: RiskReport, top: int) -> None:
-        """The top `top` domains of each kind, both severities; the last report's only."""
-        self._at_risk.clear()
-        for domain in DOMAINS:
-            for name, tally in report.top(domain, top):
-                for sev in SEVERITIES:
-                    self._at_risk.labels(str(domain), name, sev.label).set(tally.counts[sev])
-        self._risk_last_run.set(report.finished_at or self._clock())
+    @property
+    def http_port(self) -> int | None:
+        return self._http.http_port
 
     def exposition(self) -> bytes:
         """The text format (0.0.4), as a scrape without an Accept header gets it."""
         return generate_latest(self.registry)
 
-    # --- /metrics ---------------------------------------------------------------
-
     async def start_http(self, host: str, port: int) -> None:
         """Serves /metrics on the running loop; port 0 picks a free one (see `http_port`)."""
-        if self._server is not None:
-            raise RuntimeError("the metrics endpoint is already serving")
-        self._server = await asyncio.start_server(self._serve, host, port, limit=_MAX_REQUEST_LINE)
-        self.http_port = int(self._server.sockets[0].getsockname()[1])
+        await self._http.start(host, port)
 
     def stop_http(self) -> None:
         """Stops listening and drops open connections; safe to call twice."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        for writer in list(self._connections):
-            writer.transport.abort()
-        self._connections.clear()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._connections.add(writer)
-        try:
-            while await self._one_request(reader, writer):
-                pass
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
-            pass  # a scraper that went away or spoke nonsense: nothing to answer
-        finally:
-            self._connections.discard(writer)
-            writer.close()
-
-    async def _one_request(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        """Answers one HTTP/1.x request; True when the connection stays open for another."""
-        line = await asyncio.wait_for(reader.readline(), _IDLE_TIMEOUT)
-        if not line:
-            return False
-        headers: dict[str, str] = {}
-        while True:
-            h = await asyncio.wait_for(reader.readline(), _IDLE_TIMEOUT)
-            if h in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = h.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3:
-            _respond(writer, "400 Bad Request", "text/plain", b"bad request\n", keep=False)
-            await writer.drain()
-            return False
-        method, target, version = parts
-        length = int(headers.get("content-length") or 0)
-        if length > 0:
-            await reader.readexactly(length)
-        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-        path = target.split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
-            status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
-        elif path == "/metrics":
-            encoder, ctype = choose_encoder(headers.get("accept", ""))
-            status, body = "200 OK", encoder(self.registry)
-        elif path == "/":
-            status, ctype, body = "200 OK", "text/plain", b"bk-auditor: metrics at /metrics\n"
-        else:
-            status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
-        gzipped = "gzip" in headers.get("accept-encoding", "") and len(body) > 512
-        if gzipped:
-            body = gzip.compress(body)
-        _respond(writer, status, ctype, body, keep=keep, gzipped=gzipped, head=method == "HEAD")
-        await writer.drain()
-        return keep
-
-
-def _respond(
-    writer: asyncio.StreamWriter,
-    status: str,
-    ctype: str,
-    body: bytes,
-    *,
-    keep: bool,
-    gzipped: bool = False,
-    head: bool = False,
-) -> None:
-    lines = [
-        f"HTTP/1.1 {status}",
-        f"Content-Type: {ctype}",
-        f"Content-Length: {len(body)}",
-        f"Connection: {'keep-alive' if keep else 'close'}",
-    ]
-    if gzipped:
-        lines.append("Content-Encoding: gzip")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body))
+        self._http.stop()

@@ -29,10 +29,14 @@ from auditor.analysis.risk_run import run_risk
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
 from auditor.checks.runner import driver
+from auditor.config import BookKeeperConfig
 from auditor.daemon.config import RiskSection, SelfTestSection
+from auditor.daemon.contained import ContainedReads, parse_delay
 from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
+from auditor.daemon.state import RunCompleted, RunFailed, RunOutcome, RunSkipped, RunState
 from auditor.metadata.records import CheckKind
 from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
+from auditor.schedule.bookie_sightings import BookieSightings
 from auditor.schedule.lost_bookie_delay import (
     CancelPendingAudit,
     Decision,
@@ -74,7 +78,7 @@ def jittered(delay: float, interval: float, jitter: float, rng: random.Random) -
     return delay + rng.uniform(0, jitter * interval)
 
 
-def intervals(bk: Any) -> dict[Check, float]:
+def intervals(bk: BookKeeperConfig) -> dict[Check, float]:
     """Seconds between runs per check (0 = off), from BookKeeper's keys.
 
     The grace check runs with the placement check's interval, as upstream
@@ -96,9 +100,11 @@ class LeaderWork:
         self,
         ctx: CheckContext,
         *,
+        reads: ContainedReads,
         jitter: float,
-        on_report: Callable[[Check, CheckReport | None, float, str], None],
-        on_state: Callable[[Check, str, float | None], None],
+        sightings: BookieSightings | None = None,
+        on_report: Callable[[Check, RunOutcome], None],
+        on_state: Callable[[Check, RunState, float | None], None],
         gate: asyncio.Event | None = None,
         rng: random.Random | None = None,
         scan: ScanDriver | None = None,
@@ -108,6 +114,10 @@ class LeaderWork:
         on_risk: Callable[[RiskReport], None] | None = None,
     ) -> None:
         self.ctx = ctx
+        #: The ctime and delay znodes, read so that a bad value never ends the work.
+        self.reads = reads
+        #: Since when each bookie is missing, as this process saw it (the restart rule).
+        self.sightings = sightings
         self.jitter = jitter
         self.rng = rng or random.Random()
         self.on_report = on_report
@@ -124,6 +134,8 @@ class LeaderWork:
         self.on_risk = on_risk
         self.log = ctx.log.bind(role="leader")
         self.delay = LostBookieDelay()
+        # The restart rule: while a bookie's lost-bookie delay runs, the checks leave it alone.
+        ctx.held_bookies = lambda: self.delay.held_bookies
         self.one_at_a_time = asyncio.Lock()
         self.triggers: dict[Check, asyncio.Event] = {c: asyncio.Event() for c in Check}
         self._timer: asyncio.Task[None] | None = None
@@ -167,7 +179,7 @@ class LeaderWork:
     async def run_check(self, check: Check, *, periodic: bool) -> None:
         if periodic and check is not Check.BOOKIES and self.delay.should_skip_periodic_check():
             self.log.info("check skipped: a delayed lost-bookie audit is pending", check=str(check))
-            self.on_report(check, None, 0.0, "skipped")
+            self.on_report(check, RunSkipped("a delayed lost-bookie audit is pending"))
             return
         # The check's task is under way: what follows may wait (auto-recovery
         # disabled, ZooKeeper suspended, the index loading), and "check started"
@@ -185,7 +197,7 @@ class LeaderWork:
             # while it queued behind another, and a suspended leader starts nothing.
             if self.gate is not None:
                 await self.gate.wait()
-            self.on_state(check, "running", None)
+            self.on_state(check, RunState.RUNNING, None)
             index = self.ctx.index
             engine = self.engine(check)
             # Where the check's walk reads ledger metadata from (Spark tasks read ZooKeeper).
@@ -207,11 +219,11 @@ class LeaderWork:
                 self.log.error(
                     "check failed", check=str(check), error=f"{type(exc).__name__}: {exc}"
                 )
-                self.on_report(check, None, time.monotonic() - started, f"failed: {exc}")
+                self.on_report(check, RunFailed(f"failed: {exc}", time.monotonic() - started))
                 return
             duration = time.monotonic() - started
             await self._store_ctime(check)
-            self.on_report(check, report, duration, "ok")
+            self.on_report(check, RunCompleted(report, duration))
 
     async def _store_ctime(self, check: Check) -> None:
         """Records when `check` ran, where BookKeeper keeps it (a new leader's first delay).
@@ -230,6 +242,8 @@ class LeaderWork:
             raise
         except ZkUnavailableError as exc:
             self.log.warning("check time not stored", check=str(check), error=str(exc))
+            return
+        self.reads.ctime_stored(kind)
 
     # --- periodic checks -----------------------------------------------------------
 
@@ -240,12 +254,12 @@ class LeaderWork:
             return interval  # the start audit just ran (see lost_bookie_delay)
         if kind is None:
             return 0.0
-        ctime = await self.ctx.urm.get_check_ctime(kind)
+        ctime = await self.reads.check_ctime(kind)
         return initial_delay(ctime, interval, int(self.ctx.clock() * 1000))
 
     async def periodic(self, check: Check, interval: float, delay: float) -> None:
         while True:
-            self.on_state(check, "scheduled", self.ctx.clock() + delay)
+            self.on_state(check, RunState.SCHEDULED, self.ctx.clock() + delay)
             trigger = self.triggers[check]
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):  # not wait_for: see ZkClient._call
@@ -382,7 +396,11 @@ class LeaderWork:
             elif isinstance(d, ScheduleAudit):
                 self._cancel_timer()
                 self._timer = asyncio.ensure_future(self._fire(d))
-                self.log.info("lost-bookie audit delayed", in_s=round(d.at - time.monotonic(), 1))
+                self.log.info(
+                    "lost-bookie audit delayed",
+                    in_s=round(d.at - time.monotonic(), 1),
+                    held=sorted(self.delay.held_bookies),
+                )
             elif isinstance(d, CancelPendingAudit):
                 self._cancel_timer()
 
@@ -396,10 +414,8 @@ class LeaderWork:
         await self._apply(self.delay.on_timer(time.monotonic(), d.token))
 
     async def _delay_value(self) -> int:
-        try:
-            return await self.ctx.urm.get_lost_bookie_recovery_delay()
-        except NoNodeError:
-            return 0
+        """The delay in force: the znode's, or the configured one when it holds a bad value."""
+        return await self.reads.delay()
 
     async def follow_bookies(self) -> None:
         first = True  # leader_started already saw the first set
@@ -427,15 +443,33 @@ class LeaderWork:
             finally:
                 await stream.aclose()
 
+    async def _delay_watched(self) -> tuple[bytes | None, asyncio.Event]:
+        """The delay znode's bytes (None while it does not exist) and an event for its next
+        change."""
+        path = self.reads.delay_path
+        while True:
+            try:
+                data, _, changed = await self.ctx.zk.get_watched(path)
+                return data, changed
+            except NoNodeError:
+                stat, changed = await self.ctx.zk.exists_watched(path)
+                if stat is None:
+                    return None, changed
+
     async def follow_delay(self) -> None:
-        path = f"{self.ctx.urm.base}/lostBookieRecoveryDelay"
+        """Each write of the delay znode: a new delay, or (the same value) a trigger.
+
+        A bad value is no trigger: the configured delay replaces it (see
+        `ContainedReads`), and the lost-bookie rules hear of it only when that
+        changes the delay in force.
+        """
         changed: asyncio.Event | None = None
         while True:
             try:
                 if changed is None:
-                    _, _, changed = await self.ctx.zk.get_watched(path)
+                    _, changed = await self._delay_watched()
                 await changed.wait()
-                data, _, changed = await self.ctx.zk.get_watched(path)
+                data, changed = await self._delay_watched()
                 await self._wait_enabled()
             except FencedOutError:
                 raise
@@ -444,10 +478,10 @@ class LeaderWork:
                 changed = None
                 await self._reconnected()
                 continue
-            try:
-                delay = int(data.decode().strip())
-            except ValueError:
-                self.log.error("lostBookieRecoveryDelay is not an integer", value=data[:40])
+            if data is None:
+                continue  # deleted: the next creation is the change
+            delay = self.reads.delay_of(data)
+            if parse_delay(data) is None and delay == self.delay.delay_before_change:
                 continue
             await self._outlasting(
                 "lostBookieRecoveryDelay",
@@ -462,8 +496,9 @@ class LeaderWork:
         await urm.init_lost_bookie_recovery_delay(lost_bookie_recovery_delay)
         cookies = await all_known_bookies(self.ctx.zk, self.ctx.root)
         available = (await read_bookies(self.ctx.zk, self.ctx.root)).available
+        missing = self.sightings.missing_since() if self.sightings is not None else {}
         start = self.delay.leader_started(
-            cookies, available, await self._delay_value(), time.monotonic()
+            cookies, available, await self._delay_value(), time.monotonic(), missing
         )
         every = intervals(self.ctx.config.bookkeeper)
         try:
@@ -489,7 +524,7 @@ class LeaderWork:
                     )
                 else:
                     self._tasks.append(asyncio.ensure_future(self.triggered_only(check)))
-                    self.on_state(check, "off", None)
+                    self.on_state(check, RunState.OFF, None)
             # Any task ending ends the leader's work (only cancellation and lost
             # leadership do so); the daemon then steps down and contends again.
             done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -1,40 +1,140 @@
 """The daemon's lifecycle: connect, serve the API and metrics, contend, lead, step down.
 
-One loop owns leadership: campaign; when elected, run `LeaderWork` against a
-ZooKeeper view fenced on our vote; stop it the moment leadership is in doubt
-(LOST at once; after SUSPENDED, lead on only if the vote is still first once
-reconnected), then contend again. The API and metrics only read `state`;
-mutating API calls come back here through the `DaemonControl` methods.
+Leadership is decided by `LeadershipMachine` (`auditor.daemon.leadership`): every
+event that may start, pause or end it (a session state change, our vote gone, a
+fenced write refused, the leader's work failing, SIGTERM, a vote of another session
+with our identity, ...) becomes a `Decision` with a reason, which this module logs,
+records in `state` (the last decisions for `status`, a count per reason for the
+metrics) and carries out. This module is the asyncio side only: tasks, timers,
+ZooKeeper. The API and metrics only read `state`; mutating API calls come back here
+through the `DaemonControl` methods.
 
-Shutdown (SIGTERM/SIGINT): stop leading and delete the vote first (the next
-node takes over at once, not after a session timeout), then stop the API with
-grace, then close ZooKeeper; bounded by `daemon.shutdown_timeout`. SIGHUP
-reloads the configuration; a leader restarts its schedules with it.
+A leader runs `LeaderWork` against a ZooKeeper view fenced on its vote and stops it
+the moment leadership is in doubt (LOST at once; after SUSPENDED, it leads on only if
+its vote is still first once reconnected, and steps down after a whole session
+timeout without ZooKeeper). Leader work that fails steps down and backs off
+(exponentially, with jitter) before voting again.
+
+Supervision: the election task and the connection follower must outlive the
+daemon's run. If either ends while the daemon is not stopping, health turns
+NOT_SERVING at once, the daemon shuts down as on SIGTERM, and `run` returns
+`EXIT_ELECTION_ENDED`, so that systemd (`Restart=on-failure`) or Kubernetes starts
+it again: a daemon that is out of the election while it should be in it is never
+SERVING.
+
+Shutdown (SIGTERM/SIGINT): stop leading and delete the vote first (the next node
+takes over at once, not after a session timeout), then stop the API with grace,
+then close ZooKeeper; bounded by `daemon.shutdown_timeout`. SIGHUP reloads the
+configuration; a leader restarts its schedules with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 from auditor.analysis.risk import RiskReport
 from auditor.checks.context import open_context
-from auditor.checks.findings import Check, CheckReport
+from auditor.checks.findings import Check
+from auditor.daemon.config import DaemonConfig
+from auditor.daemon.contained import ContainedReads
 from auditor.daemon.election import Elector, Leadership, current_auditor, election_path
+from auditor.daemon.leadership import (
+    Action,
+    Backoff,
+    BackoffElapsed,
+    CampaignFailed,
+    ConfigReloaded,
+    Connected,
+    Decision,
+    DuplicateCleared,
+    DuplicateIdentity,
+    Elected,
+    Event,
+    FencedOut,
+    LeadershipMachine,
+    Phase,
+    SessionLost,
+    Started,
+    StepDownRequested,
+    StopRequested,
+    Suspended,
+    SuspendedTooLong,
+    TaskEnded,
+    VoteLost,
+    WorkEnded,
+    WorkFailed,
+)
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.preflight import check_api_token
 from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
-from auditor.daemon.state import DaemonState, NotLeaderError, Outcome, SelfTestState
+from auditor.daemon.sdnotify import Notifier
+from auditor.daemon.state import (
+    DaemonState,
+    NotLeaderError,
+    RunCompleted,
+    RunOutcome,
+    RunState,
+)
 from auditor.index.store import MetadataIndex
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
-from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
+from auditor.metadata.registry import watch_bookies
+from auditor.metadata.underreplication import (
+    CorruptMark,
+    UnderreplicatedLedger,
+    UnderreplicationManager,
+)
+from auditor.schedule.bookie_sightings import BookieSightings
 from auditor.selftest.harness import SelfTestResult
 from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
+
+#: `run`'s exit code when a supervised task ended (EX_TEMPFAIL: a restart is the remedy).
+EXIT_ELECTION_ENDED = 75
+#: While refusing to vote for a duplicate identity, the daemon says so this often (s).
+DUPLICATE_REMINDER = 60.0
+#: Phases in which a connected daemon is ready: it is in the election's cycle.
+_IN_ELECTION = frozenset({Phase.VOTING, Phase.LEADING, Phase.BACKING_OFF})
+
+
+class ApiHandle(Protocol):
+    """What the daemon needs of its API server (`auditor.api.server.ApiServer`)."""
+
+    #: The port it listens on (tests and the demo dial it).
+    port: int
+
+    def set_serving(self, live: bool, ready: bool) -> None: ...
+
+    async def refresh_health(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+
+ApiFactory = Callable[["Daemon"], Awaitable[ApiHandle]]
+
+
+def backoff_of(config: DaemonConfig) -> Backoff:
+    """`daemon.leader_backoff_initial` and `daemon.leader_backoff_max` (seconds)."""
+    d = config.daemon
+    return Backoff(
+        initial=d.leader_backoff_initial,
+        maximum=max(d.leader_backoff_max, d.leader_backoff_initial),
+    )
+
+
+def _ending(task: asyncio.Task[None]) -> str:
+    """How a finished task ended, in a few words."""
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "returned" if exc is None else f"{type(exc).__name__}: {exc}"
 
 
 class Daemon:
@@ -42,27 +142,46 @@ class Daemon:
 
     def __init__(
         self,
-        config: Any,
+        config: DaemonConfig,
         *,
-        reload: Callable[[], Any] | None = None,
-        metrics: Any = None,
+        reload: Callable[[], DaemonConfig] | None = None,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self._reload = reload
         self.log = get_logger("auditor.daemon").bind(identity=config.daemon.identity)
         self.state = DaemonState(identity=config.daemon.identity)
-        self.metrics = metrics
+        #: When each bookie went missing, as this process saw it (followers too).
+        self.sightings = BookieSightings()
+        #: The series, read from `state` when scraped; served over HTTP only when given.
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.metrics.bind(self.state)
+        self._serve_metrics = metrics is not None
+        self.machine = LeadershipMachine(backoff_of(config), rng)
         self.zk: ZkClient | None = None
         self.root = config.daemon.ledgers_root
         self.manager: LedgerManager | None = None
-        self.api: Any = None
+        self.api: ApiHandle | None = None
         self.work: LeaderWork | None = None
+        #: The supervised election task, once running.
+        self.election: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
-        self._depose = asyncio.Event()
+        self._stop_why = "stop()"
         self._connected = asyncio.Event()
         self._suspension_timer: asyncio.TimerHandle | None = None
         self._restart_work = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
+        #: Resolved with the decision that ends the current leader term.
+        self._term_end: asyncio.Future[Decision] | None = None
+        self._reminded = 0.0
+        self._notify: Notifier | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Set at every leadership decision (tests clear it before waiting).
+        self.decided = asyncio.Event()
+        #: Set each time a check run ends, whatever its outcome (likewise).
+        self.check_ended = asyncio.Event()
+        #: Set each time the leader reads a ctime or the delay znode (likewise).
+        self.znode_read = asyncio.Event()
         #: The last detector self-test and canary results, by check label.
         self.selftest: dict[str, SelfTestResult] = {}
         #: Set each time self-test results arrive (tests wait on it; clear before waiting).
@@ -102,8 +221,8 @@ class Daemon:
         await (urm.enable_replication() if enabled else urm.disable_replication())
         self.state.replication_enabled = enabled
 
-    async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
-        async for ur in self._urm().list_underreplicated():
+    async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger | CorruptMark]:
+        async for ur in self._urm().list_marks():
             yield ur
 
     async def explain(self, ledger_id: int) -> dict[str, Any]:
@@ -115,78 +234,81 @@ class Daemon:
             self._zk(), self.root, self.manager, self.config.auditor, ledger_id
         )
 
+    async def step_down(self, by: str) -> Decision:
+        """Asks this leader to step down (it votes again at once, behind the others)."""
+        if not self.state.is_leader:
+            leader = await self.current_leader()
+            raise NotLeaderError(f"this node is not the auditor; the auditor is {leader}")
+        return self._decide(StepDownRequested(by))
+
+    # --- decisions ------------------------------------------------------------------------
+
+    def _decide(self, event: Event) -> Decision:
+        """The machine's decision on `event`: logged, recorded, and (when it ends the
+        leader's term) handed to the term."""
+        d = self.machine.decide(event, time.time())
+        self.state.record_decision(d)
+        fields: dict[str, object] = {"action": str(d.action), "reason": str(d.reason)}
+        if d.detail:
+            fields["detail"] = d.detail
+        if d.backoff:
+            fields["backoff_s"] = round(d.backoff, 3)
+        if d.level == "error":
+            self.log.error(d.message, **fields)
+        elif d.level == "warning":
+            self.log.warning(d.message, **fields)
+        else:
+            self.log.info(d.message, **fields)
+        if d.ends_term and self._term_end is not None and not self._term_end.done():
+            self._term_end.set_result(d)
+        if self._notify is not None:  # `systemctl status` shows the last decision
+            self._notify.status(f"{d.phase}: {d.message}")
+        self._readiness()
+        self.decided.set()
+        return d
+
     # --- reports and state ------------------------------------------------------------------
 
-    def _on_state(self, check: Check, what: str, next_run: float | None) -> None:
-        cs = self.state.checks[check]
-        if what == "running":
-            cs.outcome = Outcome.RUNNING
-            cs.last_started = time.time()
-        elif what == "off":
-            cs.enabled = False
-        cs.next_run = next_run if what == "scheduled" else cs.next_run
+    def _on_state(self, check: Check, what: RunState, next_run: float | None) -> None:
+        self.state.check_run_state(check, what, next_run)
 
     def _on_selftest(self, results: list[SelfTestResult]) -> None:
-        now = time.time()
         for r in results:
             self.selftest[r.check] = r
-            self.state.selftest[r.check] = SelfTestState(
-                r.check, r.ok, r.fixtures, "" if r.ok else r.summary(), now
-            )
-        if self.metrics is not None:
-            self.metrics.record_selftest(results, now)
+        self.state.selftest_done(results, time.time())
         self.selftest_reported.set()
 
     def _on_risk(self, report: RiskReport) -> None:
         self.risk_report = report
-        if self.metrics is not None:
-            self.metrics.record_risk(report, self.config.risk.top)
+        self.state.tallies.record_risk(report, self.config.risk.top)
         self.risk_reported.set()
 
-    def _on_report(
-        self, check: Check, report: CheckReport | None, duration: float, outcome: str
-    ) -> None:
-        cs = self.state.checks[check]
-        cs.last_finished = time.time()
-        if report is not None:
-            cs.last_report = report
-            cs.last_success = cs.last_finished
-            cs.last_error = None
-            cs.outcome = Outcome.VIOLATIONS if report.has_violations else Outcome.OK
-            if check is Check.BOOKIES:
-                self.state.lost_bookies = tuple(report.lost_bookies)
-            if self.metrics is not None:
-                self.metrics.record_report(report, duration)
-                if check is Check.BOOKIES:
-                    self.metrics.set_lost_bookies(len(report.lost_bookies))
+    def _on_report(self, check: Check, outcome: RunOutcome) -> None:
+        self.state.check_ended(check, outcome, time.time())
+        self.check_ended.set()
+        if isinstance(outcome, RunCompleted):
+            report = outcome.report
             self.log.info(
                 "check run",
                 check=str(check),
-                outcome=str(cs.outcome),
-                seconds=round(duration, 3),
+                outcome=str(self.state.checks[check].outcome),
+                seconds=round(outcome.duration, 3),
                 ledgers_checked=report.ledgers_checked,
                 counts=report.counts(),
             )
-        elif outcome == "skipped":
-            cs.outcome = Outcome.SKIPPED
-            if self.metrics is not None:
-                self.metrics.record_skip(check)
-        else:
-            cs.outcome = Outcome.FAILED
-            cs.last_error = outcome
-            if self.metrics is not None:
-                self.metrics.record_failure(check, duration)
-        if report is not None:
             self._spawn(self._count_marks())
 
+    def _set_retry_queue(self, n: int) -> None:
+        self.state.retry_queue = n
+
     async def _count_marks(self) -> None:
-        if self.metrics is None or self.zk is None:
+        if self.zk is None:
             return
         with contextlib.suppress(Exception):
             urm = UnderreplicationManager(self.zk, self.root)
-            self.metrics.set_underreplicated(await urm.count_underreplicated())
+            self.state.tallies.underreplicated = await urm.count_underreplicated()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         t = asyncio.ensure_future(coro)
         self._tasks.append(t)
         t.add_done_callback(lambda _t: self._tasks.remove(_t) if _t in self._tasks else None)
@@ -199,23 +321,17 @@ class Daemon:
                 self.state.zk_connected = True
                 self._connected.set()
                 self._disarm_suspension_limit()
+                self._decide(Connected())
             elif st == KazooState.SUSPENDED:
                 self.state.zk_connected = False
                 self._connected.clear()
-                self.log.warning("ZooKeeper connection suspended; leader work paused")
-                self._arm_suspension_limit()
+                if self._decide(Suspended()).action is Action.PAUSE:
+                    self._arm_suspension_limit()
             elif st == KazooState.LOST:
                 self.state.zk_connected = False
                 self._connected.clear()
                 self._disarm_suspension_limit()
-                if self.state.is_leader:
-                    self.log.error("ZooKeeper session lost; stepping down at once")
-                    self._depose.set()
-                else:
-                    # A follower's vote went with the session and kazoo's lock votes
-                    # again in the new one; a deposal left set now would end the
-                    # leadership that vote may win, the moment it begins.
-                    self.log.warning("ZooKeeper session lost; voting again")
+                self._decide(SessionLost())
             self._readiness()
 
     def _arm_suspension_limit(self) -> None:
@@ -224,18 +340,12 @@ class Daemon:
         when a call finally fails (running checks are cancelled, nothing is written:
         writes are fenced anyway). A session that survives elects us again at once."""
         self._disarm_suspension_limit()
-        if not self.state.is_leader:
-            return
         limit = self.config.daemon.zk_session_timeout
 
         def expired() -> None:
             self._suspension_timer = None
-            if self.state.is_leader and not self._connected.is_set():
-                self.log.error(
-                    "disconnected from ZooKeeper for a whole session timeout; stepping down",
-                    seconds=limit,
-                )
-                self._depose.set()
+            if not self._connected.is_set():
+                self._decide(SuspendedTooLong(limit))
 
         self._suspension_timer = asyncio.get_running_loop().call_later(limit, expired)
 
@@ -245,10 +355,15 @@ class Daemon:
         self._suspension_timer = None
 
     def _readiness(self) -> None:
+        """Live unless a supervised task ended; ready while connected and in the election."""
         if self.api is not None:
-            self.api.set_serving(live=True, ready=self.state.zk_connected)
+            phase = self.state.phase
+            self.api.set_serving(
+                live=phase is not Phase.ENDED,
+                ready=self.state.zk_connected and phase in _IN_ELECTION,
+            )
 
-    async def _heartbeat(self, notify: Any) -> None:
+    async def _heartbeat(self, notify: Notifier | None) -> None:
         while True:
             self.state.heartbeat = time.monotonic()
             if notify is not None:
@@ -257,8 +372,8 @@ class Daemon:
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGTERM, self.stop, "SIGTERM")
+        loop.add_signal_handler(signal.SIGINT, self.stop, "SIGINT")
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
 
     def _on_hup(self) -> None:
@@ -269,94 +384,115 @@ class Daemon:
         except Exception as exc:  # a bad edit must not take the daemon down
             self.log.error("configuration reload failed; keeping the old one", error=str(exc))
             return
-        self.log.info("configuration reloaded")
-        self._restart_work.set()
+        self.machine.backoff = backoff_of(self.config)
+        if self._decide(ConfigReloaded()).action is Action.RESTART_WORK:
+            self._restart_work.set()
 
     # --- leadership ----------------------------------------------------------------------------
 
-    async def _lead(self, elector: Elector, leadership: Leadership) -> None:
-        """Runs the leader's work until told to stop, deposed, or fenced out."""
-        assert self.manager is not None
-        self.state.is_leader = True
-        self.state.leader = self.state.identity
-        elected_at = time.time()
-        for cs in self.state.checks.values():
-            cs.waiting_since = elected_at  # staleness before a first run counts from here
-        if self.metrics is not None:
-            self.metrics.set_leader(True)
-        self.log.info("elected auditor", vote=leadership.vote_path)
+    async def _lead(self, elector: Elector, leadership: Leadership) -> Decision:
+        """Runs the leader's work until a decision ends the term; returns that decision."""
+        self.state.lead(time.time())
         index = self._start_index(leadership.zk)
         try:
-            while not self._stop.is_set() and not self._depose.is_set():
+            while True:
                 self._restart_work.clear()
-                async with open_context(
-                    leadership.zk, self.root, self.manager, self.config.auditor, mark=True
-                ) as ctx:
-                    ctx.log = ctx.log.bind(identity=self.state.identity)
-                    ctx.index = index[0] if index is not None else None
-                    if self.metrics is not None:
-                        ctx.bookies.observer = self.metrics.bookie_request
-                        ctx.on_retry_queue = self.metrics.set_retry_queue
-                    # After a fail-over the stored ctimes say when checks last ran.
-                    for check, kind in CTIME_KIND.items():
-                        ctime = await ctx.urm.get_check_ctime(kind)
-                        if ctime > 0:
-                            self.state.checks[check].recorded_success = ctime / 1000
-                            if self.metrics is not None:
-                                self.metrics.set_last_success(check, ctime / 1000)
-                    self.work = LeaderWork(
-                        ctx,
-                        jitter=self.config.daemon.jitter,
-                        on_report=self._on_report,
-                        on_state=self._on_state,
-                        gate=self._connected,
-                        scan=scan_driver(self.config),
-                        selftest=self.config.selftest,
-                        on_selftest=self._on_selftest,
-                        risk=self.config.risk,
-                        on_risk=self._on_risk,
-                    )
-                    for check, iv in intervals(self.config.auditor.bookkeeper).items():
-                        self.state.checks[check].interval_s = iv
-                        self.state.checks[check].enabled = iv > 0
-                        if self.metrics is not None:
-                            self.metrics.set_check_interval(check, iv)
-                    if self.metrics is not None:
-                        self.metrics.set_selftest_interval(self.config.selftest.period)
-                    work = asyncio.ensure_future(
-                        self.work.run(self.config.auditor.bookkeeper.lostBookieRecoveryDelay)
-                    )
-                    waits = [
-                        asyncio.ensure_future(self._stop.wait()),
-                        asyncio.ensure_future(self._depose.wait()),
-                        asyncio.ensure_future(self._restart_work.wait()),
-                        asyncio.ensure_future(self._watch_vote(elector, leadership)),
-                        work,
-                    ]
-                    try:
-                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        for w in waits:
-                            w.cancel()
-                        await asyncio.gather(*waits, return_exceptions=True)
-                    if work.done() and not work.cancelled() and work.exception() is not None:
-                        exc = work.exception()
-                        if isinstance(exc, FencedOutError):
-                            self.log.error("a fenced write was refused; stepping down")
-                        else:
-                            self.log.error("leader work failed; stepping down", error=str(exc))
-                        return
+                end = await self._lead_once(elector, leadership, index)
+                if end is not None:
+                    return end
         finally:
             if index is not None:
                 index[1].cancel()
                 await asyncio.gather(index[1], return_exceptions=True)
-                if self.metrics is not None:
-                    self.metrics.set_index_ledgers(0)
             self.work = None
-            self.state.is_leader = False
-            if self.metrics is not None:
-                self.metrics.set_leader(False)
+            self.state.stepped_down()
             self.log.info("no longer the auditor")
+
+    async def _lead_once(
+        self,
+        elector: Elector,
+        leadership: Leadership,
+        index: tuple[IndexSync, asyncio.Task[None]] | None,
+    ) -> Decision | None:
+        """One run of the leader's work; the decision that ends the term, or None for a
+        restart with a new configuration. Whatever raises here, the stored ctimes read
+        at the start included, becomes a decision: nothing ends the election task."""
+        assert self.manager is not None and self._term_end is not None
+        term_end = self._term_end
+        try:
+            async with open_context(
+                leadership.zk, self.root, self.manager, self.config.auditor, mark=True
+            ) as ctx:
+                ctx.log = ctx.log.bind(identity=self.state.identity)
+                ctx.index = index[0] if index is not None else None
+                ctx.bookies.observer = self.state.tallies.bookie_request
+                ctx.on_retry_queue = self._set_retry_queue
+                bk = self.config.auditor.bookkeeper
+                reads = ContainedReads(
+                    self.state,
+                    ctx.urm,
+                    self.log,
+                    configured_delay=bk.lostBookieRecoveryDelay,
+                    read=self.znode_read,
+                )
+                # After a fail-over the stored ctimes say when checks last ran.
+                for check, kind in CTIME_KIND.items():
+                    ctime = await reads.check_ctime(kind)
+                    if ctime > 0:
+                        self.state.check_recorded(check, ctime / 1000)
+                self.work = LeaderWork(
+                    ctx,
+                    reads=reads,
+                    sightings=self.sightings,
+                    jitter=self.config.daemon.jitter,
+                    on_report=self._on_report,
+                    on_state=self._on_state,
+                    gate=self._connected,
+                    scan=scan_driver(self.config),
+                    selftest=self.config.selftest,
+                    on_selftest=self._on_selftest,
+                    risk=self.config.risk,
+                    on_risk=self._on_risk,
+                )
+                for check, iv in intervals(bk).items():
+                    self.state.check_interval(check, iv)
+                self.state.tallies.selftest_interval = self.config.selftest.period
+                work = asyncio.ensure_future(self.work.run(bk.lostBookieRecoveryDelay))
+                restart = asyncio.ensure_future(self._restart_work.wait())
+                vote = asyncio.ensure_future(self._watch_vote(elector, leadership))
+                mine: list[asyncio.Future[Any]] = [work, restart, vote]
+                try:
+                    await asyncio.wait([term_end, *mine], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in mine:
+                        w.cancel()
+                    await asyncio.gather(*mine, return_exceptions=True)
+        except asyncio.CancelledError:
+            raise
+        except FencedOutError as exc:
+            return self._ended(self._decide(FencedOut(str(exc))), term_end)
+        except Exception as exc:
+            return self._ended(self._decide(WorkFailed(f"{type(exc).__name__}: {exc}")), term_end)
+        if term_end.done():
+            return term_end.result()
+        if vote.done() and not vote.cancelled():
+            error = vote.exception()
+            event: Event = VoteLost() if error is None else WorkFailed(f"vote watch: {error}")
+            return self._ended(self._decide(event), term_end)
+        if work.done() and not work.cancelled():
+            error = work.exception()
+            if error is None:
+                return self._ended(self._decide(WorkEnded()), term_end)
+            if isinstance(error, FencedOutError):
+                return self._ended(self._decide(FencedOut(str(error))), term_end)
+            failed = WorkFailed(f"{type(error).__name__}: {error}")
+            return self._ended(self._decide(failed), term_end)
+        return None  # a new configuration: the work starts over, leadership stays
+
+    @staticmethod
+    def _ended(d: Decision, term_end: asyncio.Future[Decision]) -> Decision:
+        """`d`, or the decision that ended the term first (a later event only carries on)."""
+        return term_end.result() if term_end.done() else d
 
     def _start_index(self, zk: ZkClient) -> tuple[IndexSync, asyncio.Task[None]] | None:
         """The leader's metadata index, loading in the background (checks wait for it)."""
@@ -369,16 +505,13 @@ class Daemon:
             concurrency=self.config.auditor.checks.ledger_concurrency,
             log=self.log,
         )
-        metrics = self.metrics
-        if metrics is not None:
-            sync.on_loaded = lambda s: metrics.index_loaded(
-                len(s.index), s.index.bytes_per_ledger()
-            )
-            sync.on_resync = lambda _reason: metrics.index_resynced()
+        tallies = self.state.tallies
+        sync.on_loaded = lambda s: tallies.index_loaded(len(s.index), s.index.bytes_per_ledger())
+        sync.on_resync = lambda _reason: tallies.index_resynced()
         return sync, asyncio.ensure_future(sync.run())
 
     async def _watch_vote(self, elector: Elector, leadership: Leadership) -> None:
-        """After a reconnect (same session), lead on only if our vote is still first."""
+        """Returns when, after a reconnect (same session), our vote is gone or not first."""
         zk = self._zk()
         while True:
             # While disconnected nothing can be read; a session that survives the
@@ -391,42 +524,148 @@ class Daemon:
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 continue
             if not leading:
-                self.log.error("our vote is gone or no longer first; stepping down")
-                self._depose.set()
                 return
             await changed.wait()
 
-    async def _contend(self, zk: ZkClient) -> None:
-        elector = Elector(zk, self.root, self.state.identity)
+    async def _until(self, *events: asyncio.Event, within: float | None = None) -> None:
+        """Until any of `events` (or `_stop`) is set, or `within` seconds pass."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (*events, self._stop)]
+        try:
+            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _clear_to_vote(self, elector: Elector) -> bool:
+        """Whether to vote now: no other session's vote carries our identity.
+
+        While one does, the daemon refuses (one decision), says so again once a
+        minute, and looks again whenever the votes change.
+        """
         while not self._stop.is_set():
-            self._depose.clear()
-            await self._connected.wait()
-            if self.metrics is not None:
-                self.metrics.election_attempt()
-            campaign = asyncio.ensure_future(elector.campaign())
-            stop = asyncio.ensure_future(self._stop.wait())
             try:
-                await asyncio.wait([campaign, stop], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-            if self._stop.is_set():
-                campaign.cancel()
-                with contextlib.suppress(BaseException):
-                    await campaign
-                break
-            try:
-                leadership = campaign.result()
-            except Exception as exc:
-                self.log.warning("election attempt failed; trying again", error=str(exc))
-                await elector.resign()
-                await asyncio.sleep(1.0)
+                rivals, changed = await elector.rivals()
+            except ZkUnavailableError:
+                await asyncio.sleep(0.1)  # the state change that explains it is on its way
+                await self._until(self._connected)
                 continue
+            if not rivals:
+                if self.state.phase is Phase.REFUSED:
+                    self._decide(DuplicateCleared())
+                return True
+            if self.state.phase is not Phase.REFUSED:
+                self._decide(DuplicateIdentity(rivals[0]))
+                self._reminded = time.monotonic()
+            elif time.monotonic() - self._reminded >= DUPLICATE_REMINDER:
+                self._reminded = time.monotonic()
+                self.log.error(
+                    "still refusing to vote: another ZooKeeper session holds a vote with "
+                    "this daemon's identity",
+                    vote=rivals[0],
+                    since=self.state.duplicate_since,
+                )
+            await self._until(changed, within=DUPLICATE_REMINDER)
+        return False
+
+    async def _rival_ahead(self, elector: Elector) -> str:
+        """Returns the first vote of another session, with our identity, ahead of ours."""
+        while True:
             try:
-                await self._lead(elector, leadership)
+                rivals, changed = await elector.rivals()
+            except ZkUnavailableError:
+                await asyncio.sleep(0.1)
+                await self._connected.wait()
+                continue
+            ahead = elector.ahead_of_us(rivals)
+            if ahead:
+                return ahead[0]
+            await changed.wait()
+
+    async def _campaign(self, elector: Elector) -> tuple[Leadership | None, Decision | None]:
+        """Votes and waits in line: (leadership, None) once elected; (None, the decision)
+        when voting failed; (None, None) when stopped or refused for a rival ahead."""
+        campaign = asyncio.ensure_future(elector.campaign())
+        stop = asyncio.ensure_future(self._stop.wait())
+        rival = asyncio.ensure_future(self._rival_ahead(elector))
+        try:
+            await asyncio.wait([campaign, stop, rival], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            rival.cancel()
+            await asyncio.gather(stop, return_exceptions=True)
+            if not campaign.done():  # stopped, or a rival's vote is ahead of ours
+                campaign.cancel()
+                await asyncio.gather(campaign, return_exceptions=True)
+            await asyncio.gather(rival, return_exceptions=True)
+        if campaign.cancelled():
+            if rival.done() and not rival.cancelled() and rival.exception() is None:
+                self._decide(DuplicateIdentity(rival.result()))
+            return None, None
+        error = campaign.exception()
+        if error is not None:
+            return None, self._decide(CampaignFailed(f"{type(error).__name__}: {error}"))
+        return campaign.result(), None
+
+    async def _back_off(self, d: Decision) -> None:
+        await self._until(within=d.backoff)
+        if not self._stop.is_set():
+            self._decide(BackoffElapsed())
+
+    async def _elect(self, zk: ZkClient) -> None:
+        """The election task: vote, lead, step down, back off; until stopped."""
+        elector = Elector(zk, self.root, self.state.identity)
+        try:
+            while not self._stop.is_set():
+                await self._until(self._connected)
+                if self._stop.is_set():
+                    break
+                if not await self._clear_to_vote(elector):
+                    break
+                self.state.tallies.election_attempt()
+                leadership, failed = await self._campaign(elector)
+                if leadership is None:
+                    await elector.resign()
+                    if failed is not None and failed.action is Action.BACK_OFF:
+                        await self._back_off(failed)
+                    continue
+                self._term_end = asyncio.get_running_loop().create_future()
+                try:
+                    elected = self._decide(Elected(leadership.vote_path))
+                    end = (
+                        await self._lead(elector, leadership)
+                        if elected.action is Action.LEAD
+                        else elected
+                    )
+                finally:
+                    self._term_end = None
+                    await elector.resign()
+                    self.state.leader = None
+                if end.action is Action.BACK_OFF:
+                    await self._back_off(end)
+        finally:
+            await elector.resign()
+
+    async def _watch_bookies(self, zk: ZkClient) -> None:
+        """Notes when each bookie disappears, leader or not (the restart rule's clock).
+
+        A new leader waits `lostBookieRecoveryDelay` from the moment this
+        process first saw a bookie missing, so every daemon keeps watching.
+        After an outage the first set read is compared with the last one seen:
+        a bookie that went meanwhile is missing from then on, later than it
+        really went, which only makes the wait longer, never a false alarm.
+        """
+        while True:
+            stream = watch_bookies(zk, self.root)
+            try:
+                async for bookies in stream:
+                    self.sightings.observe(bookies.available, time.monotonic())
+            except ZkUnavailableError as exc:
+                self.log.info("bookie watch interrupted; resuming when connected", error=str(exc))
+                await asyncio.sleep(0.1)  # the state change that explains it is on its way
+                await self._connected.wait()
             finally:
-                await elector.resign()
-            self.state.leader = None
-        await elector.resign()
+                await stream.aclose()
 
     async def _follow_leader(self, zk: ZkClient) -> None:
         """Who leads and whether auto-recovery is on, for status and metrics.
@@ -446,9 +685,6 @@ class Daemon:
                 if not self.state.is_leader:
                     self.state.leader = await current_auditor(zk, self.root)
                 self.state.replication_enabled = disabled is None
-                if self.metrics is not None:
-                    self.metrics.set_leader_elected(self.state.leader is not None)
-                    self.metrics.set_replication_enabled(self.state.replication_enabled)
             if not waits:  # ZooKeeper unavailable: try again shortly
                 await asyncio.sleep(1.0)
                 continue
@@ -462,11 +698,18 @@ class Daemon:
     # --- the whole ------------------------------------------------------------------------------
 
     async def run(
-        self, *, api_factory: Any = None, notify: Any = None, signals: bool = True
+        self,
+        *,
+        api_factory: ApiFactory | None = None,
+        notify: Notifier | None = None,
+        signals: bool = True,
     ) -> int:
+        """Runs until stopped (0), or until a supervised task ends (EXIT_ELECTION_ENDED)."""
         from auditor.metadata.cluster import read_manager
 
         d = self.config.daemon
+        check_api_token(self.config.api.token)
+        self._notify = notify
         if signals:
             self._install_signals()
         zk = ZkClient(
@@ -480,12 +723,14 @@ class Daemon:
         await zk.start()
         self.state.zk_connected = True
         self._connected.set()
+        code = 0
         try:
             self.manager = self.config.ledger_manager or await read_manager(zk, self.root)
+            self._decide(Started())
             if api_factory is not None:
                 self.api = await api_factory(self)
                 self._readiness()
-            if self.metrics is not None and self.config.metrics.enabled:
+            if self._serve_metrics and self.config.metrics.enabled:
                 await self.metrics.start_http(self.config.metrics.host, self.config.metrics.port)
             side = [
                 asyncio.ensure_future(self._heartbeat(notify)),
@@ -494,27 +739,51 @@ class Daemon:
             if notify is not None:
                 notify.ready()
             self.log.info("daemon started", zk=d.zk, ledgers_root=self.root, engine=d.engine)
-            contend = asyncio.ensure_future(self._contend(zk))
-            await self._stop.wait()
+            watch = asyncio.ensure_future(self._watch_bookies(zk))
+            election = self.election = asyncio.ensure_future(self._elect(zk))
+            supervised = {
+                election: "election",
+                follow: "connection follower",
+                watch: "bookie watch",
+            }
+            stopping = asyncio.ensure_future(self._stop.wait())
+            await asyncio.wait([stopping, *supervised], return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            ended = [t for t in supervised if t.done()]
+            if ended and not self._stop.is_set():
+                task = ended[0]
+                self._decide(TaskEnded(supervised[task], _ending(task)))
+                if self.api is not None:
+                    await self.api.refresh_health()  # NOT_SERVING before anything stops
+                if notify is not None:
+                    notify.status(f"the {supervised[task]} task ended; exiting")
+                code = EXIT_ELECTION_ENDED
+                self._stop.set()
+            else:
+                self._decide(StopRequested(self._stop_why))
             self.log.info("shutting down")
             if notify is not None:
                 notify.stopping()
-            try:
-                await asyncio.wait_for(contend, d.shutdown_timeout)
-            except TimeoutError:
+            _, late = await asyncio.wait([election], timeout=d.shutdown_timeout)
+            if late:
                 self.log.warning("leader work did not stop in time; cancelling it")
-            for t in [*side, *self._tasks]:
+                election.cancel()
+                await asyncio.gather(election, return_exceptions=True)
+            for t in [*side, watch, *self._tasks]:
                 t.cancel()
-            await asyncio.gather(*side, *self._tasks, return_exceptions=True)
+            await asyncio.gather(*side, watch, *self._tasks, return_exceptions=True)
             if self.api is not None:
                 await self.api.stop(grace=min(5.0, d.shutdown_timeout))
-            if self.metrics is not None:
-                self.metrics.stop_http()
+            self.metrics.stop_http()
         finally:
             follow.cancel()
+            await asyncio.gather(follow, return_exceptions=True)
             await zk.close()
-        self.log.info("daemon stopped")
-        return 0
+        self.log.info("daemon stopped", exit_code=code)
+        return code
 
-    def stop(self) -> None:
+    def stop(self, why: str = "stop()") -> None:
+        """Ends `run` (SIGTERM and SIGINT call it): leadership is handed over first."""
+        if not self._stop.is_set():
+            self._stop_why = why
         self._stop.set()

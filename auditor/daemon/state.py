@@ -4,18 +4,31 @@ The API and the metrics read `DaemonState`; they never drive the leader's loop
 directly. Mutating requests go through `DaemonControl`, whose implementation
 (the daemon) decides whether this node may act (only a leader runs checks; any
 node may flip cluster-wide flags in ZooKeeper, as BookKeeper's shell does).
+
+Everything the daemon learns is recorded here, through the methods below, and
+nowhere else: `status` and the metrics (read at scrape time) show the same facts,
+including the last leadership decisions and why they were taken.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import AsyncIterator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from auditor.checks.findings import ALL_CHECKS, Check, CheckReport
-from auditor.metadata.underreplication import UnderreplicatedLedger
+from auditor.daemon.leadership import Decision, Phase, Reason
+from auditor.daemon.tallies import Tallies
+from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
+
+if TYPE_CHECKING:
+    from auditor.selftest.harness import SelfTestResult
+
+#: Leadership decisions kept for `status` and tests (older ones are only counted).
+DECISIONS_KEPT = 32
 
 
 class Outcome(enum.StrEnum):
@@ -25,6 +38,35 @@ class Outcome(enum.StrEnum):
     VIOLATIONS = "violations"
     FAILED = "failed"
     SKIPPED = "skipped"
+
+
+class RunState(enum.StrEnum):
+    """What the leader's scheduler says about a check between runs."""
+
+    SCHEDULED = "scheduled"  # the next run is due at a time
+    RUNNING = "running"
+    OFF = "off"  # interval 0: runs only when triggered
+
+
+@dataclass(frozen=True, slots=True)
+class RunCompleted:
+    report: CheckReport
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    error: str
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSkipped:
+    why: str
+
+
+#: How one check run ended, as the scheduler reports it.
+RunOutcome = RunCompleted | RunFailed | RunSkipped
 
 
 @dataclass
@@ -64,6 +106,18 @@ class SelfTestState:
     ran_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class InvalidZnode:
+    """A znode the daemon read and could not use, and what it uses instead."""
+
+    znode: str
+    #: The bytes found, bounded and printable (`repr` of at most 64 characters).
+    value: str
+    #: What the daemon uses instead ("the configured 30 s", "absent: the check runs").
+    using: str
+    since: float
+
+
 @dataclass
 class DaemonState:
     identity: str
@@ -81,6 +135,113 @@ class DaemonState:
     )
     #: Check (or canary) name -> its last self-test result on this node.
     selftest: dict[str, SelfTestState] = field(default_factory=dict)
+    #: Where this daemon stands in the election (the decision machine's phase).
+    phase: Phase = Phase.STARTING
+    #: The last leadership decisions, oldest first.
+    decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=DECISIONS_KEPT))
+    #: Every leadership decision taken, by reason.
+    decision_counts: Counter[Reason] = field(default_factory=Counter)
+    #: While another session holds a vote with this identity: that vote's path, and since when.
+    duplicate_vote: str | None = None
+    duplicate_since: float | None = None
+    #: While backing off after a failure: when this daemon votes again (wall clock).
+    backoff_until: float | None = None
+    #: Znodes read and found unusable, by name, while they stay so.
+    invalid_znodes: dict[str, InvalidZnode] = field(default_factory=dict)
+    #: What the metrics read beyond the fields above.
+    tallies: Tallies = field(default_factory=Tallies)
+
+    # --- leadership ---------------------------------------------------------------------
+
+    def record_decision(self, d: Decision) -> None:
+        self.decisions.append(d)
+        self.decision_counts[d.reason] += 1
+        self.phase = d.phase
+        if d.phase is not Phase.BACKING_OFF:
+            self.backoff_until = None
+        elif d.backoff > 0:
+            self.backoff_until = d.at + d.backoff
+        if d.phase is Phase.REFUSED and d.detail and self.duplicate_vote is None:
+            self.duplicate_vote, self.duplicate_since = d.detail, d.at
+        elif d.phase is not Phase.REFUSED:
+            self.duplicate_vote = self.duplicate_since = None
+
+    def lead(self, now: float) -> None:
+        self.is_leader = True
+        self.leader = self.identity
+        for cs in self.checks.values():
+            cs.waiting_since = now  # staleness before a first run counts from here
+        self.tallies.leader_changed(True)
+
+    def stepped_down(self) -> None:
+        self.is_leader = False
+        self.tallies.leader_changed(False)
+        self.tallies.index_ledgers = 0
+
+    # --- check runs -----------------------------------------------------------------------
+
+    def check_run_state(self, check: Check, what: RunState, next_run: float | None) -> None:
+        cs = self.checks[check]
+        if what is RunState.RUNNING:
+            cs.outcome = Outcome.RUNNING
+            cs.last_started = time.time()
+        elif what is RunState.OFF:
+            cs.enabled = False
+        elif what is RunState.SCHEDULED:
+            cs.next_run = next_run
+
+    def check_ended(self, check: Check, outcome: RunOutcome, now: float) -> None:
+        cs = self.checks[check]
+        cs.last_finished = now
+        match outcome:
+            case RunCompleted(report=report, duration=duration):
+                cs.last_report = report
+                cs.last_success = now
+                cs.last_error = None
+                # Invalid znodes are findings as violations are (`check` exits 1 on both).
+                cs.outcome = Outcome.VIOLATIONS if report.has_findings else Outcome.OK
+                if check is Check.BOOKIES:
+                    self.lost_bookies = tuple(report.lost_bookies)
+                self.tallies.record_report(report, duration)
+            case RunSkipped():
+                cs.outcome = Outcome.SKIPPED
+                self.tallies.record_skip(check)
+            case RunFailed(error=error, duration=duration):
+                cs.outcome = Outcome.FAILED
+                cs.last_error = error
+                self.tallies.record_failure(check, duration)
+
+    def check_recorded(self, check: Check, timestamp: float) -> None:
+        """The check's last completion as stored in ZooKeeper (read by a new leader)."""
+        self.checks[check].recorded_success = timestamp
+        self.tallies.set_last_success(check, timestamp)
+
+    def check_interval(self, check: Check, seconds: float) -> None:
+        self.checks[check].interval_s = seconds
+        self.checks[check].enabled = seconds > 0
+        self.tallies.set_check_interval(check, seconds)
+
+    def selftest_done(self, results: Sequence[SelfTestResult], now: float) -> None:
+        for r in results:
+            self.selftest[r.check] = SelfTestState(
+                r.check, r.ok, r.fixtures, "" if r.ok else r.summary(), now
+            )
+        self.tallies.record_selftest(results, now)
+
+    # --- znodes that could not be used ----------------------------------------------------
+
+    def znode_invalid(self, znode: str, value: str, using: str, now: float) -> bool:
+        """Records `znode` as unusable; True when this is news (first seen, or a new value)."""
+        known = self.invalid_znodes.get(znode)
+        if known is not None and known.value == value and known.using == using:
+            return False
+        since = known.since if known is not None and known.value == value else now
+        self.invalid_znodes[znode] = InvalidZnode(znode, value, using, since)
+        return known is None or known.value != value
+
+    def znode_valid(self, znode: str) -> bool:
+        """Forgets `znode`'s trouble; True when it had been recorded as unusable."""
+        return self.invalid_znodes.pop(znode, None) is not None
 
 
 class NotLeaderError(Exception):
@@ -102,7 +263,8 @@ class DaemonControl(Protocol):
 
     async def set_autorecovery(self, enabled: bool) -> None: ...
 
-    def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]: ...
+    def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger | CorruptMark]:
+        """Every mark, each corrupt one an item of its own (`list_marks`)."""
 
     async def explain(self, ledger_id: int) -> dict[str, Any]:
         """The `explain --json` document of a ledger (NotFoundError when there is none)."""

@@ -6,6 +6,11 @@ instead of one ZooKeeper read per ledger. `IndexWalker` has the interface of
 check drivers do not know which one they were given. `read` still goes to
 ZooKeeper: it is the fresh look BP-34 asks for before a violation is reported,
 and that must not come from a cache.
+
+Znodes the walk could not take as ledgers (`UnexpectedZnode`, a path spelling
+an id beyond 2^63-1 for one) are kept beside the records, from the last full
+load and, for invalid ledger znodes, from events since; an `IndexWalker` hands
+them out in its stats as a ZooKeeper walk would, so the daemon names them too.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from auditor.index.packed import (
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import IdRange, LedgerRecord, LedgerWalker, WalkStats
+from auditor.metadata.walk import (
+    UNEXPECTED_KEPT,
+    IdRange,
+    LedgerRecord,
+    LedgerWalker,
+    UnexpectedZnode,
+    WalkStats,
+)
 from auditor.zk import ZkClient
 
 #: Records handed out per turn of the event loop while iterating (a walk of
@@ -42,6 +54,10 @@ class MetadataIndex:
         self.manager = manager
         self.tables = Tables()
         self._records: dict[int, bytes] = {}
+        #: Unexpected znodes by path (the first UNEXPECTED_KEPT), and how many there are.
+        self.unexpected: dict[str, UnexpectedZnode] = {}
+        self.unexpected_count = 0
+        self.invalid_ledgers = 0
 
     def __len__(self) -> int:
         return len(self._records)
@@ -58,6 +74,32 @@ class MetadataIndex:
 
     def remove(self, ledger_id: int) -> None:
         self._records.pop(ledger_id, None)
+
+    def loaded_unexpected(self, stats: WalkStats) -> None:
+        """What a full walk found besides ledgers replaces what was known."""
+        self.unexpected = {u.path: u for u in stats.unexpected}
+        self.unexpected_count = stats.unexpected_count
+        self.invalid_ledgers = stats.invalid_ledgers
+
+    def add_unexpected(self, znode: UnexpectedZnode) -> None:
+        if znode.path in self.unexpected:
+            return
+        self.unexpected_count += 1
+        self.invalid_ledgers += znode.invalid_ledger
+        if len(self.unexpected) < UNEXPECTED_KEPT:
+            self.unexpected[znode.path] = znode
+
+    def remove_unexpected(self, path: str) -> None:
+        gone = self.unexpected.pop(path, None)
+        if gone is not None:
+            self.unexpected_count -= 1
+            self.invalid_ledgers -= gone.invalid_ledger
+
+    def note_unexpected(self, stats: WalkStats) -> None:
+        """Adds what is known besides ledgers to a walk's stats."""
+        stats.unexpected.extend(list(self.unexpected.values())[:UNEXPECTED_KEPT])
+        stats.unexpected_count += self.unexpected_count
+        stats.invalid_ledgers += self.invalid_ledgers
 
     def ids(self) -> list[int]:
         return sorted(self._records)
@@ -113,6 +155,9 @@ class IndexWalker:
         return ids[-1] if ids else None
 
     async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
+        if self.id_range is None or self.id_range.last:
+            # One range of a partitioned walk names them, as a ZooKeeper walk does.
+            self.index.note_unexpected(self.stats)
         for n, rec in enumerate(self.index.records(self.id_range), 1):
             self.stats.ledgers += 1
             if rec.error is not None:

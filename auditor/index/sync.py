@@ -16,6 +16,10 @@ instead of trusting a copy that may have missed changes.
 
 Events for znodes that are not ledgers (bookie registrations, marks, locks,
 which all live under the ledgers root) are dropped by the shape of the path.
+A znode shaped like a ledger's that cannot be one (its path spells an id
+beyond 2^63-1, or its name has the wrong count of digits) is never read: it is
+noted as an invalid ledger znode, named as the walk names it, and forgotten
+when it is deleted.
 """
 
 from __future__ import annotations
@@ -29,21 +33,29 @@ from typing import Any
 
 from auditor.index.store import MetadataIndex
 from auditor.metadata.layout import LedgerManager
-from auditor.metadata.walk import LedgerWalker
-from auditor.zk import ZkClient, ZkUnavailableError
+from auditor.metadata.paths import InvalidLedgerIdError, check_ledger_id
+from auditor.metadata.walk import (
+    LedgerWalker,
+    UnexpectedZnode,
+    misnamed_reason,
+    out_of_range_reason,
+)
+from auditor.zk import EventType, ZkClient, ZkUnavailableError
 from auditor.zk.persistent import Event, Gap, PersistentWatchUnsupported
 
-_LEGACY = re.compile(r"^/(\d{2})/(\d{4})/L(\d{4})$")
-_LONG = re.compile(r"^/(\d{3})/(\d{4})/(\d{4})/(\d{4})/L(\d{4})$")
-_FLAT = re.compile(r"^/L(\d{10})$")
+# A ledger's path in each tree, with any count of digits in the leaf's name: the
+# right count is a ledger (if the id is valid), a wrong one an invalid ledger znode.
+_LEGACY = (re.compile(r"^/(\d{2})/(\d{4})/L(\d+)$"), 4)
+_LONG = (re.compile(r"^/(\d{3})/(\d{4})/(\d{4})/(\d{4})/L(\d+)$"), 4)
+_FLAT = (re.compile(r"^/L(\d+)$"), 10)
 
 
-def ledger_id_of(manager: LedgerManager, root: str, path: str) -> int | None:
-    """The ledger a znode path names, or None when it is not a ledger's znode."""
+def _classify(manager: LedgerManager, root: str, path: str) -> int | UnexpectedZnode | None:
+    """The ledger a znode path names, an invalid ledger znode, or None (not ledger-shaped)."""
     if not path.startswith(root + "/"):
         return None
     rel = path[len(root) :]
-    patterns: tuple[re.Pattern[str], ...]
+    patterns: tuple[tuple[re.Pattern[str], int], ...]
     if manager is LedgerManager.FLAT:
         patterns = (_FLAT,)
     elif manager is LedgerManager.LEGACY_HIERARCHICAL:
@@ -52,11 +64,30 @@ def ledger_id_of(manager: LedgerManager, root: str, path: str) -> int | None:
         patterns = (_LONG,)
     else:
         patterns = (_LEGACY, _LONG)
-    for pattern in patterns:
+    for pattern, leaf_digits in patterns:
         m = pattern.match(rel)
-        if m is not None:
-            return int("".join(m.groups()))
+        if m is None:
+            continue
+        if len(m.groups()[-1]) != leaf_digits:
+            name = "L" + m.groups()[-1]
+            return UnexpectedZnode(path, misnamed_reason(name, leaf_digits), invalid_ledger=True)
+        try:
+            return check_ledger_id(int("".join(m.groups())), where=path)
+        except InvalidLedgerIdError as exc:
+            return UnexpectedZnode(path, out_of_range_reason(path, exc), invalid_ledger=True)
     return None
+
+
+def ledger_id_of(manager: LedgerManager, root: str, path: str) -> int | None:
+    """The ledger a znode path names, or None when it is not a valid ledger's znode."""
+    found = _classify(manager, root, path)
+    return found if isinstance(found, int) else None
+
+
+def invalid_ledger_znode(manager: LedgerManager, root: str, path: str) -> UnexpectedZnode | None:
+    """A znode shaped like a ledger's that cannot be one, named as the walk names it."""
+    found = _classify(manager, root, path)
+    return found if isinstance(found, UnexpectedZnode) else None
 
 
 class IndexSync:
@@ -164,6 +195,13 @@ class IndexSync:
             self.index.put(rec)
         for ledger_id in before[pos:]:
             self.index.remove(ledger_id)
+        self.index.loaded_unexpected(walker.stats)
+        if walker.stats.invalid_ledgers:
+            self.log.warning(
+                "invalid ledger znodes under the ledgers root: not ledgers, not checked",
+                count=walker.stats.invalid_ledgers,
+                examples=[str(u) for u in walker.stats.unexpected if u.invalid_ledger][:10],
+            )
         self.loads += 1
         async with self.changed:
             self.changed.notify_all()
@@ -196,10 +234,20 @@ class IndexSync:
                 return f"re-read failed: {exc}"
 
     def _note(self, event: Event) -> None:
-        ledger_id = ledger_id_of(self.index.manager, self.index.root, event.path)
-        if ledger_id is not None:
+        found = _classify(self.index.manager, self.index.root, event.path)
+        if isinstance(found, int):
             self.events += 1
-            self.dirty.add(ledger_id)
+            self.dirty.add(found)
+        elif isinstance(found, UnexpectedZnode):
+            # Its data is never read, so a change is no news. (Beyond the first
+            # UNEXPECTED_KEPT, counts are made exact again by the next full load.)
+            if event.type == EventType.DELETED:
+                self.index.remove_unexpected(found.path)
+            elif event.type == EventType.CREATED and found.path not in self.index.unexpected:
+                self.log.warning(
+                    "invalid ledger znode: not a ledger, not checked", znode=str(found)
+                )
+                self.index.add_unexpected(found)
 
     async def _reread(self) -> None:
         while self.dirty:

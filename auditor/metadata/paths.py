@@ -1,14 +1,40 @@
-"""Ledger id <-> znode path, for each of BookKeeper's ZooKeeper ledger managers."""
+"""Ledger id <-> znode path, for each of BookKeeper's ZooKeeper ledger managers.
+
+Also the one rule for what a ledger id is (0..2^63-1, Java's non-negative
+`long`), used wherever an id comes in from outside: a ledger znode's path, an
+under-replication mark's name, a lock, a command-line argument. An id read from
+ZooKeeper is untrusted like every other byte there: a path spelling 2^63 is a
+bad znode to name, not a ledger to check.
+"""
 
 from __future__ import annotations
 
 import re
 
+from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
 
 #: Ids below this use the legacy (2-4-4) path in the hierarchical manager.
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
+
+
+class InvalidLedgerIdError(ConfigError, ValueError):
+    """A ledger id outside 0..2^63-1 (a ValueError too, as `ledger_path` always raised)."""
+
+
+def is_valid_ledger_id(ledger_id: int) -> bool:
+    """The rule: a ledger id is 0..2^63-1, whatever layout or tree names it."""
+    return 0 <= ledger_id <= LONG_MAX
+
+
+def check_ledger_id(ledger_id: int, *, where: str | None = None) -> int:
+    """`ledger_id` if it is valid, else InvalidLedgerIdError (`where` names its source)."""
+    if not is_valid_ledger_id(ledger_id):
+        source = f"{where}: " if where else ""
+        raise InvalidLedgerIdError(f"{source}a ledger id is 0..{LONG_MAX}, got {ledger_id}")
+    return ledger_id
+
 
 #: Children of the ledgers root (and names at leaf level) that are not ledgers.
 SPECIAL_ZNODES = frozenset(
@@ -35,8 +61,7 @@ def flat_path(root: str, ledger_id: int) -> str:
 
 
 def ledger_path(manager: LedgerManager, root: str, ledger_id: int) -> str:
-    if not 0 <= ledger_id <= LONG_MAX:
-        raise ValueError(f"ledger id out of range: {ledger_id}")
+    check_ledger_id(ledger_id)
     if manager is LedgerManager.FLAT:
         return flat_path(root, ledger_id)
     if manager is LedgerManager.LEGACY_HIERARCHICAL:
@@ -52,10 +77,13 @@ _DIGITS = re.compile(r"\D")
 
 
 def ledger_id_from_path(root: str, path: str) -> int:
-    """The digits of every component after the root, as BookKeeper reads them."""
+    """The digits of every component after the root, as BookKeeper reads them.
+
+    InvalidLedgerIdError (a ValueError) when they spell an id outside 0..2^63-1.
+    """
     if not path.startswith(root + "/"):
         raise ValueError(f"{path} is not under {root}")
     digits = _DIGITS.sub("", path[len(root) + 1 :])
     if not digits:
         raise ValueError(f"no ledger id in {path}")
-    return int(digits)
+    return check_ledger_id(int(digits), where=path)

@@ -94,7 +94,7 @@ def address_from_service_info(data: bytes) -> tuple[str, int] | None:
 
 def address_from_id(bookie_id: str) -> tuple[str, int] | None:
     host, sep, port = bookie_id.rpartition(":")
-    if not sep or not host or not port.isdigit() or ":" in host:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or ":" in host:
         return None
     p = int(port)
     return (host, p) if 0 < p < 65536 else None

@@ -41,6 +41,7 @@ from auditor.metadata.model import (
     LedgerState,
     Segment,
 )
+from auditor.metadata.paths import check_ledger_id
 from auditor.metadata.textformat import (
     DEFAULT_STYLE,
     EscapeStyle,
@@ -182,11 +183,11 @@ def decode_ledger_metadata(
 
     `znode_ctime` is the znode's `Stat.ctime`. For v2 and v3 it becomes the ledger's
     ctime (not stored) when the metadata carries none. v1 never uses it, as in Java.
-    Raises LedgerMetadataFormatError for any malformed `data`, and ValueError for
-    a `ledger_id` outside 0..2**63-1, which is a bug in the caller, not in the data.
+    Raises LedgerMetadataFormatError for any malformed `data`, and InvalidLedgerIdError
+    (a ValueError) for a `ledger_id` outside 0..2**63-1, which is a bug in the caller
+    (the walk never yields one), not in the data.
     """
-    if not 0 <= ledger_id <= _INT64[1]:
-        raise ValueError(f"ledger id {ledger_id} is not in 0..2**63-1")
+    check_ledger_id(ledger_id)
     try:
         return _decode(bytes(data), ledger_id, znode_ctime)
     except _Invalid as e:

@@ -8,6 +8,15 @@ was added, so replication workers that locked the ledger see the re-mark (their
 versioned delete fails) and nothing is lost. The check-ctime znodes are binary
 protobuf, the layout and lock data TextFormat, `lostBookieRecoveryDelay` a
 decimal string: each exactly as BookKeeper writes it.
+
+Every byte here is untrusted, and one bad mark must not hide the others: a
+listing (`list_marks`, `read_marks`) yields each valid mark and each corrupt
+one as a `CorruptMark` of its own (path and reason), whether its data does not
+decode, its name is not `urL%010d` of a ledger id in 0..2^63-1, or it is not
+where BookKeeper keeps that ledger's mark. A corrupt mark whose name spells a
+ledger id still marks that ledger (`MarkListing.marked_ids`): the checks that
+skip marked ledgers skip it too, as a replication worker would not copy a
+ledger twice.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from auditor.errors import FormatError
+from auditor.metadata.paths import LONG_MAX, check_ledger_id, is_valid_ledger_id
 from auditor.metadata.records import (
     UNASSIGNED_CTIME,
     CheckKind,
@@ -36,8 +46,16 @@ from auditor.metadata.records import (
 )
 from auditor.zk import BadVersionError, NodeExistsError, NoNodeError, ZkClient
 
-_UR_LEAF = re.compile(r"urL(\d+)$")
+_MARK_PREFIX = "urL"
+_MARK_NAME = re.compile(r"^urL(\d+)$")
+_HEX_DIR = re.compile(r"^[0-9a-f]{4}$")
+#: A mark's path below `underreplication/ledgers`: four levels of hex directories.
+_HEX_LEVELS = 4
 _MAX_CAS_ATTEMPTS = 100
+#: What Java's `Integer.parseInt` accepts: ASCII digits and one optional sign.
+_JAVA_INT = re.compile(r"[+-]?[0-9]+")
+#: Java's `Integer.MAX_VALUE`: the largest `lostBookieRecoveryDelay` BookKeeper can read.
+MAX_DELAY_SECONDS = 2**31 - 1
 
 
 class UnderreplicationFormatError(FormatError):
@@ -58,10 +76,77 @@ class UnderreplicatedLedger:
     znode_version: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class CorruptMark:
+    """A znode among the under-replication marks that is not a valid mark.
+
+    `ledger_id` is the ledger its name spells when that is a valid id (the mark
+    still marks it), None when the name spells none.
+    """
+
+    path: str
+    ledger_id: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+@dataclass
+class MarkListing:
+    """Every mark under one root: the valid ones and, each on its own, the corrupt ones."""
+
+    marks: list[UnderreplicatedLedger]
+    corrupt: list[CorruptMark]
+
+    def by_id(self) -> dict[int, UnderreplicatedLedger]:
+        return {ur.ledger_id: ur for ur in self.marks}
+
+    def marked_ids(self) -> set[int]:
+        """Every ledger marked: by a valid mark or by a corrupt one that names it."""
+        ids = {ur.ledger_id for ur in self.marks}
+        ids.update(c.ledger_id for c in self.corrupt if c.ledger_id is not None)
+        return ids
+
+
+def mark_name(ledger_id: int) -> str:
+    """`urL%010d`: the name of a ledger's mark and of its replication lock."""
+    return f"{_MARK_PREFIX}{check_ledger_id(ledger_id):010d}"
+
+
 def ur_ledger_path(base: str, ledger_id: int) -> str:
     """`<base>/ledgers/hhhh/hhhh/hhhh/hhhh/urL%010d` for a ledger id."""
+    name = mark_name(ledger_id)
     parts = [f"{(ledger_id >> shift) & 0xFFFF:04x}" for shift in (48, 32, 16, 0)]
-    return f"{base}/ledgers/{'/'.join(parts)}/urL{ledger_id:010d}"
+    return f"{base}/ledgers/{'/'.join(parts)}/{name}"
+
+
+def ur_lock_path(base: str, ledger_id: int) -> str:
+    """`<base>/locks/urL%010d`: a replication worker's lock on a ledger."""
+    return f"{base}/locks/{mark_name(ledger_id)}"
+
+
+def _mark_name_problem(base: str, path: str, name: str) -> tuple[int | None, str | None]:
+    """(the ledger a mark's name spells, or None; what is wrong with the mark, or None)."""
+    m = _MARK_NAME.match(name)
+    if m is None:
+        return None, f"mark name {name[:80]!r} is not urL and a ledger id"
+    digits = m.group(1)
+    significant = digits.lstrip("0") or "0"
+    # More digits than any valid id has are not even converted (a name can be kilobytes).
+    if len(significant) > len(str(LONG_MAX)) or not is_valid_ledger_id(int(significant)):
+        shown = digits if len(digits) <= 24 else f"{digits[:20]}... ({len(digits)} digits)"
+        return None, f"mark name spells ledger id {shown}, outside 0..{LONG_MAX}"
+    ledger_id = int(significant)
+    if name != f"{_MARK_PREFIX}{ledger_id:010d}":
+        return ledger_id, (
+            f"mark name is not urL%010d: BookKeeper names ledger {ledger_id}'s mark "
+            f"{_MARK_PREFIX}{ledger_id:010d}"
+        )
+    expected = ur_ledger_path(base, ledger_id)
+    if path != expected:
+        return ledger_id, f"not where BookKeeper keeps the mark of ledger {ledger_id} ({expected})"
+    return ledger_id, None
 
 
 def encode_mark(replicas: Sequence[str], ctime: int | None) -> bytes:
@@ -116,8 +201,9 @@ class UnderreplicationManager:
         except RecordFormatError as exc:
             raise UnderreplicationFormatError(f"{path} is corrupt: {exc}") from exc
         if not layout.supported:
+            found = repr(layout.type[:64]) + ("..." if len(layout.type) > 64 else "")
             raise UnderreplicationFormatError(
-                f"{path} is type {layout.type!r} version {layout.version}; "
+                f"{path} is type {found} version {layout.version}; "
                 "only BASIC version 1 is supported"
             )
         await self.zk.ensure_path(f"{self.base}/ledgers")
@@ -164,49 +250,104 @@ class UnderreplicationManager:
             return None
         return decode_mark(ledger_id, data, int(stat.version))
 
-    async def _mark_paths(self) -> AsyncIterator[tuple[int, str]]:
-        """(ledger id, znode path) of every mark, breadth-first as BookKeeper lists them."""
-        queue: deque[str] = deque([f"{self.base}/ledgers"])
+    async def get_mark(self, ledger_id: int) -> UnderreplicatedLedger | CorruptMark | None:
+        """A ledger's mark, a CorruptMark if its data does not decode, or None."""
+        path = ur_ledger_path(self.base, ledger_id)
+        try:
+            data, stat = await self.zk.get(path)
+        except NoNodeError:
+            return None
+        return self._decoded(path, ledger_id, data, int(stat.version))
+
+    @staticmethod
+    def _decoded(
+        path: str, ledger_id: int, data: bytes, version: int
+    ) -> UnderreplicatedLedger | CorruptMark:
+        try:
+            rec = decode_underreplicated_ledger(data)
+        except RecordFormatError as exc:
+            return CorruptMark(path, ledger_id, f"does not decode: {exc.reason}")
+        return UnderreplicatedLedger(ledger_id, rec.replicas, rec.ctime_or_unassigned, version)
+
+    async def _mark_znodes(self) -> AsyncIterator[tuple[str, int | None, str | None]]:
+        """(path, ledger id or None, what is wrong or None) of every mark and of every other
+        znode among them, breadth-first as BookKeeper lists them; listings only."""
+        top = f"{self.base}/ledgers"
+        queue: deque[tuple[str, int]] = deque([(top, 0)])
         while queue:
-            path = queue.popleft()
+            path, depth = queue.popleft()
             try:
                 children = sorted(await self.zk.get_children(path))
             except NoNodeError:
                 continue
+            if not children and path != top and not self._hex_dir(path, depth):
+                yield path, None, "neither an under-replication mark nor a directory of marks"
             for child in children:
-                m = _UR_LEAF.match(child)
-                if child.startswith("urL") and m:
-                    yield int(m.group(1)), f"{path}/{child}"
+                if child.startswith(_MARK_PREFIX):
+                    child_path = f"{path}/{child}"
+                    ledger_id, problem = _mark_name_problem(self.base, child_path, child)
+                    yield child_path, ledger_id, problem
                 else:
-                    queue.append(f"{path}/{child}")
+                    queue.append((f"{path}/{child}", depth + 1))
 
-    async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
-        """Every mark with its data; one removed while we list it is skipped."""
-        async for ledger_id, path in self._mark_paths():
+    @staticmethod
+    def _hex_dir(path: str, depth: int) -> bool:
+        return 1 <= depth <= _HEX_LEVELS and _HEX_DIR.match(path.rsplit("/", 1)[1]) is not None
+
+    async def list_marks(self) -> AsyncIterator[UnderreplicatedLedger | CorruptMark]:
+        """Every valid mark with its data and every corrupt one, each an item of its own;
+        a mark removed while we list it is skipped."""
+        async for path, ledger_id, problem in self._mark_znodes():
+            if problem is not None or ledger_id is None:
+                yield CorruptMark(path, ledger_id, problem or "not a mark")
+                continue
             try:
                 data, stat = await self.zk.get(path)
             except NoNodeError:
                 continue
-            yield decode_mark(ledger_id, data, int(stat.version))
+            yield self._decoded(path, ledger_id, data, int(stat.version))
+
+    async def read_marks(self) -> MarkListing:
+        """`list_marks`, gathered: the valid marks and the corrupt ones apart."""
+        listing = MarkListing([], [])
+        async for item in self.list_marks():
+            if isinstance(item, CorruptMark):
+                listing.corrupt.append(item)
+            else:
+                listing.marks.append(item)
+        return listing
+
+    async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
+        """The valid marks with their data (corrupt ones are in `list_marks` only)."""
+        async for item in self.list_marks():
+            if not isinstance(item, CorruptMark):
+                yield item
 
     async def count_underreplicated(self) -> int:
-        """How many ledgers are marked: listings only, no data reads."""
-        return sum([1 async for _ in self._mark_paths()])
+        """How many ledgers are marked, corrupt marks that name one included: listings only,
+        no data reads."""
+        return sum([1 async for _, ledger_id, _ in self._mark_znodes() if ledger_id is not None])
+
+    async def count_corrupt_marks(self) -> int:
+        """How many corrupt marks there are (every mark's data is read): the value of the
+        corrupt-marks gauge."""
+        return sum([1 async for item in self.list_marks() if isinstance(item, CorruptMark)])
 
     async def is_being_replicated(self, ledger_id: int) -> bool:
-        return await self.zk.exists(f"{self.base}/locks/urL{ledger_id:010d}") is not None
+        return await self.zk.exists(ur_lock_path(self.base, ledger_id)) is not None
 
     async def replication_worker(self, ledger_id: int) -> str | None:
         """Who holds the replication lock of a ledger (LockDataFormat's bookieId)."""
+        path = ur_lock_path(self.base, ledger_id)
         try:
-            data, _ = await self.zk.get(f"{self.base}/locks/urL{ledger_id:010d}")
+            data, _ = await self.zk.get(path)
         except NoNodeError:
             return None
         try:
             return decode_lock_data(data)
         except RecordFormatError as exc:
             raise UnderreplicationFormatError(
-                f"replication lock of ledger {ledger_id} is corrupt: {exc}"
+                f"replication lock of ledger {ledger_id} at {path} is corrupt: {exc}"
             ) from exc
 
     # --- the disable flag ---------------------------------------------------------
@@ -232,13 +373,19 @@ class UnderreplicationManager:
             )
 
     async def get_lost_bookie_recovery_delay(self) -> int:
+        """The delay in seconds; UnderreplicationFormatError, naming the znode, unless it is
+        0..2^31-1 as Java's `Integer.parseInt` reads it (surrounding whitespace forgiven)."""
         path = f"{self.base}/lostBookieRecoveryDelay"
         data, _ = await self.zk.get(path)
         text = data.decode("ascii", errors="replace").strip()
-        try:
-            return int(text)
-        except ValueError as exc:
-            raise UnderreplicationFormatError(f"{path} is not an integer: {text[:40]!r}") from exc
+        if not _JAVA_INT.fullmatch(text):
+            raise UnderreplicationFormatError(f"{path} is not an integer: {text[:40]!r}")
+        value = int(text)
+        if not 0 <= value <= MAX_DELAY_SECONDS:
+            raise UnderreplicationFormatError(
+                f"{path} is {text[:40]}, outside 0..{MAX_DELAY_SECONDS} seconds"
+            )
+        return value
 
     async def set_lost_bookie_recovery_delay(self, seconds: int) -> None:
         path = f"{self.base}/lostBookieRecoveryDelay"

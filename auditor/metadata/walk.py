@@ -7,6 +7,14 @@ pipelined with a bounded window that yields results in id order. A ledger
 deleted while we walk (NoNode on list or read) is counted, not an error; a
 ledger whose bytes do not decode is yielded as a record carrying the error, so
 the caller reports it (id and path) and the walk goes on.
+
+A znode that cannot be a ledger is never yielded and never stops the walk: it
+is an `UnexpectedZnode` in `stats.unexpected`, named by path with the reason.
+That is one way for every such znode, whether its name is not a ledger's, it is
+a ledger filed under the other tree, or its path spells an id outside
+0..2^63-1 (`invalid_ledger`: it stands where a ledger would, and no ledger can
+be there). Such an id has no record to carry: nothing downstream (the index,
+the checks' reports, the API) can hold it.
 """
 
 from __future__ import annotations
@@ -20,7 +28,15 @@ from typing import Protocol
 
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerMetadata
-from auditor.metadata.paths import INT_MAX, is_special_znode, ledger_id_from_path, ledger_path
+from auditor.metadata.paths import (
+    INT_MAX,
+    LONG_MAX,
+    InvalidLedgerIdError,
+    check_ledger_id,
+    is_special_znode,
+    ledger_id_from_path,
+    ledger_path,
+)
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.zk import NoNodeError, ZkClient
 
@@ -29,6 +45,10 @@ _THREE = re.compile(r"^\d{3}$")
 FOUR = re.compile(r"^\d{4}$")
 LEAF = re.compile(r"^L\d{4}$")
 FLAT_LEAF = re.compile(r"^L\d{10}$")
+#: A name shaped like a ledger's (L and digits), whatever the count of digits.
+LEDGER_SHAPED = re.compile(r"^L\d+$")
+#: Unexpected znodes kept by path (all are counted): enough for an operator to go and look.
+UNEXPECTED_KEPT = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +61,18 @@ class IdRange:
     def __contains__(self, ledger_id: int) -> bool:
         return self.lo <= ledger_id < self.hi
 
+    @property
+    def last(self) -> bool:
+        """Whether this range runs to the end of the id space: it also walks the znodes
+        whose paths spell ids beyond 2^63-1, so that they are named by exactly one range."""
+        return self.hi > LONG_MAX
+
     def contains_prefix(self, digits: str, below: int) -> bool:
         """Whether a znode whose path spells `digits`, `below` digits short of an id, may
         hold ids in this range (every id under it lies in one decimal interval)."""
         scale: int = 10**below
         first = int(digits) * scale
-        return first < self.hi and first + scale > self.lo
+        return (self.last or first < self.hi) and first + scale > self.lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +101,30 @@ def trees_of(manager: LedgerManager) -> list[Tree]:
     return []
 
 
+@dataclass(frozen=True, slots=True)
+class UnexpectedZnode:
+    """A znode under the ledgers root that the walk could not take as a ledger."""
+
+    path: str
+    reason: str
+    #: It stands where a ledger would (`L` and digits at a ledger's level) but names no
+    #: valid ledger: a bad ledger znode, where a stray name is merely unexpected.
+    invalid_ledger: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def misnamed_reason(name: str, digits: int) -> str:
+    """Why `L` and digits at a ledger's level is no ledger: the count of digits."""
+    return f"a ledger's name here is L and {digits} digits, not {len(name) - 1}"
+
+
+def out_of_range_reason(path: str, exc: InvalidLedgerIdError) -> str:
+    """Why a ledger-shaped path is no ledger: the id it spells (the error names the path)."""
+    return str(exc).removeprefix(f"{path}: ")
+
+
 @dataclass
 class WalkStats:
     """What the walk saw besides ledgers; a caller reports these, never drops them."""
@@ -82,7 +132,23 @@ class WalkStats:
     ledgers: int = 0
     deleted_during_walk: int = 0
     corrupt: int = 0
-    foreign_znodes: list[str] = field(default_factory=list)
+    #: The first UNEXPECTED_KEPT unexpected znodes, in walk order; all are counted below.
+    unexpected: list[UnexpectedZnode] = field(default_factory=list)
+    unexpected_count: int = 0
+    #: How many of them are `invalid_ledger`.
+    invalid_ledgers: int = 0
+
+    @property
+    def foreign_znodes(self) -> list[str]:
+        """The paths of the unexpected znodes kept (what callers read before reasons)."""
+        return [u.path for u in self.unexpected]
+
+    def note_unexpected(self, znode: UnexpectedZnode) -> None:
+        self.unexpected_count += 1
+        if znode.invalid_ledger:
+            self.invalid_ledgers += 1
+        if len(self.unexpected) < UNEXPECTED_KEPT:
+            self.unexpected.append(znode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +199,35 @@ class LedgerWalker:
         except NoNodeError:
             return []
 
-    def _foreign(self, path: str) -> None:
-        # Bounded: a few examples are enough for an operator to go and look.
-        if len(self.stats.foreign_znodes) < 100:
-            self.stats.foreign_znodes.append(path)
+    def _foreign(self, path: str, reason: str = "not a ledger znode") -> None:
+        self.stats.note_unexpected(UnexpectedZnode(path, reason))
+
+    def _invalid(self, path: str, reason: str) -> None:
+        self.stats.note_unexpected(UnexpectedZnode(path, reason, invalid_ledger=True))
+
+    def _owns(self, prefix: str, below: int) -> bool:
+        """Whether this walk names the unexpected znodes in the directory spelling `prefix`:
+        of the ranges that list it, the one holding the first id it could hold (so that
+        partitions of one scan name each znode once)."""
+        if self.id_range is None:
+            return True
+        first = int(prefix or "0") * 10**below
+        return first in self.id_range or (first > LONG_MAX and self.id_range.last)
+
+    def _misnamed(self, path: str, name: str, digits: int) -> bool:
+        """An `L` and a wrong count of digits: an invalid ledger znode; True if it was one."""
+        if not LEDGER_SHAPED.match(name):
+            return False
+        self._invalid(path, misnamed_reason(name, digits))
+        return True
 
     async def _leaves(self, path: str, prefix: str, leaf: re.Pattern[str]) -> AsyncIterator[str]:
         for name in await self._children(path):
             if leaf.match(name):
                 if self.id_range is None or self.id_range.contains_prefix(prefix + name[1:], 0):
                     yield f"{path}/{name}"
+            elif not self._owns(prefix, 4) or self._misnamed(f"{path}/{name}", name, 4):
+                continue
             elif not is_special_znode(name):
                 self._foreign(f"{path}/{name}")
 
@@ -162,7 +247,8 @@ class LedgerWalker:
             return
         for name in await self._children(path):
             if not FOUR.match(name):
-                self._foreign(f"{path}/{name}")
+                if self._owns(prefix, tree.below(prefix)):
+                    self._foreign(f"{path}/{name}")
                 continue
             sub = prefix + name
             if self.id_range is None or self.id_range.contains_prefix(sub, tree.below(sub)):
@@ -171,10 +257,11 @@ class LedgerWalker:
 
     async def _flat_paths(self) -> AsyncIterator[str]:
         for name in await self._children(self.root):
-            if FLAT_LEAF.match(name) and (
-                self.id_range is None or self.id_range.contains_prefix(name[1:], 0)
-            ):
-                yield f"{self.root}/{name}"
+            if FLAT_LEAF.match(name):
+                if self.id_range is None or self.id_range.contains_prefix(name[1:], 0):
+                    yield f"{self.root}/{name}"
+            elif self._owns("", 10):
+                self._misnamed(f"{self.root}/{name}", name, 10)
 
     async def ledger_paths(self) -> AsyncGenerator[tuple[int, str], None]:
         """(ledger id, znode path) in ascending id order."""
@@ -186,13 +273,20 @@ class LedgerWalker:
             sources = [self._tree(t) for t in trees_of(self.manager)]
         for source in sources:
             async for path in source:
-                ledger_id = ledger_id_from_path(self.root, path)
-                if self.manager is LedgerManager.HIERARCHICAL and (
-                    path.count("/") - self.root.count("/") == 3
-                ) != (ledger_id < INT_MAX):
+                try:
+                    ledger_id = ledger_id_from_path(self.root, path)
+                except InvalidLedgerIdError as exc:
+                    # Only the last range gets here (the others prune such paths).
+                    self._invalid(path, out_of_range_reason(path, exc))
+                    continue
+                legacy = path.count("/") - self.root.count("/") == 3
+                if self.manager is LedgerManager.HIERARCHICAL and legacy != (ledger_id < INT_MAX):
                     # A ledger filed under the other tree than its id says: the
                     # Java manager would not find it by id either.
-                    self._foreign(path)
+                    tree = "legacy (2-4-4)" if legacy else "long (3-4-4-4-4)"
+                    self._foreign(
+                        path, f"ledger {ledger_id} filed under the {tree} tree, not its own"
+                    )
                     continue
                 yield ledger_id, path
 
@@ -212,14 +306,19 @@ class LedgerWalker:
             for top in reversed([n for n in tops if top_pattern.match(n)]):
                 found = await self._last_leaf(f"{self.root}/{top}", middle_levels)
                 if found is not None:
-                    return ledger_id_from_path(self.root, found)
+                    return found
         return None
 
-    async def _last_leaf(self, path: str, levels: int) -> str | None:
+    async def _last_leaf(self, path: str, levels: int) -> int | None:
+        """The largest valid id under `path` (paths beyond 2^63-1 are passed over)."""
         names = await self._children(path)
         if levels == 0:
-            leaves = [n for n in names if LEAF.match(n)]
-            return f"{path}/{leaves[-1]}" if leaves else None
+            for leaf in reversed([n for n in names if LEAF.match(n)]):
+                try:
+                    return ledger_id_from_path(self.root, f"{path}/{leaf}")
+                except InvalidLedgerIdError:
+                    continue
+            return None
         for name in reversed([n for n in names if FOUR.match(n)]):
             found = await self._last_leaf(f"{path}/{name}", levels - 1)
             if found is not None:
@@ -231,7 +330,10 @@ class LedgerWalker:
             yield ledger_id
 
     async def read(self, ledger_id: int, path: str | None = None) -> LedgerRecord | None:
-        """One ledger's record now (None if it does not exist); for re-reads outside the walk."""
+        """One ledger's record now (None if it does not exist); for re-reads outside the walk.
+
+        InvalidLedgerIdError for an id outside 0..2^63-1 (the walk never yields one)."""
+        check_ledger_id(ledger_id)
         if path is None:
             path = ledger_path(self.manager, self.root, ledger_id)
         try:

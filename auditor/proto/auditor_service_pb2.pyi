@@ -42,7 +42,7 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     OUTCOME_OK: _Outcome.ValueType  # 3
     """completed, no violation"""
     OUTCOME_VIOLATIONS: _Outcome.ValueType  # 4
-    """completed, violations found"""
+    """completed, violations (or invalid znodes) found"""
     OUTCOME_FAILED: _Outcome.ValueType  # 5
     """could not complete; see last_error"""
     OUTCOME_SKIPPED: _Outcome.ValueType  # 6
@@ -57,7 +57,7 @@ OUTCOME_RUNNING: Outcome.ValueType  # 2
 OUTCOME_OK: Outcome.ValueType  # 3
 """completed, no violation"""
 OUTCOME_VIOLATIONS: Outcome.ValueType  # 4
-"""completed, violations found"""
+"""completed, violations (or invalid znodes) found"""
 OUTCOME_FAILED: Outcome.ValueType  # 5
 """could not complete; see last_error"""
 OUTCOME_SKIPPED: Outcome.ValueType  # 6
@@ -138,6 +138,8 @@ class CheckStatus(_message.Message):
     LAST_SUCCESS_AGE_SECONDS_FIELD_NUMBER: _builtins.int
     WOULD_BE_VIOLATIONS_DROPPED_FIELD_NUMBER: _builtins.int
     FALSE_ALARM_SHARE_FIELD_NUMBER: _builtins.int
+    INVALID_ZNODES_TOTAL_FIELD_NUMBER: _builtins.int
+    INVALID_ZNODES_FIELD_NUMBER: _builtins.int
     check: _builtins.str
     enabled: _builtins.bool
     interval_seconds: _builtins.float
@@ -151,6 +153,12 @@ class CheckStatus(_message.Message):
     last became the leader. Computed when the status is asked for.
     """
     false_alarm_share: _builtins.float
+    invalid_znodes_total: _builtins.int
+    """Znodes the last report names that are no ledger and no valid mark (a
+    corrupt under-replication mark, a ledger znode whose path spells an id
+    beyond 2^63-1): every one counted here, the first few (by path) below;
+    the report lists up to `checks.max_violations_listed` of them.
+    """
     @_builtins.property
     def last_started(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -171,6 +179,8 @@ class CheckStatus(_message.Message):
         share of everything flagged (see the README's report schema).
         """
 
+    @_builtins.property
+    def invalid_znodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___BadZnode]: ...
     def __init__(
         self,
         *,
@@ -189,14 +199,40 @@ class CheckStatus(_message.Message):
         last_success_age_seconds: _builtins.float = ...,
         would_be_violations_dropped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         false_alarm_share: _builtins.float = ...,
+        invalid_znodes_total: _builtins.int = ...,
+        invalid_znodes: _abc.Iterable[Global___BadZnode] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "next_run", b"next_run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "enabled", b"enabled", "false_alarm_share", b"false_alarm_share", "has_report", b"has_report", "interval_seconds", b"interval_seconds", "last_error", b"last_error", "last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "last_success_age_seconds", b"last_success_age_seconds", "ledgers_checked", b"ledgers_checked", "next_run", b"next_run", "outcome", b"outcome", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "enabled", b"enabled", "false_alarm_share", b"false_alarm_share", "has_report", b"has_report", "interval_seconds", b"interval_seconds", "invalid_znodes", b"invalid_znodes", "invalid_znodes_total", b"invalid_znodes_total", "last_error", b"last_error", "last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "last_success_age_seconds", b"last_success_age_seconds", "ledgers_checked", b"ledgers_checked", "next_run", b"next_run", "outcome", b"outcome", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckStatus: _TypeAlias = CheckStatus  # noqa: Y015
+
+@_typing.final
+class BadZnode(_message.Message):
+    """A znode a check read that names no valid ledger or mark, and what is wrong with it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BadZnode: _TypeAlias = BadZnode  # noqa: Y015
 
 @_typing.final
 class GetStatusResponse(_message.Message):
@@ -212,6 +248,12 @@ class GetStatusResponse(_message.Message):
     LOST_BOOKIES_FIELD_NUMBER: _builtins.int
     CHECKS_FIELD_NUMBER: _builtins.int
     SELFTEST_FIELD_NUMBER: _builtins.int
+    ELECTION_PHASE_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    DUPLICATE_IDENTITY_VOTE_FIELD_NUMBER: _builtins.int
+    DUPLICATE_IDENTITY_SINCE_FIELD_NUMBER: _builtins.int
+    BACKOFF_UNTIL_FIELD_NUMBER: _builtins.int
+    INVALID_ZNODES_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     is_leader: _builtins.bool
     leader: _builtins.str
@@ -219,6 +261,15 @@ class GetStatusResponse(_message.Message):
     zk_connected: _builtins.bool
     replication_enabled: _builtins.bool
     retry_queue_ledgers: _builtins.int
+    election_phase: _builtins.str
+    """Where this daemon stands in the election: starting, voting, leading,
+    backing_off (after a failure, before voting again), refused (another
+    session's vote carries its identity), stopping, ended (exiting non-zero).
+    """
+    duplicate_identity_vote: _builtins.str
+    """While another ZooKeeper session holds a vote carrying this daemon's
+    identity: that vote's path (this daemon refuses to vote). Empty otherwise.
+    """
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -229,6 +280,24 @@ class GetStatusResponse(_message.Message):
     def selftest(self) -> _containers.RepeatedCompositeFieldContainer[Global___SelfTestStatus]:
         """The last detector self-test (and canary) result per check on this node;
         empty before the first (a leader runs it at election).
+        """
+
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeadershipDecision]:
+        """The last leadership decisions of this daemon, oldest first (at most 32):
+        every election, step-down, back-off and refusal, with its reason.
+        """
+
+    @_builtins.property
+    def duplicate_identity_since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def backoff_until(self) -> _timestamp_pb2.Timestamp:
+        """While backing off after a failure: when this daemon votes again."""
+
+    @_builtins.property
+    def invalid_znodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___InvalidZnode]:
+        """Znodes this daemon read and cannot use while they hold their current
+        value, and what it uses instead.
         """
 
     def __init__(
@@ -244,14 +313,96 @@ class GetStatusResponse(_message.Message):
         lost_bookies: _abc.Iterable[_builtins.str] | None = ...,
         checks: _abc.Iterable[Global___CheckStatus] | None = ...,
         selftest: _abc.Iterable[Global___SelfTestStatus] | None = ...,
+        election_phase: _builtins.str = ...,
+        decisions: _abc.Iterable[Global___LeadershipDecision] | None = ...,
+        duplicate_identity_vote: _builtins.str = ...,
+        duplicate_identity_since: _timestamp_pb2.Timestamp | None = ...,
+        backoff_until: _timestamp_pb2.Timestamp | None = ...,
+        invalid_znodes: _abc.Iterable[Global___InvalidZnode] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "identity", b"identity", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "zk_connected", b"zk_connected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "zk_connected", b"zk_connected"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class LeadershipDecision(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    BACKOFF_SECONDS_FIELD_NUMBER: _builtins.int
+    action: _builtins.str
+    """vote, lead, pause, resume, restart_work, step_down, back_off, refuse,
+    carry_on, exit or fail.
+    """
+    reason: _builtins.str
+    """Why: the `reason` label of bookkeeper_auditor_leadership_decisions_total
+    (elected, session_lost, leader_work_failed, duplicate_identity, ...).
+    """
+    message: _builtins.str
+    """The sentence the daemon logged with it ("leader work failed; stepping down; ...")."""
+    detail: _builtins.str
+    """The error or the vote behind it, bounded; empty when there is none."""
+    backoff_seconds: _builtins.float
+    """back_off: seconds this daemon waits before voting again."""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        action: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        backoff_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "at", b"at", "backoff_seconds", b"backoff_seconds", "detail", b"detail", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeadershipDecision: _TypeAlias = LeadershipDecision  # noqa: Y015
+
+@_typing.final
+class InvalidZnode(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ZNODE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    USING_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    znode: _builtins.str
+    """e.g. lostBookieRecoveryDelay, replicascheckctime"""
+    value: _builtins.str
+    """what it holds: repr of at most its first 64 bytes"""
+    using: _builtins.str
+    """what the daemon uses instead"""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        znode: _builtins.str = ...,
+        value: _builtins.str = ...,
+        using: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "using", b"using", "value", b"value", "znode", b"znode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvalidZnode: _TypeAlias = InvalidZnode  # noqa: Y015
 
 @_typing.final
 class SelfTestStatus(_message.Message):
@@ -425,6 +576,8 @@ class GetReportResponse(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     VIOLATIONS_TRUNCATED_FIELD_NUMBER: _builtins.int
     WOULD_BE_VIOLATIONS_DROPPED_FIELD_NUMBER: _builtins.int
+    INVALID_ZNODES_TOTAL_FIELD_NUMBER: _builtins.int
+    INVALID_ZNODES_FIELD_NUMBER: _builtins.int
     check: _builtins.str
     report_json: _builtins.str
     """The report document, byte for byte what `check CHECK --json` prints
@@ -436,6 +589,10 @@ class GetReportResponse(_message.Message):
     marked_underreplicated: _builtins.int
     violations_truncated: _builtins.bool
     """The document lists only the first `checks.max_violations_listed` violations."""
+    invalid_znodes_total: _builtins.int
+    """The report's invalid znodes (its `invalid_znodes`): all counted, the first
+    `checks.max_violations_listed` (by path) listed.
+    """
     @_builtins.property
     def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """The same numbers as in the document, for callers that do not parse it."""
@@ -448,6 +605,8 @@ class GetReportResponse(_message.Message):
     def finished_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def would_be_violations_dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def invalid_znodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___BadZnode]: ...
     def __init__(
         self,
         *,
@@ -462,10 +621,12 @@ class GetReportResponse(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         violations_truncated: _builtins.bool = ...,
         would_be_violations_dropped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        invalid_znodes_total: _builtins.int = ...,
+        invalid_znodes: _abc.Iterable[Global___BadZnode] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "finished_at", b"finished_at", "ledgers_checked", b"ledgers_checked", "ledgers_skipped", b"ledgers_skipped", "marked_underreplicated", b"marked_underreplicated", "report_json", b"report_json", "started_at", b"started_at", "violations", b"violations", "violations_truncated", b"violations_truncated", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "finished_at", b"finished_at", "invalid_znodes", b"invalid_znodes", "invalid_znodes_total", b"invalid_znodes_total", "ledgers_checked", b"ledgers_checked", "ledgers_skipped", b"ledgers_skipped", "marked_underreplicated", b"marked_underreplicated", "report_json", b"report_json", "started_at", b"started_at", "violations", b"violations", "violations_truncated", b"violations_truncated", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -568,27 +729,65 @@ class UnderReplicatedLedger(_message.Message):
     LEDGER_ID_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     CTIME_MS_FIELD_NUMBER: _builtins.int
+    CORRUPT_FIELD_NUMBER: _builtins.int
     ledger_id: _builtins.int
     ctime_ms: _builtins.int
     """absent when the mark has no ctime"""
     @_builtins.property
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def corrupt(self) -> Global___CorruptMark:
+        """Set when this item is a corrupt mark (its data does not decode, its name is
+        not urL%010d of an id in 0..2^63-1, or it is not where BookKeeper keeps it);
+        the fields above are then unset. Corrupt marks are listed whatever the
+        filters (their replicas cannot be read), each in its place in the listing.
+        """
+
     def __init__(
         self,
         *,
         ledger_id: _builtins.int = ...,
         replicas: _abc.Iterable[_builtins.str] | None = ...,
         ctime_ms: _builtins.int | None = ...,
+        corrupt: Global___CorruptMark | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_ctime_ms", b"_ctime_ms", "ctime_ms", b"ctime_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ctime_ms", b"_ctime_ms", "corrupt", b"corrupt", "ctime_ms", b"ctime_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ctime_ms", b"_ctime_ms", "ctime_ms", b"ctime_ms", "ledger_id", b"ledger_id", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ctime_ms", b"_ctime_ms", "corrupt", b"corrupt", "ctime_ms", b"ctime_ms", "ledger_id", b"ledger_id", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__ctime_ms: _TypeAlias = _typing.Literal["ctime_ms"]  # noqa: Y015
     _WhichOneofArgType__ctime_ms: _TypeAlias = _typing.Literal["_ctime_ms", b"_ctime_ms"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ctime_ms) -> _WhichOneofReturnType__ctime_ms | None: ...
 
 Global___UnderReplicatedLedger: _TypeAlias = UnderReplicatedLedger  # noqa: Y015
+
+@_typing.final
+class CorruptMark(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    reason: _builtins.str
+    ledger_id: _builtins.int
+    """The ledger its name spells, when that is a valid id (the mark still marks it)."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        ledger_id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ledger_id", b"_ledger_id", "ledger_id", b"ledger_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ledger_id", b"_ledger_id", "ledger_id", b"ledger_id", "path", b"path", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ledger_id: _TypeAlias = _typing.Literal["ledger_id"]  # noqa: Y015
+    _WhichOneofArgType__ledger_id: _TypeAlias = _typing.Literal["_ledger_id", b"_ledger_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ledger_id) -> _WhichOneofReturnType__ledger_id | None: ...
+
+Global___CorruptMark: _TypeAlias = CorruptMark  # noqa: Y015
 
 @_typing.final
 class GetLostBookieRecoveryDelayRequest(_message.Message):

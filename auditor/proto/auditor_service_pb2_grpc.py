@@ -115,7 +115,8 @@ class AuditorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListUnderReplicated(self, request, context):
-        """The under-replication marks in ZooKeeper, in BookKeeper's listing order.
+        """The under-replication marks in ZooKeeper, in BookKeeper's listing order;
+        a corrupt one is an item of its own (`corrupt`), never an error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -53,7 +53,9 @@ class AuditorServiceStub:
     ListViolations: _grpc.UnaryStreamMultiCallable[_auditor_service_pb2.ListViolationsRequest, _auditor_service_pb2.Violation]
     """The violations of the last reports, by check, then ledger id, then category."""
     ListUnderReplicated: _grpc.UnaryStreamMultiCallable[_auditor_service_pb2.ListUnderReplicatedRequest, _auditor_service_pb2.UnderReplicatedLedger]
-    """The under-replication marks in ZooKeeper, in BookKeeper's listing order."""
+    """The under-replication marks in ZooKeeper, in BookKeeper's listing order;
+    a corrupt one is an item of its own (`corrupt`), never an error.
+    """
     GetLostBookieRecoveryDelay: _grpc.UnaryUnaryMultiCallable[_auditor_service_pb2.GetLostBookieRecoveryDelayRequest, _auditor_service_pb2.LostBookieRecoveryDelay]
     SetLostBookieRecoveryDelay: _grpc.UnaryUnaryMultiCallable[_auditor_service_pb2.SetLostBookieRecoveryDelayRequest, _auditor_service_pb2.LostBookieRecoveryDelay]
     """Writes `underreplication/lostBookieRecoveryDelay`; writing the current
@@ -84,7 +86,9 @@ class AuditorServiceAsyncStub(AuditorServiceStub):
     ListViolations: _aio.UnaryStreamMultiCallable[_auditor_service_pb2.ListViolationsRequest, _auditor_service_pb2.Violation]  # type: ignore[assignment]
     """The violations of the last reports, by check, then ledger id, then category."""
     ListUnderReplicated: _aio.UnaryStreamMultiCallable[_auditor_service_pb2.ListUnderReplicatedRequest, _auditor_service_pb2.UnderReplicatedLedger]  # type: ignore[assignment]
-    """The under-replication marks in ZooKeeper, in BookKeeper's listing order."""
+    """The under-replication marks in ZooKeeper, in BookKeeper's listing order;
+    a corrupt one is an item of its own (`corrupt`), never an error.
+    """
     GetLostBookieRecoveryDelay: _aio.UnaryUnaryMultiCallable[_auditor_service_pb2.GetLostBookieRecoveryDelayRequest, _auditor_service_pb2.LostBookieRecoveryDelay]  # type: ignore[assignment]
     SetLostBookieRecoveryDelay: _aio.UnaryUnaryMultiCallable[_auditor_service_pb2.SetLostBookieRecoveryDelayRequest, _auditor_service_pb2.LostBookieRecoveryDelay]  # type: ignore[assignment]
     """Writes `underreplication/lostBookieRecoveryDelay`; writing the current
@@ -142,7 +146,9 @@ class AuditorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _auditor_service_pb2.ListUnderReplicatedRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_auditor_service_pb2.UnderReplicatedLedger], _abc.AsyncIterator[_auditor_service_pb2.UnderReplicatedLedger]]:
-        """The under-replication marks in ZooKeeper, in BookKeeper's listing order."""
+        """The under-replication marks in ZooKeeper, in BookKeeper's listing order;
+        a corrupt one is an item of its own (`corrupt`), never an error.
+        """
 
     @_abc_1.abstractmethod
     def GetLostBookieRecoveryDelay(

@@ -15,11 +15,11 @@ from typing import Protocol, TypeVar
 
 from auditor.errors import AuditorError
 from auditor.metadata.walk import IdRange
+from auditor.scan.options import ENGINES
 from auditor.scan.output import ViolationRow
 from auditor.scan.partition import PartitionResult, ScanSpec, Sink
 from auditor.scan.snapshot import SnapshotJudge, SnapshotPart
 
-ENGINES = ("asyncio", "spark")
 T = TypeVar("T")
 
 

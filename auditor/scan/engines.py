@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auditor.scan.engine import ENGINES, Engine, EngineOptions, EngineUnavailableError, need_pyarrow
+from auditor.scan.engine import Engine, EngineOptions, EngineUnavailableError, need_pyarrow
+from auditor.scan.options import ENGINES
 
 
 async def start_engine(options: EngineOptions, out: Path | None) -> Engine:

@@ -13,7 +13,10 @@
    daemon's fencing and `--mark` apply exactly as for an in-process check.
 
 The reports are merged per check into the same `CheckReport` an in-process
-`check` produces; only the place the partitions ran differs.
+`check` produces; only the place the partitions ran differs. Invalid znodes
+(a corrupt mark, a ledger znode beyond 2^63-1) are in them too: each partition
+names the ones of its range, the grace check the corrupt marks, a snapshot's
+cluster.json the ones its walk found; `summary.json` lists them per report.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport, PendingMark
-from auditor.checks.grace import run_grace_check
+from auditor.checks.grace_run import run_grace_check
 from auditor.checks.owners_run import attach_owners
 from auditor.metadata.walk import IdRange
 from auditor.scan.engine import Engine
@@ -38,7 +41,13 @@ from auditor.scan.output import (
 )
 from auditor.scan.partition import PartitionResult, ScanSpec
 from auditor.scan.ranges import plan_ranges
-from auditor.scan.snapshot import CLUSTER, SnapshotCluster, SnapshotJudge, describe_cluster
+from auditor.scan.snapshot import (
+    CLUSTER,
+    SnapshotCluster,
+    SnapshotJudge,
+    describe_cluster,
+    invalid_znodes_of,
+)
 
 #: The checks a scan can run, in the order its summary lists them.
 SCAN_CHECKS = (Check.PLACEMENT, Check.REPLICAS, Check.GRACE, Check.METADATA)
@@ -54,6 +63,11 @@ class ScanResult:
     @property
     def has_violations(self) -> bool:
         return any(r.has_violations for r in self.reports)
+
+    @property
+    def has_findings(self) -> bool:
+        """Violations or invalid znodes in some report: what makes `scan` exit 1."""
+        return any(r.has_findings for r in self.reports)
 
 
 def _absorb(
@@ -148,11 +162,13 @@ async def run_snapshot(
     cluster = await describe_cluster(
         ctx.zk, ctx.root, ctx.manager.value, spec.config, seen, ledgers
     )
+    cluster = cluster.with_invalid_znodes(invalid_znodes_of(parts))
     write_json(out / CLUSTER, cluster.to_json())
     ctx.log.info(
         "snapshot written",
         ledgers=ledgers,
         invalid=sum(p.invalid for p in parts),
+        invalid_ledger_znodes=cluster.invalid_znodes.total,
         deleted_during_walk=sum(p.deleted for p in parts),
         bookies=len(cluster.locations),
         partitions=len(ranges),
@@ -166,6 +182,8 @@ async def run_scan_from_snapshot(
     """The placement and metadata checks over a snapshot: no cluster is contacted."""
     reports: dict[Check, CheckReport] = {}
     _absorb(await engine.judge_snapshot(job, directory), reports, [])
+    for report in reports.values():
+        job.cluster.name_invalid_znodes(report)
     result = ScanResult([reports[c] for c in SCAN_CHECKS if c in reports], [])
     if out is not None:
         await engine.write_violations(violation_rows(result.reports))

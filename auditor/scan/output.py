@@ -14,17 +14,29 @@ Layout of DIR (the same from every engine):
 The columns are declared once here and turned into a pyarrow schema (the
 in-process engine) or a Spark schema (the Spark engine), so the two engines
 cannot drift apart. Both are imported on demand: the scan's extras are optional.
+
+DIR is the operator's input: one that cannot be written (under a file,
+read-only, on a full disk) is an `OutputError`, one line and exit 2, never an
+internal error. What can be checked without writing is checked before the
+scan connects to anything (`check_out_dir`); DIR is then made and proved
+writable before the first ledger is read (`prepare_out_dir`); a disk that
+fills up during the scan is caught where the command runs it (`writing_to`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
-from collections.abc import Iterable, Sequence
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from auditor.checks.findings import CheckReport, LedgerOutcome, PendingMark, Violation
-from auditor.errors import ConfigError
+from auditor.errors import AuditorError, ConfigError
 
 VIOLATIONS = "violations"
 COVERAGE = "coverage"
@@ -150,10 +162,85 @@ def arrow_table(columns: Sequence[Column], rows: Sequence[tuple[Any, ...]]) -> A
     return pa.Table.from_pydict(data, schema=arrow_schema(columns))
 
 
+class OutputError(AuditorError):
+    """The output directory cannot be made or written: under a file, read-only, full."""
+
+    exit_code = 2
+
+
+#: The disk is full: whatever file the error names, it is the scan's output (nothing else
+#: is written), and the error may name none.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: A file system refusing a path: the output's when the error names a path inside DIR.
+_REFUSED = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+        errno.ENOENT,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+        errno.EIO,
+    }
+)
+
+
+def _inside(name: Any, out: Path) -> bool:
+    if not isinstance(name, str | bytes | os.PathLike):
+        return False
+    path = os.path.abspath(os.fsdecode(name))
+    top = os.path.abspath(out)
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def output_error(out: Path, exc: OSError) -> OutputError | None:
+    """`exc` as the one-line error of an unwritable `--out DIR`; None when it is not that."""
+    named = [n for n in (exc.filename, exc.filename2) if n is not None]
+    if exc.errno not in _FULL:
+        if exc.errno not in _REFUSED:
+            return None
+        if named and not any(_inside(n, out) for n in named):
+            return None
+        # pyarrow names the file in its message only.
+        top = os.path.abspath(out)
+        if not named and top + os.sep not in str(exc) and f"'{top}'" not in str(exc):
+            return None
+    where = f" ({os.fsdecode(named[0])})" if named else ""
+    return OutputError(f"--out {out} cannot be written: {exc.strerror or exc}{where}")
+
+
+@contextlib.contextmanager
+def writing_to(out: Path) -> Iterator[None]:
+    """Turns a file-system error of writing DIR (refused, full) into an `OutputError`."""
+    try:
+        yield
+    except OSError as exc:
+        mapped = output_error(out, exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+def _nearest_existing(out: Path) -> Path:
+    path = Path(os.path.abspath(out))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> list[str]:
-    """Refuses to mix new output into an old one, unless told to replace it (nothing written)."""
+    """Refuses to mix new output into an old one, unless told to replace it (nothing written).
+
+    DIR, or the nearest of its parents that exists, must be a directory.
+    """
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
+    existing = _nearest_existing(out)
+    if not existing.is_dir():
+        raise OutputError(f"--out {out} cannot be made: {existing} is not a directory")
     old = [p for p in names if (out / p).exists()]
     if old and not overwrite:
         raise ConfigError(
@@ -164,16 +251,18 @@ def check_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> list[s
 
 
 def prepare_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> None:
+    """Makes DIR, proves it writable (a file created and removed), and clears old output."""
     old = check_out_dir(out, names, overwrite=overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in old:
-        target = out / name
-        if target.is_dir():
-            import shutil
-
-            shutil.rmtree(target)
-        else:
-            target.unlink()
+    with writing_to(out):
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".bk-auditor-probe-"):
+            pass
+        for name in old:
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
 
 
 def summary_document(reports: Sequence[CheckReport]) -> dict[str, Any]:

@@ -10,6 +10,10 @@ that together cover every id from 0 to 2^63, so a ledger created between the
 plan and the scan still falls in exactly one partition.
 
 The flat layout has only one directory; its single listing gives the ids.
+
+Directories and leaves whose paths spell ids beyond 2^63-1 hold no ledger and
+are left out of the plan; the partition that runs to the end of the id space
+walks them and names them as invalid ledger znodes (`IdRange.last`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditor.metadata.layout import LedgerManager
-from auditor.metadata.paths import LONG_MAX
+from auditor.metadata.paths import LONG_MAX, is_valid_ledger_id
 from auditor.metadata.walk import FLAT_LEAF, FOUR, LEAF, IdRange, Tree, trees_of
 from auditor.zk import NoNodeError, ZkClient
 
@@ -53,13 +57,20 @@ def _leaf(ledger_id: int) -> Bucket:
     return Bucket(ledger_id, ledger_id + 1, "", "", None)
 
 
+def _plannable(b: Bucket) -> bool:
+    """Whether a bucket can hold a ledger: its first id is a valid one."""
+    return is_valid_ledger_id(b.lo)
+
+
 async def _expand(zk: ZkClient, b: Bucket) -> list[Bucket]:
     """The next level down of one directory bucket."""
     assert b.tree is not None
     names = await _children(zk, b.path)
     if len(b.prefix) + 4 == b.tree.digits:
-        return [_leaf(int(b.prefix + n[1:])) for n in names if LEAF.match(n)]
-    return [_dir(f"{b.path}/{n}", b.prefix + n, b.tree) for n in names if FOUR.match(n)]
+        found = [_leaf(int(b.prefix + n[1:])) for n in names if LEAF.match(n)]
+    else:
+        found = [_dir(f"{b.path}/{n}", b.prefix + n, b.tree) for n in names if FOUR.match(n)]
+    return [x for x in found if _plannable(x)]
 
 
 def _leaf_parent(b: Bucket) -> bool:
@@ -73,10 +84,10 @@ async def buckets(zk: ZkClient, root: str, manager: LedgerManager, partitions: i
         return [_leaf(int(n[1:])) for n in await _children(zk, root) if FLAT_LEAF.match(n)]
     tops = await _children(zk, root)
     found = [
-        _dir(f"{root}/{n}", n, tree)
+        bucket
         for tree in trees_of(manager)
         for n in tops
-        if tree.top.match(n)
+        if tree.top.match(n) and _plannable(bucket := _dir(f"{root}/{n}", n, tree))
     ]
     # Down to the directories that hold leaves: those hold at most 10,000 ledgers each.
     while not all(_leaf_parent(b) for b in found):

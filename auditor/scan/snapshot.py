@@ -10,29 +10,43 @@ from cluster.json, so a placement scan of a fresh snapshot equals the live one.
 
 The ledger password is not stored: no check needs it, and a snapshot is a
 file that travels.
+
+Znodes the walk found where ledgers would be that name no valid ledger (a path
+spelling an id beyond 2^63-1, `L` and the wrong count of digits) have no row:
+cluster.json names them (`invalid_znodes`: every one counted, the first
+`UNEXPECTED_KEPT` listed), and a scan of the snapshot names them in each
+report, as a live scan does.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from auditor.checks.findings import Check, CheckReport, LedgerOutcome
-from auditor.checks.metadata_run import judge_metadata
-from auditor.checks.placement_run import judge_placement, placement_policy
+from auditor.checks.findings import (
+    Check,
+    CheckReport,
+    InvalidZnode,
+    InvalidZnodeLog,
+    LedgerOutcome,
+)
+from auditor.checks.metadata_run import MetadataRun
+from auditor.checks.placement_run import PlacementRun, placement_policy
+from auditor.checks.recorder import RunRecorder
 from auditor.checks.tally import ViolationLog
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError, FormatError
 from auditor.metadata.cluster import connect
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import IdRange, LedgerRecord
+from auditor.metadata.walk import UNEXPECTED_KEPT, IdRange, LedgerRecord
 from auditor.scan.output import Column
 from auditor.scan.partition import PartitionResult, ScanSpec
+from auditor.timefmt import iso_datetime
 from auditor.zk import ZkClient
 
 LEDGERS = "ledgers"
@@ -141,6 +155,9 @@ class SnapshotPart:
     invalid: int = 0
     deleted: int = 0
     bookies: set[str] = field(default_factory=set)
+    #: Invalid ledger znodes the walk kept (by path), and how many it found.
+    invalid_znodes: list[InvalidZnode] = field(default_factory=list)
+    invalid_znodes_total: int = 0
 
 
 async def snapshot_range(
@@ -159,7 +176,20 @@ async def snapshot_range(
             else:
                 part.bookies |= rec.metadata.bookies()
         part.deleted = walker.stats.deleted_during_walk
+        part.invalid_znodes = [
+            InvalidZnode(u.path, u.reason) for u in walker.stats.unexpected if u.invalid_ledger
+        ]
+        part.invalid_znodes_total = walker.stats.invalid_ledgers
     return part
+
+
+def invalid_znodes_of(parts: Iterable[SnapshotPart]) -> InvalidZnodeLog:
+    """The parts' invalid ledger znodes together: all counted, the first UNEXPECTED_KEPT listed."""
+    log = InvalidZnodeLog(limit=UNEXPECTED_KEPT)
+    for p in parts:
+        log.merge(InvalidZnodeLog(p.invalid_znodes, limit=0))
+        log.count_unlisted(p.invalid_znodes_total - len(p.invalid_znodes))
+    return log
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +205,17 @@ class SnapshotCluster:
     locations: Mapping[str, str]
     rack_sources: tuple[str, ...]
     ledgers: int
+    #: Invalid ledger znodes the snapshot's walk found (none in snapshots older than this).
+    invalid_znodes: InvalidZnodeLog = field(default_factory=lambda: InvalidZnodeLog(limit=0))
+
+    def with_invalid_znodes(self, found: InvalidZnodeLog) -> SnapshotCluster:
+        return replace(self, invalid_znodes=found)
+
+    def name_invalid_znodes(self, report: CheckReport) -> None:
+        """Names the snapshot's invalid ledger znodes in a report of it, as a live walk would."""
+        for z in self.invalid_znodes:
+            report.invalid_znodes.append(z)
+        report.invalid_znodes.count_unlisted(self.invalid_znodes.total - len(self.invalid_znodes))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -187,6 +228,7 @@ class SnapshotCluster:
             "locations": dict(sorted(self.locations.items())),
             "rack_sources": list(self.rack_sources),
             "ledgers": self.ledgers,
+            "invalid_znodes": self.invalid_znodes.to_json(),
         }
 
     @staticmethod
@@ -210,6 +252,7 @@ class SnapshotCluster:
                 locations={str(k): str(v) for k, v in doc["locations"].items()},
                 rack_sources=tuple(doc["rack_sources"]),
                 ledgers=int(doc["ledgers"]),
+                invalid_znodes=InvalidZnodeLog.from_json(doc.get("invalid_znodes")),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SnapshotError(f"{path}: not a snapshot's cluster.json ({exc})") from exc
@@ -232,7 +275,7 @@ async def describe_cluster(
     return SnapshotCluster(
         root=root,
         manager=manager,
-        taken_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        taken_at=iso_datetime(datetime.now(UTC)),
         writable=tuple(sorted(registered.writable)),
         readonly=tuple(sorted(registered.readonly)),
         known=tuple(sorted(known)),
@@ -268,21 +311,32 @@ class SnapshotJudgement:
         from auditor.logs import get_logger
 
         self.job = job
-        self.sink = sink or (lambda _: None)
-        self.log = get_logger().bind(source="snapshot")
+        log = get_logger().bind(source="snapshot")
         now = datetime.now(UTC).timestamp()
         limit = job.config.checks.max_violations_listed
-        self.reports = {
-            c: CheckReport(c, started_at=now, violations=ViolationLog(limit=limit))
+        self.recorders = {
+            c: RunRecorder(
+                CheckReport(c, started_at=now, violations=ViolationLog(limit=limit)), log, sink
+            )
             for c in job.checks
         }
         cluster = job.cluster
         self.locations = dict(cluster.locations)
         known = frozenset(cluster.known)
-        self.policy = placement_policy(
+        policy = placement_policy(
             job.config.bookkeeper,
             known,
             {b: loc for b, loc in self.locations.items() if b in known},
+        )
+        self.metadata = (
+            MetadataRun(self.recorders[Check.METADATA])
+            if Check.METADATA in self.recorders
+            else None
+        )
+        self.placement = (
+            PlacementRun(self.recorders[Check.PLACEMENT], policy, self._locate)
+            if Check.PLACEMENT in self.recorders
+            else None
         )
 
     async def _locate(self, bookies: Iterable[str]) -> dict[str, str]:
@@ -290,26 +344,13 @@ class SnapshotJudgement:
 
     async def judge(self, rows: Iterable[Mapping[str, Any]]) -> None:
         records = [record_from_row(r) for r in rows]
-        if Check.METADATA in self.reports:
-            await judge_metadata(
-                _iterate(records), self.reports[Check.METADATA], log=self.log, outcome=self.sink
-            )
-        if Check.PLACEMENT in self.reports:
-            await judge_placement(
-                _iterate(records),
-                self.policy,
-                self._locate,
-                self.reports[Check.PLACEMENT],
-                log=self.log,
-                outcome=self.sink,
-                mark=None,
-            )
+        if self.metadata is not None:
+            await self.metadata.judge_all(_iterate(records))
+        if self.placement is not None:
+            await self.placement.judge_all(_iterate(records))
 
     def result(self) -> PartitionResult:
-        now = datetime.now(UTC).timestamp()
-        for r in self.reports.values():
-            r.finished_at = now
-        return PartitionResult(reports=dict(self.reports))
+        return PartitionResult(reports={c: r.finish() for c, r in self.recorders.items()})
 
 
 def snapshot_checks(checks: Iterable[Check]) -> tuple[Check, ...]:

@@ -13,8 +13,18 @@ The daemon must not feed events while replication is disabled; upstream's
 auditor blocks its thread until replication is re-enabled and then processes
 the queued events in order, which is what the daemon should do with them.
 
-Deliberate differences from upstream, both about redundant work:
+Deliberate differences from upstream:
 
+* A restart is not a failure. Upstream's new leader audits every missing
+  bookie at once, ignoring the delay; with the daemon beside each bookie, a
+  host restart (the leader and its bookie together) would then mark the
+  bookie's ledgers every time. Here `leader_started` is told since when each
+  missing bookie has been missing (`BookieSightings`, kept by every daemon,
+  followers too) and waits the delay from that moment, at the latest from the
+  election. While that audit is pending its bookie is *held*
+  (`held_bookies`): the checks leave its fragments alone. Two or more missing
+  bookies within their delay audit at once, as a second failure during a
+  delay does (upstream's rule). With a delay of 0 nothing changes.
 * Leader start: upstream runs the full audit at once, then processes the
   registry's initial snapshot as a bookie change; bookies known only from
   `cookies/` are then "lost" a second time and (one of them, with a non-zero
@@ -29,7 +39,7 @@ Deliberate differences from upstream, both about redundant work:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -97,6 +107,17 @@ class LostBookieDelay:
     def audit_pending(self) -> bool:
         return self.pending_at is not None
 
+    @property
+    def held_bookies(self) -> frozenset[str]:
+        """The bookie a pending delayed audit waits for (none when nothing is pending).
+
+        Checks leave a held bookie's fragments alone: it may be restarting, and
+        the delay exists so that a restart marks nothing.
+        """
+        if self.pending_at is None:
+            return frozenset()
+        return frozenset(self.bookies_to_audit)
+
     def _require_started(self) -> None:
         if not self._started:
             raise RuntimeError("leader_started() must come first")
@@ -118,24 +139,50 @@ class LostBookieDelay:
         self.bookies_to_audit.clear()
 
     def leader_started(
-        self, cookies: Iterable[str], available: Iterable[str], delay: int, now: float
+        self,
+        cookies: Iterable[str],
+        available: Iterable[str],
+        delay: int,
+        now: float,
+        missing_since: Mapping[str, float] | None = None,
     ) -> list[Decision]:
-        """This node just became leader: audit everything at once, ignoring the delay.
+        """This node just became leader: audit the missing bookies whose delay is over.
 
         `cookies` are all bookies that ever registered; those not available now
-        are lost since before this leader, and the start audit covers them.
-        `delay` is the current ZooKeeper value.
+        are lost. `missing_since` says since when this process saw each of them
+        missing (as a follower, or earlier as leader); one it never saw is
+        missing from `now`, the election. With `delay` 0 (the current ZooKeeper
+        value) every lost bookie is audited at once, as upstream does. Otherwise
+        a bookie still within its delay is held and its audit scheduled for when
+        the delay runs out; two or more within their delay are audited at once
+        (a second failure during a delay). The start audit runs when there is
+        anything to audit: lost bookies past their delay, or no bookie held.
         """
         avail = set(available)
         known = set(cookies) | avail
         lost = known - avail
+        since = missing_since or {}
         self.known_bookies = avail
-        self.bookies_to_audit = set(lost)
         self.pending_at = None
         self.delay_before_change = delay
         self._started = True
         out: list[Decision] = []
-        self._run_now(AuditReason.LEADER_STARTED, out)
+        waiting = {b: since.get(b, now) + delay for b in lost if since.get(b, now) + delay > now}
+        if delay == 0 or not waiting:
+            self.bookies_to_audit = set(lost)
+            self._run_now(AuditReason.LEADER_STARTED, out)
+            return out
+        if len(waiting) > 1:
+            self.bookies_to_audit = set(lost)
+            self._run_now(AuditReason.MULTIPLE_FAILURES, out)
+            return out
+        (held, due), *_ = waiting.items()
+        overdue = lost - {held}
+        if overdue:
+            self.bookies_to_audit = set(overdue)
+            self._run_now(AuditReason.LEADER_STARTED, out)
+        self.bookies_to_audit = {held}
+        self._schedule(due, out)
         return out
 
     def on_bookies_changed(

@@ -357,10 +357,21 @@ def _delay_case(name: str, script: Script, expected: list[object]) -> Case:
 
 def _delay_expires(cores: Cores) -> list[object]:
     d = cores.delay()
-    out: list[object] = [d.leader_started(B[:4], B[:3], 60, 0.0)]
+    # B[3] has been missing since long before this leader: past its delay, audited now.
+    out: list[object] = [d.leader_started(B[:4], B[:3], 60, 0.0, {B[3]: -100.0})]
     out.append(d.on_bookies_changed(B[:2], 60, 10.0))
     out.append(d.should_skip_periodic_check())  # periodic checks wait for the audit
     out.append(d.on_timer(70.0, 1))
+    return out
+
+
+def _restart_at_election(cores: Cores) -> list[object]:
+    """The restart rule: a bookie down for less than the delay at election is held."""
+    d = cores.delay()
+    out: list[object] = [d.leader_started(B[:4], B[:3], 60, 0.0, {B[3]: -20.0})]
+    out.append(sorted(d.held_bookies))
+    out.append(d.on_bookies_changed(B[:4], 60, 30.0))  # back within its delay
+    out.append(d.on_timer(40.0, 1))
     return out
 
 
@@ -414,6 +425,11 @@ def bookies_cases() -> list[Case]:
                 True,
                 [RunAuditNow(AuditReason.DELAY_EXPIRED, frozenset({B[2]}))],
             ],
+        ),
+        _delay_case(
+            "restart_at_election_is_held",
+            _restart_at_election,
+            [[ScheduleAudit(40.0, 1)], [B[3]], [CancelPendingAudit()], []],
         ),
         _delay_case(
             "bookie_back_cancels_audit",

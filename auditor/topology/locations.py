@@ -33,6 +33,45 @@ def normalize_location(raw: str) -> str | None:
     return text if text.startswith("/") else "/" + text
 
 
+class InvalidLocationError(ValueError):
+    """A location BookKeeper's NetworkTopology would not take; the message says why."""
+
+
+def topology_location(raw: str) -> str:
+    """`raw` as BookKeeper's network topology takes it, normalised; else InvalidLocationError.
+
+    The rule of upstream's `NodeBase.normalize` and `NetworkTopologyImpl.add`
+    (bookkeeper-server, `org.apache.bookkeeper.net`), written out here:
+
+    * a location starts with `/` (`NodeBase.normalize` throws otherwise), and
+      one trailing `/` is dropped (the same method);
+    * what is left names at least one level: `/` alone is the root, and
+      `NetworkTopologyImpl.add` cannot hang a bookie there (`InnerNode.add`
+      fails on a leaf whose location is the root);
+    * no level is empty: `/a//b` would give the tree a nameless inner node,
+      a place no operator means and that prints almost like `/a/b`.
+
+    Used where a source hands us locations BookKeeper itself would be given
+    verbatim (the topology script); the mapping file and Pulsar's znode keep
+    their lenient `normalize_location` (a missing leading `/` is added).
+    Leaves of one topology must also sit at one depth; that rule spans
+    several locations and is checked by the caller (`location_depth`).
+    """
+    if not raw.startswith("/"):
+        raise InvalidLocationError("does not start with /")
+    text = raw[:-1] if raw.endswith("/") else raw
+    if not text:
+        raise InvalidLocationError("names the root, not a rack")
+    if "" in text[1:].split("/"):
+        raise InvalidLocationError("has an empty level")
+    return text
+
+
+def location_depth(location: str) -> int:
+    """Levels of a valid topology location: `/rack` is 1, `/region/rack` 2."""
+    return location.count("/")
+
+
 def region_of(location: str) -> str | None:
     """The region of a `/region/rack` location, or None when it names no known region."""
     parts = [p for p in location.split("/") if p]

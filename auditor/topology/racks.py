@@ -8,12 +8,17 @@ as soon as it unregisters, which turns every outage into placement alarms).
 Sources, consulted in this order for each bookie; the first that knows it wins,
 and a bookie none of them knows gets the policy's default location:
 
-1. `checks.racks_file`: a mapping file. JSON (`{"<key>": "<location>", ...}`),
-   or, for names ending in `.yaml`/`.yml`, the flat YAML subset
-   `<key>: <location>` one per line (comments, blank lines, `---`, single- or
-   double-quoted scalars). Nested YAML is refused rather than half-read, since
-   no YAML library is a dependency. A key is a bookie id, a `host:port`
-   address, or a bare host name / IP.
+1. `checks.racks_file`: a JSON mapping file, `{"<key>": "<location>", ...}`.
+   A key is a bookie id, a `host:port` address, or a bare host name / IP.
+   YAML is refused (a `.yaml`/`.yml` name is a ConfigError saying to use
+   JSON). BookKeeper has no YAML rack format (its mappings are the topology
+   script and, with Pulsar, the `/bookies` znode's JSON), so YAML was our own
+   invention; reading it well needs a YAML library, a dependency of the
+   daemon on every bookie host for one optional file, and YAML 1.1 (what the
+   maintained Python library reads) retypes exactly the scalars this file is
+   made of: an unquoted `10:30` key is the integer 630, a host named `no` or
+   `off` is `False`. A mapping that had to be quoted throughout to be read
+   right is JSON already; the standard library reads that, strictly.
 2. `checks.racks_script`, else BookKeeper's `networkTopologyScriptFileName`:
    run as `script host1 host2 ...` with at most `networkTopologyScriptNumberArgs`
    hosts per call; stdout split on whitespace gives one location per host, in
@@ -23,7 +28,15 @@ and a bookie none of them knows gets the policy's default location:
    `bookie-rpc` address, else of the bookie id when it has the `host:port`
    form; no DNS normalisation is done (upstream passes IPs), so the script
    sees what the registration says. A bookie with neither (a down bookie with
-   a custom id) is not passed.
+   a custom id) is not passed. The script is outside input, bounded as such
+   (`script.py`): it runs in a process group of its own, killed as a whole
+   (SIGKILL) when the call outlasts its time limit, so a child left holding
+   stdout open cannot keep the check waiting; stdout is read as it comes and
+   more than `SCRIPT_OUTPUT_CAP` bytes is an error (the group is killed at
+   once); and every location it prints must be one BookKeeper's
+   NetworkTopology takes (`locations.topology_location`: starts with `/`,
+   names a level, no empty level; all of one depth), else the error names
+   the script and the line.
 3. Pulsar's rack znode, `checks.racks_znode` (default `/bookies`, at the
    ZooKeeper root of our connection, which is the chroot of a chrooted connect
    string), when it exists. Its JSON is `{group: {bookie id: {"rack": ...,
@@ -31,11 +44,11 @@ and a bookie none of them knows gets the policy's default location:
    `host:port`, then by host (the `hostname` field or the key's host part,
    used only when all entries for that host agree).
 
-Locations are normalised as BookKeeper's `NodeBase.normalize` expects them:
-a leading `/` is added when missing and trailing `/` are stripped; an empty
-location or `/` means "unknown". Sources are loaded once per run and every
-bookie is resolved at most once (results are cached per bookie id, script
-answers per host).
+Locations from the file and the znode are normalised as BookKeeper's
+`NodeBase.normalize` expects them: a leading `/` is added when missing and
+trailing `/` are stripped; an empty location or `/` means "unknown". Sources
+are loaded once per run and every bookie is resolved at most once (results
+are cached per bookie id, script answers per host).
 
 Malformed sources are typed errors, never a crash and never a silent
 fallback: a placement verdict computed from a half-read rack map would be
@@ -45,36 +58,43 @@ wrong, so the check refuses to run (exit 2).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from auditor.config import AuditorConfig
-from auditor.errors import ConfigError, FormatError
+from auditor.errors import ConfigError
 from auditor.metadata.registry import address_from_id, resolve_bookie
 from auditor.topology.locations import normalize_location
+from auditor.topology.script import (
+    SCRIPT_OUTPUT_CAP,
+    SCRIPT_TIMEOUT,
+    ScriptMapping,
+    check_script,
+    parse_script_output,
+)
+from auditor.topology.sources import Address, AddressOf, RackSource, RackSourceError
 from auditor.zk import NoNodeError, ZkClient
 
-#: Seconds a topology script may run before the check gives up on it.
-SCRIPT_TIMEOUT = 30.0
-
-Address = tuple[str, int]
-AddressOf = Callable[[str], Awaitable[Address | None]]
-
-
-class RackSourceError(FormatError):
-    """A rack source that exists but cannot be used (bad JSON, failing script, ...).
-
-    Exit code 2: the check could not run, because verdicts built on a broken
-    rack map would be wrong.
-    """
-
-    exit_code = 2
+__all__ = [
+    "SCRIPT_OUTPUT_CAP",
+    "SCRIPT_TIMEOUT",
+    "Address",
+    "AddressOf",
+    "RackResolver",
+    "RackSource",
+    "RackSourceError",
+    "ScriptMapping",
+    "StaticMapping",
+    "load_rack_znode",
+    "load_racks_file",
+    "open_rack_resolver",
+    "parse_json_racks",
+    "parse_pulsar_racks",
+    "parse_script_output",
+]
 
 
 # --- static mappings (file, znode) -------------------------------------------------
@@ -101,70 +121,6 @@ class StaticMapping:
             if loc is not None:
                 found[bookie] = loc
         return found
-
-
-def _unquote(token: str, source: str, lineno: int) -> str:
-    if len(token) >= 2 and token[0] == token[-1] and token[0] in "'\"":
-        inner = token[1:-1]
-        if token[0] == "'":
-            return inner.replace("''", "'")
-        try:
-            value = json.loads(token)
-        except json.JSONDecodeError as exc:
-            raise RackSourceError(f"{source} line {lineno}: bad quoted string {token}") from exc
-        return str(value)
-    if token[:1] in ("'", '"'):
-        raise RackSourceError(f"{source} line {lineno}: unterminated quoted string {token}")
-    return token
-
-
-_YAML_LINE = re.compile(
-    r"""^(?P<key>"(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s#'"{\[\-][^#]*?|-[^\s#][^#]*?)"""
-    r"""\s*:(?:\s+(?P<value>.*?))?\s*$"""
-)
-
-
-_QUOTED_VALUE = re.compile(r"""^("(?:[^"\\]|\\.)*"|'(?:[^']|'')*')\s*(?:#.*)?$""")
-
-
-def _strip_comment(value: str) -> str:
-    if value[:1] in ("'", '"'):
-        m = _QUOTED_VALUE.match(value)
-        return m.group(1) if m else value
-    hit = re.search(r"\s#", value)
-    return value[: hit.start()].rstrip() if hit else value
-
-
-def parse_yaml_racks(text: str, source: str) -> dict[str, str]:
-    """The flat `key: location` YAML subset; anything richer is refused."""
-    out: dict[str, str] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#") or stripped in ("---", "..."):
-            continue
-        if line[:1].isspace():
-            raise RackSourceError(
-                f"{source} line {lineno}: nested YAML is not supported; "
-                "use one `bookie: /rack` mapping per line, or JSON"
-            )
-        m = _YAML_LINE.match(stripped)
-        if m is None:
-            raise RackSourceError(
-                f"{source} line {lineno}: expected `bookie: /rack`, got {stripped!r}"
-            )
-        # Stripped inside quotes too, as JSON keys are: no bookie id or host has spaces.
-        key = _unquote(m.group("key").strip(), source, lineno).strip()
-        raw = _strip_comment(m.group("value") or "")
-        if raw[:1] in ("{", "[", "|", ">", "&", "*", "!"):
-            raise RackSourceError(
-                f"{source} line {lineno}: only plain or quoted scalar locations are supported"
-            )
-        if raw in ("", "~", "null", "Null", "NULL"):
-            continue
-        loc = normalize_location(_unquote(raw, source, lineno))
-        if loc is not None:
-            out[key] = loc
-    return out
 
 
 def parse_json_racks(text: str, source: str) -> dict[str, str]:
@@ -194,8 +150,18 @@ def parse_json_racks(text: str, source: str) -> dict[str, str]:
     return out
 
 
+#: File name endings of YAML documents, which a racks file may not be (see the docstring).
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
 def load_racks_file(path: str | Path) -> StaticMapping:
+    """A JSON racks file; a YAML one is refused before it is read."""
     p = Path(path)
+    if p.suffix.lower() in YAML_SUFFIXES:
+        raise ConfigError(
+            f"racks file {p} is YAML, which is not read: write the same mapping as a JSON "
+            'object {"<bookie>": "</rack>"} in a .json file'
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
@@ -204,11 +170,7 @@ def load_racks_file(path: str | Path) -> StaticMapping:
         raise RackSourceError(f"racks file {p} is not UTF-8 text: {exc}") from exc
     except OSError as exc:
         raise ConfigError(f"checks.racks_file {p} cannot be read: {exc}") from exc
-    source = f"racks file {p}"
-    if p.suffix.lower() in (".yaml", ".yml") and not text.lstrip().startswith("{"):
-        mapping = parse_yaml_racks(text, source)
-    else:
-        mapping = parse_json_racks(text, source)
+    mapping = parse_json_racks(text, f"racks file {p}")
     return StaticMapping(f"file:{p}", mapping, mapping)
 
 
@@ -278,110 +240,7 @@ async def load_rack_znode(zk: ZkClient, path: str) -> StaticMapping | None:
     return parse_pulsar_racks(data, path)
 
 
-# --- topology script ---------------------------------------------------------------
-
-
-def parse_script_output(stdout: str, count: int) -> list[str | None] | None:
-    """One location per host, in order; None when the count does not match."""
-    tokens = stdout.split()
-    if len(tokens) != count:
-        return None
-    return [normalize_location(t) for t in tokens]
-
-
-async def run_topology_script(
-    script: str, hosts: Sequence[str], *, time_limit: float = SCRIPT_TIMEOUT
-) -> str:
-    """Runs the script once with `hosts` as arguments and returns its stdout."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            script,
-            *hosts,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        raise ConfigError(f"rack script {script} cannot be run: {exc}") from exc
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), time_limit)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise RackSourceError(
-            f"rack script {script} did not finish within {time_limit:g} s "
-            f"({len(hosts)} host argument(s))"
-        ) from None
-    if proc.returncode != 0:
-        tail = err.decode("utf-8", "replace").strip()[-500:]
-        raise RackSourceError(
-            f"rack script {script} exited with status {proc.returncode}"
-            + (f": {tail}" if tail else "")
-        )
-    try:
-        return out.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RackSourceError(f"rack script {script} printed non-UTF-8 output: {exc}") from exc
-
-
-@dataclass
-class ScriptMapping:
-    """BookKeeper's ScriptBasedMapping: hosts in batches, answers cached per host."""
-
-    script: str
-    max_args: int = 100
-    timeout: float = SCRIPT_TIMEOUT
-    log: Any = None
-    _by_host: dict[str, str | None] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"script:{self.script}"
-
-    async def locate(self, bookies: Sequence[str], address_of: AddressOf) -> dict[str, str]:
-        addresses = await asyncio.gather(*(address_of(b) for b in bookies))
-        hosts = {b: a[0] for b, a in zip(bookies, addresses, strict=True) if a is not None}
-        todo = list(dict.fromkeys(h for h in hosts.values() if h not in self._by_host))
-        for i in range(0, len(todo), self.max_args):
-            batch = todo[i : i + self.max_args]
-            out = await run_topology_script(self.script, batch, time_limit=self.timeout)
-            answers = parse_script_output(out, len(batch))
-            if answers is None:
-                if self.log is not None:
-                    self.log.warning(
-                        "rack script answered the wrong number of locations; "
-                        "those hosts get no location from it",
-                        script=self.script,
-                        hosts=batch,
-                        output=out.strip()[:500],
-                    )
-                answers = [None] * len(batch)
-            self._by_host.update(zip(batch, answers, strict=True))
-        found: dict[str, str] = {}
-        for bookie, host in hosts.items():
-            loc = self._by_host.get(host)
-            if loc is not None:
-                found[bookie] = loc
-        return found
-
-
-def _check_script(script: str, key: str) -> None:
-    p = Path(script)
-    if not p.is_file():
-        raise ConfigError(f"{key} {script} does not exist or is not a file")
-    if not os.access(p, os.X_OK):
-        raise ConfigError(f"{key} {script} is not executable")
-
-
 # --- the resolver -----------------------------------------------------------------
-
-
-class RackSource(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    async def locate(self, bookies: Sequence[str], address_of: AddressOf) -> dict[str, str]: ...
 
 
 class RackResolver:
@@ -435,6 +294,7 @@ async def open_rack_resolver(
     *,
     log: Any = None,
     script_timeout: float = SCRIPT_TIMEOUT,
+    script_output_cap: int = SCRIPT_OUTPUT_CAP,
 ) -> RackResolver:
     """Loads the configured rack sources once; raises ConfigError / RackSourceError."""
     checks, bk = config.checks, config.bookkeeper
@@ -447,10 +307,14 @@ async def open_rack_resolver(
         else (bk.networkTopologyScriptFileName, "bookkeeper.networkTopologyScriptFileName")
     )
     if script:
-        _check_script(script, key)
+        check_script(script, key)
         sources.append(
             ScriptMapping(
-                script, max_args=bk.networkTopologyScriptNumberArgs, timeout=script_timeout, log=log
+                script,
+                max_args=bk.networkTopologyScriptNumberArgs,
+                timeout=script_timeout,
+                output_cap=script_output_cap,
+                log=log,
             )
         )
     if checks.racks_znode:

@@ -6,6 +6,7 @@ other module imports kazoo.
 
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.protocol.states import EventType
 
 from auditor.zk.client import (
     FencedOutError,
@@ -26,6 +27,7 @@ from auditor.zk.security import (
 
 __all__ = [
     "BadVersionError",
+    "EventType",
     "FencedOutError",
     "KazooState",
     "NoNodeError",

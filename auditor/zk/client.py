@@ -25,6 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import socket
+import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -32,6 +35,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     AuthFailedError,
     ConnectionClosedError,
+    ConnectionDropped,
     ConnectionLoss,
     NoAuthError,
     NoNodeError,
@@ -118,10 +122,21 @@ def _end_session_on_sasl_refusal(kazoo: KazooClient) -> None:
 #: The share of the session timeout a reconnect waits for the server's answer to its
 #: handshake before it gives up on that connection and tries again.
 HANDSHAKE_SHARE = 1 / 3
+#: How often a handshake waiting for its answer looks whether the client is stopping.
+HANDSHAKE_POLL = 0.05
 
 
-def _bound_handshake(kazoo: KazooClient, limit: float) -> None:
-    """Makes a reconnect give up on an unanswered handshake after `limit` seconds.
+class _Handshake:
+    """What the connection thread saw of its handshakes, for the error a failed start gives."""
+
+    def __init__(self) -> None:
+        #: A server took the connection and left a handshake read unanswered.
+        self.unanswered = False
+
+
+def _bound_handshake(kazoo: KazooClient, limit: float) -> _Handshake:
+    """Makes a reconnect give up on an unanswered handshake after `limit` seconds, and
+    any handshake give up at once when the client is stopped.
 
     kazoo waits for the answer to its connect request for the whole session
     timeout (divided by the number of hosts), as the Java client does. A
@@ -130,18 +145,59 @@ def _bound_handshake(kazoo: KazooClient, limit: float) -> None:
     reconnect in a few dozen); a client on a single host then sits it out
     until its session has expired on the server, which came back in a
     second. Bounded, the attempt fails, kazoo's retry opens a new connection,
-    and the session is resumed with time to spare. kazoo is pinned, so
-    wrapping this one private method is safe (as for SASL refusals above).
+    and the session is resumed with time to spare.
+
+    And stopping a client whose handshake (connect, then each credential) is
+    unanswered waited for that read to time out: a server that accepts TCP and
+    never answers kept a command with `--timeout 3` for 10 s. While
+    handshaking, a read first waits for data in short slices and gives up as
+    soon as the client is stopped, so a stop (and so a failed start) takes no
+    longer than a slice. kazoo is pinned, so wrapping these two private methods
+    is safe (as for SASL refusals above).
     """
     connection = kazoo._connection
     invoke = connection._invoke
+    read = connection._read
+    handshaking = threading.local()
+    seen = _Handshake()
 
     def bounded(timeout: float, request: Any, xid: int | None = None) -> Any:
         if isinstance(request, Connect):
             timeout = min(timeout, limit)
-        return invoke(timeout, request, xid)
+        handshaking.active = True
+        try:
+            return invoke(timeout, request, xid)
+        finally:
+            handshaking.active = False
+
+    def interruptible(length: int, timeout: float) -> Any:
+        if getattr(handshaking, "active", False):
+            _await_answer(kazoo, timeout, seen)
+        return read(length, timeout)
 
     connection._invoke = bounded
+    connection._read = interruptible
+    return seen
+
+
+def _await_answer(kazoo: KazooClient, timeout: float, seen: _Handshake) -> None:
+    """Returns once the connection's socket has data to read; raises kazoo's timeout when
+    `timeout` passes first, ConnectionDropped when the client is stopped meanwhile."""
+    connection = kazoo._connection
+    sock = connection._socket
+    deadline = time.monotonic() + timeout
+    while True:
+        if kazoo._stopped.is_set():
+            seen.unanswered = True
+            raise ConnectionDropped("client stopped while waiting for the server's answer")
+        if getattr(sock, "pending", None) is not None and sock.pending() > 0:
+            return  # TLS: already decrypted, a select would not see it
+        left = deadline - time.monotonic()
+        if left <= 0:
+            seen.unanswered = True
+            raise connection.handler.timeout_exception("socket time-out during read")
+        if connection.handler.select([sock], [], [], min(left, HANDSHAKE_POLL))[0]:
+            return
 
 
 class ZkClient:
@@ -178,7 +234,7 @@ class ZkClient:
             sasl_options=self.security.sasl_options(),
             default_acl=self.security.default_acl,
         )
-        _bound_handshake(self._kazoo, session_timeout * HANDSHAKE_SHARE)
+        self._handshake = _bound_handshake(self._kazoo, session_timeout * HANDSHAKE_SHARE)
         if self.security.credentials.sasl is not None:
             _end_session_on_sasl_refusal(self._kazoo)
         self._listeners: list[asyncio.Queue[KazooState]] = []
@@ -206,18 +262,34 @@ class ZkClient:
     # --- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
+        """Connects within `timeout`, everything included: a server that takes the TCP
+        connection and never answers fails it as one that refuses it does."""
         self._loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.timeout
         try:
-            # With a chroot kazoo's start reads it: a refusal can surface right here.
-            await asyncio.to_thread(self._kazoo.start, self.timeout)
+            if not await asyncio.to_thread(self._open, self.timeout):
+                raise KazooTimeoutError("Connection time-out")
+            if self._kazoo.chroot:
+                # As kazoo's own start does (but within the deadline): with a chroot
+                # a refusal of our credentials surfaces here, not at the first call.
+                left = max(deadline - time.monotonic(), 0.001)
+                await self._settled(lambda: self._kazoo.exists_async("/"), left)
         except _AUTH_ERRORS as exc:
             await asyncio.to_thread(self._stop_quietly)
             raise self._auth_error(exc, "connect", "/") from exc
-        except (KazooTimeoutError, *_CONNECTION_ERRORS) as exc:
+        except (TimeoutError, KazooTimeoutError, *_CONNECTION_ERRORS) as exc:
             await asyncio.to_thread(self._stop_quietly)
-            raise ZkUnavailableError(
-                f"cannot connect to ZooKeeper at {self.hosts} within {self.timeout:g}s"
-            ) from exc
+            within = f"cannot connect to ZooKeeper at {self.hosts} within {self.timeout:g}s"
+            if self._handshake.unanswered:
+                raise ZkTimeoutError(
+                    f"{within}: a server took the connection and did not answer"
+                ) from exc
+            raise ZkUnavailableError(within) from exc
+
+    def _open(self, timeout: float) -> bool:
+        """kazoo's start without its unbounded chroot read: whether it connected in time."""
+        self._kazoo.start_async().wait(timeout)
+        return bool(self._kazoo.connected)
 
     def _auth_error(self, exc: BaseException, what: str, path: str) -> ZkAuthError:
         creds = self.security.credentials
@@ -239,7 +311,22 @@ class ZkClient:
         )
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._stop_quietly)
+        """Ends the session within `timeout` (plus a moment): when the server does not
+        answer the close, the connection is dropped instead of waited out (kazoo would
+        wait for its ping to go unanswered, 20 s with a 30 s session)."""
+        stopping = asyncio.ensure_future(asyncio.to_thread(self._stop_quietly))
+        try:
+            await asyncio.wait_for(asyncio.shield(stopping), self.timeout)
+        except TimeoutError:
+            self._drop_connection()
+            await stopping
+
+    def _drop_connection(self) -> None:
+        """Shuts the connection's socket: kazoo's thread wakes, sees EOF, and (stopped) ends."""
+        sock = self._kazoo._connection._socket
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _stop_quietly(self) -> None:
         with contextlib.suppress(Exception):
@@ -305,6 +392,22 @@ class ZkClient:
     # --- the bridge ------------------------------------------------------------
 
     async def _call(self, what: str, path: str, start: Callable[[], Any]) -> Any:
+        try:
+            return await self._settled(start, self.timeout)
+        except TimeoutError as exc:
+            raise ZkTimeoutError(
+                f"ZooKeeper {what} {path} did not complete within {self.timeout:g}s"
+            ) from exc
+        except _AUTH_ERRORS as exc:
+            raise self._auth_error(exc, what, path) from exc
+        except _CONNECTION_ERRORS as exc:
+            raise ZkUnavailableError(
+                f"ZooKeeper {what} {path} failed: {type(exc).__name__}"
+            ) from exc
+
+    async def _settled(self, start: Callable[[], Any], limit: float) -> Any:
+        """The outcome of one kazoo async call, as kazoo raises it; TimeoutError after
+        `limit` seconds."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
@@ -320,23 +423,12 @@ class ZkClient:
             with contextlib.suppress(RuntimeError):  # loop already closed
                 loop.call_soon_threadsafe(settle, ar)
 
-        try:
-            start().rawlink(on_done)
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-            # cancellation that arrives as the call completes, and a cancelled
-            # task (a deposed leader's) would then run on.
-            async with asyncio.timeout(self.timeout):
-                return await fut
-        except TimeoutError as exc:
-            raise ZkTimeoutError(
-                f"ZooKeeper {what} {path} did not complete within {self.timeout:g}s"
-            ) from exc
-        except _AUTH_ERRORS as exc:
-            raise self._auth_error(exc, what, path) from exc
-        except _CONNECTION_ERRORS as exc:
-            raise ZkUnavailableError(
-                f"ZooKeeper {what} {path} failed: {type(exc).__name__}"
-            ) from exc
+        start().rawlink(on_done)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+        # cancellation that arrives as the call completes, and a cancelled
+        # task (a deposed leader's) would then run on.
+        async with asyncio.timeout(limit):
+            return await fut
 
     def _raise_outcome(self, outcome: BaseException, what: str, path: str) -> None:
         """A failed op of a multi, raised as a lone call of it would have been."""

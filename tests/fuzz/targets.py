@@ -39,7 +39,8 @@ from auditor.bookie.protocol import (
     verify_entry_body,
 )
 from auditor.bookie.results import LacRead
-from auditor.config import AuditorConfig, load_config, parse_properties
+from auditor.config import AuditorConfig, load_config
+from auditor.config.properties import parse_properties
 from auditor.daemon.config import DaemonConfig, load_daemon_config
 from auditor.errors import ConfigError
 from auditor.metadata.layout import (
@@ -88,14 +89,13 @@ from auditor.proto.data_formats_pb2 import (
     LedgerMetadataFormat,
     UnderreplicatedLedgerFormat,
 )
-from auditor.topology.locations import normalize_location
+from auditor.topology.locations import location_depth, normalize_location, topology_location
 from auditor.topology.racks import (
     RackSourceError,
     load_racks_file,
     parse_json_racks,
     parse_pulsar_racks,
     parse_script_output,
-    parse_yaml_racks,
 )
 from tests.vectors import load
 
@@ -328,11 +328,14 @@ def _assert_locations(locations: dict[str, str]) -> None:
 
 
 def racks(data: bytes) -> None:
-    """The four rack parsers (YAML, JSON, Pulsar znode, script output) on the same input."""
+    """The three rack parsers (JSON, Pulsar znode, script output) on the same input.
+
+    And the racks-file loader: the text as a JSON file is read or refused with
+    its typed error; under a YAML name it is refused, unread, with a ConfigError.
+    """
     text = data.decode("utf-8", "replace")
-    for parse in (parse_yaml_racks, parse_json_racks):
-        with contextlib.suppress(RackSourceError):
-            _assert_locations(parse(text, "fuzz"))
+    with contextlib.suppress(RackSourceError):
+        _assert_locations(parse_json_racks(text, "fuzz"))
     try:
         znode = parse_pulsar_racks(data, "/bookies")
     except RackSourceError:
@@ -341,19 +344,32 @@ def racks(data: bytes) -> None:
         _assert_locations(dict(znode.by_key))
         _assert_locations(dict(znode.by_host))
     tokens = len(text.split())
-    answers = parse_script_output(text, tokens)
-    assert answers is not None and len(answers) == tokens
-    assert all(a is None or normalize_location(a) == a for a in answers)
-    assert parse_script_output(text, tokens + 1) is None
-    # The same text as a racks file, once per parser the file name selects.
-    for name in ("racks.yaml", "racks.json"):
-        path = scratch() / name
-        path.write_bytes(data)
-        try:
-            mapping = load_racks_file(path)
-        except (ConfigError, RackSourceError):
-            continue
+    try:
+        answers = parse_script_output(text, tokens)
+    except RackSourceError:
+        pass  # a location BookKeeper's topology would not take, or two depths
+    else:
+        # Every token was taken: each as the topology holds it, all of one depth.
+        assert answers is not None and len(answers) == tokens
+        assert all(topology_location(a) == a == normalize_location(a) for a in answers)
+        assert len({location_depth(a) for a in answers}) <= 1
+        assert parse_script_output(text, tokens + 1) is None
+    path = scratch() / "racks.json"
+    path.write_bytes(data)
+    try:
+        mapping = load_racks_file(path)
+    except (ConfigError, RackSourceError):
+        pass
+    else:
         _assert_locations(dict(mapping.by_key))
+    yaml_path = scratch() / "racks.yaml"
+    yaml_path.write_bytes(data)
+    try:
+        load_racks_file(yaml_path)
+    except ConfigError as exc:
+        assert "is YAML, which is not read" in str(exc), exc
+    else:
+        raise AssertionError("a YAML racks file was read")
 
 
 # --- configuration ----------------------------------------------------------------------

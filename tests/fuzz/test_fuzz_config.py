@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from auditor.config import BookKeeperConfig, parse_properties
+from auditor.config import BookKeeperConfig
+from auditor.config.properties import parse_properties
 from auditor.daemon.config import SECTIONS
 from tests.fuzz.support import MUTATIONS, cpu_limit, fuzz_settings, mutate, run
 from tests.fuzz.targets import config, config_layers

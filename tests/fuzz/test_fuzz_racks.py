@@ -1,10 +1,11 @@
-"""Fuzzing the rack mapping parsers: YAML subset, JSON, Pulsar's znode, script output.
+"""Fuzzing the rack mapping parsers: JSON, Pulsar's znode, script output; YAML refused.
 
 tests/unit/test_placement.py has examples of each format; nothing fuzzed them.
-Every input goes through `tests.fuzz.targets.racks`, which runs all four
+Every input goes through `tests.fuzz.targets.racks`, which runs the three
 parsers (and the racks-file loader) on it and checks that every location they
-return is in BookKeeper's normal form. The round-trip tests write a mapping in
-each format and read back exactly what the normalisation promises.
+return is in BookKeeper's normal form, and that the same bytes under a YAML
+file name are refused unread. The round-trip tests write a mapping in each
+format and read back exactly what the normalisation promises.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from auditor.errors import ConfigError
 from auditor.topology.locations import normalize_location
-from auditor.topology.racks import parse_json_racks, parse_pulsar_racks, parse_yaml_racks
+from auditor.topology.racks import (
+    load_racks_file,
+    parse_json_racks,
+    parse_pulsar_racks,
+    parse_script_output,
+)
 from tests.fuzz.support import fuzz_settings, run
-from tests.fuzz.targets import racks
+from tests.fuzz.targets import racks, scratch
 
 pytestmark = pytest.mark.fuzz
 
@@ -103,10 +110,23 @@ def yaml_documents(draw: st.DrawFn) -> str:
     return draw(st.sampled_from(["\n", "\r\n", "\r"])).join(lines)
 
 
+def _refused_as_yaml(text: str, name: str) -> None:
+    path = scratch() / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_racks_file(path)
+    assert str(err.value) == (
+        f"racks file {path} is YAML, which is not read: write the same mapping as a JSON "
+        'object {"<bookie>": "</rack>"} in a .json file'
+    )
+
+
 @fuzz_settings(200)
-@given(yaml_documents())
-def test_yaml_documents(text: str) -> None:
+@given(yaml_documents(), st.sampled_from(["racks.yaml", "racks.yml", "r.YAML"]))
+def test_yaml_documents(text: str, name: str) -> None:
+    """What the YAML reader used to take (or refuse) is now refused, unread, by its name."""
     run(racks, text.encode())
+    _refused_as_yaml(text, name)
 
 
 @fuzz_settings(200)
@@ -124,8 +144,7 @@ def test_normalize_location_is_idempotent(raw: str) -> None:
 
 def test_location_ending_in_space_and_slash() -> None:
     """Found by atheris (fuzz_racks): `a: r1 /` read as the location '/r1 '."""
-    assert parse_yaml_racks("a: r1 /\nb: 'r2/ /'\n", "f") == {"a": "/r1", "b": "/r2"}
-    assert parse_json_racks('{"a": "r1 /"}', "f") == {"a": "/r1"}
+    assert parse_json_racks('{"a": "r1 /", "b": "r2/ /"}', "f") == {"a": "/r1", "b": "/r2"}
 
 
 # --- round trips: a mapping written in each format reads back normalised ---------------------
@@ -145,19 +164,42 @@ def _expected(mapping: dict[str, str]) -> dict[str, str]:
 
 @fuzz_settings(150)
 @given(st.dictionaries(KEYS, LOCATIONS, max_size=6))
-def test_json_and_quoted_yaml_round_trip(mapping: dict[str, str]) -> None:
-    # Keys are stripped by both readers, quoted or not: no bookie id or host has spaces.
+def test_json_round_trip_and_quoted_yaml_refused(mapping: dict[str, str]) -> None:
+    # Keys are stripped: no bookie id or host has spaces.
     expected = {k.strip(): v for k, v in _expected(mapping).items()}
     assert parse_json_racks(json.dumps(mapping), "f") == expected
     yaml_text = "".join(f"{json.dumps(k)}: {json.dumps(v)}\n" for k, v in mapping.items())
-    assert parse_yaml_racks(yaml_text, "f") == expected
+    _refused_as_yaml(yaml_text, "racks.yaml")
 
 
 @fuzz_settings(150)
 @given(st.dictionaries(_PLAIN_KEYS, _PLAIN_LOCATIONS, max_size=6))
-def test_plain_yaml_round_trip(mapping: dict[str, str]) -> None:
+def test_plain_yaml_refused_and_the_same_json_read(mapping: dict[str, str]) -> None:
     text = "---\n" + "".join(f"{k}: {v}  # rack of {k}\n" for k, v in mapping.items())
-    assert parse_yaml_racks(text, "f") == _expected(mapping)
+    _refused_as_yaml(text, "racks.yml")
+    path = scratch() / "racks.json"
+    path.write_text(json.dumps(mapping))
+    assert dict(load_racks_file(path).by_key) == _expected(mapping)
+
+
+_LEVEL = st.from_regex(r"[A-Za-z0-9._-]{1,8}", fullmatch=True)
+
+
+@fuzz_settings(150)
+@given(
+    st.integers(1, 3).flatmap(
+        lambda depth: st.lists(
+            st.tuples(st.lists(_LEVEL, min_size=depth, max_size=depth), st.booleans()),
+            max_size=6,
+        )
+    ),
+    st.sampled_from([" ", "\n", "\t", "\r\n"]),
+)
+def test_script_output_round_trip(answers: list[tuple[list[str], bool]], sep: str) -> None:
+    """Locations of one depth, some with BookKeeper's one trailing `/`, read back normalised."""
+    printed = ["/" + "/".join(levels) + ("/" if slash else "") for levels, slash in answers]
+    expected = ["/" + "/".join(levels) for levels, _ in answers]
+    assert parse_script_output(sep.join(printed) + "\n", len(printed)) == expected
 
 
 @fuzz_settings(150)

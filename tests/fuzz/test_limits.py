@@ -27,7 +27,8 @@ from auditor.bookie.protocol import (
     decode_frame,
     decode_response,
 )
-from auditor.config import load_config, parse_properties
+from auditor.config import load_config
+from auditor.config.properties import parse_properties
 from auditor.daemon.config import load_daemon_config
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.layout import LayoutError, parse_layout, parse_metadata_service_uri
@@ -47,7 +48,7 @@ from auditor.topology.racks import (
     load_racks_file,
     parse_json_racks,
     parse_pulsar_racks,
-    parse_yaml_racks,
+    parse_script_output,
 )
 from tests.fuzz.support import ALLOCATION_LIMIT, cpu_limit, peak_allocation, varint
 
@@ -258,8 +259,29 @@ def test_properties_continuation_semantics_kept() -> None:
     ],
     ids=lambda t: repr(t[:8]),
 )
-def test_yaml_racks_are_linear(text: str) -> None:
-    assert _cpu_seconds(lambda: parse_yaml_racks(text, "f")) < MEGABYTE_BOUND
+def test_yaml_racks_are_refused_unread(text: str, tmp_path: Path) -> None:
+    """The megabyte YAML inputs the old reader had to stay linear on: refused by name, unread."""
+    path = tmp_path / "racks.yaml"
+    path.write_text(text)
+    assert _cpu_seconds(lambda: load_racks_file(path)) < MEGABYTE_BOUND
+    assert peak_allocation(lambda: load_racks_file(path)) < ALLOCATION_LIMIT
+    _raises(ConfigError, lambda: load_racks_file(path))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/r " * 340_000,
+        "/" + "a/" * 500_000,
+        "/a" + "//" * 500_000,
+        "/a\n" * 300_000 + "/b/c\n",
+        "\n" * 1_000_000 + "x",
+    ],
+    ids=lambda t: repr(t[:8]),
+)
+def test_script_output_is_linear(text: str) -> None:
+    """A megabyte of script output (the cap) is checked in linear time, valid or not."""
+    assert _cpu_seconds(lambda: parse_script_output(text, 1)) < MEGABYTE_BOUND
 
 
 def test_text_format_is_linear() -> None:

@@ -265,6 +265,16 @@ async def test_trigger_on_a_daemon(daemon: Api, zk: ZkClient) -> None:
         await follower.server.stop(0)
 
 
+async def test_a_token_no_client_can_send_is_one_line(daemon: Api) -> None:
+    run = await bk("trigger", "replicas", "--target", daemon.target, "--token", "tökén")
+    one_line_error(
+        run, "the API token (--token or BK_AUDITOR_API_TOKEN) must be printable ASCII", 2
+    )
+    assert "character 2 is a non-ASCII character (U+00F6)" in run.stderr
+    assert "tökén" not in run.stderr
+    assert daemon.control.triggered == []
+
+
 async def test_health(daemon: Api) -> None:
     t = ("--target", daemon.target)
     run = await bk("health", *t)

@@ -499,6 +499,21 @@ async def test_trigger_all_and_unknown(api: Api) -> None:
             )
         )
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # An unknown name is not echoed back whole: a bounded excerpt, and its length.
+    huge = "r" * 1_000_000
+    for call in (
+        api.stub.TriggerCheck(pb.TriggerCheckRequest(check=huge), metadata=bearer(TOKEN)),
+        api.stub.GetReport(pb.GetReportRequest(check=huge)),
+    ):
+        err = await rpc_error(call)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.details().startswith("unknown check 'rrrrr")
+        assert "(1000000 characters); expected one of bookies," in err.details()
+        assert len(err.details()) < 200
+    listed = api.stub.ListViolations(pb.ListViolationsRequest(category="c" * 100_000))
+    err = await rpc_error(listed.read())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "(100000 characters)" in err.details() and len(err.details()) < 600
 
 
 async def test_no_token_configured_refuses_every_mutation(zk: ZkClient) -> None:
@@ -637,6 +652,10 @@ async def test_bad_server_configuration(zk: ZkClient, tmp_path: Path) -> None:
     for kwargs, needle in cases:
         with pytest.raises(ConfigError, match=re.escape(needle)):
             await start_api_server(control, host="127.0.0.1", port=0, token=None, **kwargs)
+    # A token no client can send in gRPC metadata is refused, without quoting it.
+    with pytest.raises(ConfigError) as refused:
+        await start_api_server(control, host="127.0.0.1", port=0, token="gehéim")
+    assert "non-ASCII" in str(refused.value) and "gehéim" not in str(refused.value)
     first = await start_api_server(control, host="127.0.0.1", port=0, token=None)
     try:
         with pytest.raises(

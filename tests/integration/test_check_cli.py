@@ -37,6 +37,7 @@ async def test_replicas_json_schema_and_exit_codes(zk: ZkClient) -> None:
             "samples",
             "would_be_violations_dropped",
             "false_alarm_share",
+            "invalid_znodes",
             "coverage",
         }
         assert doc["check"] == "replicas"

@@ -8,13 +8,14 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from auditor.index.store import IndexWalker, MetadataIndex
-from auditor.index.sync import IndexSync, ledger_id_of
+from auditor.index.sync import IndexSync, invalid_ledger_znode, ledger_id_of
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.metadata.walk import LedgerWalker
+from auditor.metadata.walk import IdRange, LedgerWalker, UnexpectedZnode
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
 from auditor.zk import ZkClient
@@ -70,8 +71,20 @@ def test_only_ledger_znodes_are_ledgers() -> None:
         "/ledgers/underreplication/locks/urL0000000042",
         "/ledgers/LAYOUT",
         "/other/00/0000/L0042",
+        "/ledgers/922/3372/0368/5477/L5808",
+        "/ledgers/00/0000/L00042",
     ):
         assert ledger_id_of(h, ROOT, path) is None, path
+    assert ledger_id_of(h, ROOT, "/ledgers/922/3372/0368/5477/L5807") == LONG_MAX
+    # Shaped like a ledger's, and no ledger: named as the walk names it.
+    assert invalid_ledger_znode(h, ROOT, "/ledgers/922/3372/0368/5477/L5808") == UnexpectedZnode(
+        "/ledgers/922/3372/0368/5477/L5808", f"a ledger id is 0..{LONG_MAX}, got {2**63}", True
+    )
+    assert invalid_ledger_znode(LedgerManager.FLAT, ROOT, "/ledgers/L42") == UnexpectedZnode(
+        "/ledgers/L42", "a ledger's name here is L and 10 digits, not 2", True
+    )
+    for path in ("/ledgers/00/0000/L0042", "/ledgers/available/L1", "/ledgers/LAYOUT"):
+        assert invalid_ledger_znode(h, ROOT, path) is None, path
 
 
 async def test_the_index_follows_creates_changes_and_deletes(zk: ZkClient) -> None:
@@ -97,6 +110,43 @@ async def test_the_index_follows_creates_changes_and_deletes(zk: ZkClient) -> No
         assert sync.events == 4  # the four ledger znodes; noise is not an event
         walked = [r.ledger_id async for r in IndexWalker(index, zk).ledgers()]
         assert walked == [2, 3, 4, 5, 20_000, 3_000_000_000]
+
+
+async def test_invalid_ledger_znodes_are_named_and_the_index_goes_on(zk: ZkClient) -> None:
+    cw = ClusterWriter(zk, ROOT)
+    await cw.init_cluster()
+    for lid in (1, LONG_MAX):
+        await cw.write_ledger(_md(lid))
+    beyond = "/ledgers/922/3372/0368/5477/L5808"
+    await zk.create(beyond, encode_ledger_metadata(_md(5)))
+    async with _running(zk) as (sync, index):
+        assert sorted(r.ledger_id for r in index.records()) == [1, LONG_MAX]
+        assert list(index.unexpected) == [beyond]
+        walker = IndexWalker(index, zk)
+        assert [r.ledger_id async for r in walker.ledgers()] == [1, LONG_MAX]
+        assert [str(u) for u in walker.stats.unexpected] == [
+            f"{beyond}: a ledger id is 0..{LONG_MAX}, got {2**63}"
+        ]
+        assert (walker.stats.unexpected_count, walker.stats.invalid_ledgers) == (1, 1)
+        # Of a partitioned walk, the range that runs to the end names them.
+        first = IndexWalker(index, zk, IdRange(0, 10))
+        last = IndexWalker(index, zk, IdRange(10, LONG_MAX + 1))
+        assert [r.ledger_id async for r in first.ledgers()] == [1]
+        assert [r.ledger_id async for r in last.ledgers()] == [LONG_MAX]
+        assert (first.stats.invalid_ledgers, last.stats.invalid_ledgers) == (0, 1)
+        # After the load: an event names a new one, a delete forgets it; ledgers still land.
+        later = "/ledgers/999/9999/9999/9999/L9999"
+        await zk.create(later, b"garbage", makepath=True)
+        await cw.write_ledger(_md(2))
+        await _until(sync, lambda: 2 in index)
+        assert list(index.unexpected) == [beyond, later]
+        await zk.delete(beyond)
+        await cw.write_ledger(_md(3))
+        await _until(sync, lambda: 3 in index)
+        assert list(index.unexpected) == [later]
+        assert (index.unexpected_count, index.invalid_ledgers) == (1, 1)
+        assert sync.failed is None and sync.ready.is_set()
+        assert sorted(r.ledger_id for r in index.records()) == [1, 2, 3, LONG_MAX]
 
 
 async def test_a_lost_session_reloads_everything_and_says_so(zk_server: ZooKeeperServer) -> None:

@@ -142,8 +142,8 @@ async def test_what_if_racks_and_min_racks_give_exact_ledgers(zk: ZkClient, tmp_
         cluster = ["--zk", zk.hosts, "--set", f"checks.racks_file={racks}", "--set", RACKAWARE]
         # Today 2 and 4 fail (rack-a holds (b0, b1)) and 3 fails (rack-b holds (b2, b3)).
         # Moving b1 to rack-c and b3 to rack-a fixes 2 and 3; 4 still fails, now at (b5, b1).
-        new_map = tmp_path / "new.yaml"
-        new_map.write_text(f'"{b[1]}": /rack-c\n"{b[3]}": /rack-a\n')
+        new_map = tmp_path / "new.json"
+        new_map.write_text(json.dumps({b[1]: "/rack-c", b[3]: "/rack-a"}))
         code, out, err = await bk("what-if", *cluster, "--racks", str(new_map), "--json")
         assert code == 0, err  # nothing gets worse
         doc = one_json(out)

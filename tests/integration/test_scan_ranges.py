@@ -85,3 +85,28 @@ async def test_an_empty_cluster_is_one_range(zk: ZkClient) -> None:
     assert await plan_ranges(zk, "/ledgers", LedgerManager.HIERARCHICAL, 8) == [
         IdRange(0, LONG_MAX + 1)
     ]
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 3, 50])
+async def test_znodes_beyond_the_id_space_are_left_out_of_the_plan_and_named_once(
+    zk: ZkClient, partitions: int
+) -> None:
+    ids = [1, 20_005, LONG_MAX]
+    await _write(zk, LedgerManager.HIERARCHICAL, ids)
+    beyond = ["/ledgers/922/3372/0368/5477/L5808", "/ledgers/999/9999/9999/9999/L9999"]
+    for path in beyond:
+        await zk.create(path, b"not even metadata", makepath=True)
+    found = await buckets(zk, "/ledgers", LedgerManager.HIERARCHICAL, partitions)
+    assert all(b.lo <= LONG_MAX for b in found)
+    ranges = await plan_ranges(zk, "/ledgers", LedgerManager.HIERARCHICAL, partitions)
+    assert ranges[0].lo == 0 and ranges[-1].hi == LONG_MAX + 1
+    assert all(a.lo < a.hi == b.lo for a, b in itertools.pairwise(ranges))
+    assert len(ranges) == min(partitions, len(ids))
+    walked: list[int] = []
+    named: list[str] = []
+    for r in ranges:
+        walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL, r)
+        walked += [i async for i in walker.ledger_ids()]
+        named += [u.path for u in walker.stats.unexpected if u.invalid_ledger]
+    assert walked == ids
+    assert named == beyond

@@ -6,12 +6,16 @@ import asyncio
 
 import pytest
 
+from auditor.metadata.paths import LONG_MAX, InvalidLedgerIdError
 from auditor.metadata.records import CheckKind
 from auditor.metadata.underreplication import (
+    CorruptMark,
     MarkOutcome,
+    UnderreplicatedLedger,
     UnderreplicationFormatError,
     UnderreplicationManager,
     ur_ledger_path,
+    ur_lock_path,
 )
 from auditor.zk import ZkClient
 
@@ -25,6 +29,12 @@ def test_mark_path_layout() -> None:
         f"{BASE}/ledgers/7fff/ffff/ffff/ffff/urL9223372036854775807"
     )
     assert ur_ledger_path(BASE, 0xDEADBEEF).endswith("/0000/0000/dead/beef/urL3735928559")
+    assert ur_lock_path(BASE, 42) == f"{BASE}/locks/urL0000000042"
+    for bad in (-1, 2**63):
+        with pytest.raises(InvalidLedgerIdError):
+            ur_ledger_path(BASE, bad)
+        with pytest.raises(InvalidLedgerIdError):
+            ur_lock_path(BASE, bad)
 
 
 async def test_layout_is_created_then_checked(zk: ZkClient) -> None:
@@ -142,6 +152,98 @@ async def test_corrupt_mark_is_a_typed_error_and_nothing_is_written(zk: ZkClient
     assert (data, stat.version) == (b"this is not { a mark", 0)
 
 
+async def test_one_corrupt_mark_hides_no_other(zk: ZkClient) -> None:
+    urm = UnderreplicationManager(zk, ROOT)
+    await urm.check_layout()
+    for i in (1, 5, 2**40):
+        await urm.mark_underreplicated(i, ["bk:3181"], now_ms=1000)
+    leaves = f"{BASE}/ledgers/0000/0000/0000"
+    bad = {
+        # Data that does not decode: garbage, truncated, huge.
+        ur_ledger_path(BASE, 2): b"this is not { a mark",
+        ur_ledger_path(BASE, 3): b'replica: "bk:31',
+        ur_ledger_path(BASE, 4): b"\xff" * 1_000_000,
+        # Names that are not urL%010d of a valid id, or not where BookKeeper keeps them.
+        f"{BASE}/ledgers/7fff/ffff/ffff/ffff/urL9223372036854775808": b"",
+        f"{leaves}/0006/urL6": b"",
+        f"{leaves}/0007/urLseven": b"",
+        f"{BASE}/ledgers/urL0000000008": b"",
+        f"{leaves}/0009/stray": b"",
+        # Names of thousands of digits: never converted whole.
+        f"{leaves}/000a/urL{'9' * 5000}": b"",
+        f"{leaves}/000a/urL{'0' * 5000}1": b"",
+    }
+    for path, data in bad.items():
+        await zk.create(path, data, makepath=True)
+    listing = await urm.read_marks()
+    assert listing.marks == [
+        UnderreplicatedLedger(1, ("bk:3181",), 1000, 0),
+        UnderreplicatedLedger(5, ("bk:3181",), 1000, 0),
+        UnderreplicatedLedger(2**40, ("bk:3181",), 1000, 0),
+    ]
+    mark_of_8 = ur_ledger_path(BASE, 8)
+    assert listing.corrupt == [
+        CorruptMark(
+            f"{BASE}/ledgers/urL0000000008",
+            8,
+            f"not where BookKeeper keeps the mark of ledger 8 ({mark_of_8})",
+        ),
+        CorruptMark(
+            ur_ledger_path(BASE, 2),
+            2,
+            "does not decode: 1:6: expected '{' or '<', found 'i'",
+        ),
+        CorruptMark(
+            ur_ledger_path(BASE, 3), 3, "does not decode: 1:16: unterminated string literal"
+        ),
+        CorruptMark(
+            ur_ledger_path(BASE, 4),
+            4,
+            "does not decode: 1:1: expected a field name, found byte 0xff",
+        ),
+        CorruptMark(
+            f"{leaves}/0006/urL6",
+            6,
+            "mark name is not urL%010d: BookKeeper names ledger 6's mark urL0000000006",
+        ),
+        CorruptMark(
+            f"{leaves}/0007/urLseven", None, "mark name 'urLseven' is not urL and a ledger id"
+        ),
+        CorruptMark(
+            f"{leaves}/000a/urL{'0' * 5000}1",
+            1,
+            "mark name is not urL%010d: BookKeeper names ledger 1's mark urL0000000001",
+        ),
+        CorruptMark(
+            f"{leaves}/000a/urL{'9' * 5000}",
+            None,
+            f"mark name spells ledger id {'9' * 20}... (5000 digits), outside 0..{LONG_MAX}",
+        ),
+        CorruptMark(
+            f"{BASE}/ledgers/7fff/ffff/ffff/ffff/urL9223372036854775808",
+            None,
+            f"mark name spells ledger id {2**63}, outside 0..{LONG_MAX}",
+        ),
+        CorruptMark(
+            f"{leaves}/0009/stray",
+            None,
+            "neither an under-replication mark nor a directory of marks",
+        ),
+    ]
+    # A corrupt mark that names a ledger still marks it: the checks skip it.
+    assert listing.marked_ids() == {1, 2, 3, 4, 5, 6, 8, 2**40}
+    assert [u.ledger_id async for u in urm.list_underreplicated()] == [1, 5, 2**40]
+    assert await urm.count_underreplicated() == 9
+    assert await urm.count_corrupt_marks() == 10
+    assert isinstance(await urm.get_mark(2), CorruptMark)
+    assert await urm.get_mark(1) == UnderreplicatedLedger(1, ("bk:3181",), 1000, 0)
+    assert await urm.get_mark(77) is None
+    assert str(listing.corrupt[0]) == (
+        f"{BASE}/ledgers/urL0000000008: not where BookKeeper keeps the mark of ledger 8 "
+        f"({mark_of_8})"
+    )
+
+
 async def test_disable_flag_and_recovery_delay(zk: ZkClient) -> None:
     urm = UnderreplicationManager(zk, ROOT)
     await urm.check_layout()
@@ -158,6 +260,20 @@ async def test_disable_flag_and_recovery_delay(zk: ZkClient) -> None:
     assert (await zk.get(f"{BASE}/lostBookieRecoveryDelay"))[0] == b"30"
     await urm.set_lost_bookie_recovery_delay(5)
     assert await urm.get_lost_bookie_recovery_delay() == 5
+    await zk.set(f"{BASE}/lostBookieRecoveryDelay", b" +7\n")
+    assert await urm.get_lost_bookie_recovery_delay() == 7
+    path = f"{BASE}/lostBookieRecoveryDelay"
+    for data, why in [
+        (b"abc", f"{path} is not an integer: 'abc'"),
+        (b"\xff" * 1000, f"{path} is not an integer: '{chr(0xFFFD) * 40}'"),
+        (b"1.5", f"{path} is not an integer: '1.5'"),
+        (b"2147483648", f"{path} is 2147483648, outside 0..2147483647 seconds"),
+        (b"-1", f"{path} is -1, outside 0..2147483647 seconds"),
+    ]:
+        await zk.set(path, data)
+        with pytest.raises(UnderreplicationFormatError) as caught:
+            await urm.get_lost_bookie_recovery_delay()
+        assert str(caught.value) == why
 
 
 @pytest.mark.parametrize("which", list(CheckKind))

@@ -10,7 +10,9 @@ import pytest
 
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerState
-from auditor.metadata.walk import LedgerWalker
+from auditor.metadata.paths import LONG_MAX, InvalidLedgerIdError
+from auditor.metadata.serde import encode_ledger_metadata
+from auditor.metadata.walk import IdRange, LedgerWalker, UnexpectedZnode
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.zk import ZkClient
 
@@ -92,6 +94,112 @@ async def test_foreign_znodes_are_reported(zk: ZkClient) -> None:
     walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL)
     assert [i async for i in walker.ledger_ids()] == [1]
     assert walker.stats.foreign_znodes == ["/ledgers/00/0000/notaledger"]
+
+
+async def test_foreign_znodes_say_why(zk: ZkClient) -> None:
+    w = ClusterWriter(zk)
+    await w.init_cluster()
+    await w.write_ledger(make_metadata(1, ENSEMBLE))
+    # A valid ledger znode filed under the other tree: BookKeeper would not find it by id.
+    data = encode_ledger_metadata(make_metadata(2, ENSEMBLE))
+    await zk.create("/ledgers/21/4748/L3648", data, makepath=True)
+    await zk.create("/ledgers/00/abcd", b"", makepath=True)
+    walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL)
+    assert [i async for i in walker.ledger_ids()] == [1]
+    assert walker.stats.unexpected == [
+        UnexpectedZnode("/ledgers/00/abcd", "not a ledger znode"),
+        UnexpectedZnode(
+            "/ledgers/21/4748/L3648",
+            "ledger 2147483648 filed under the legacy (2-4-4) tree, not its own",
+        ),
+    ]
+    assert (walker.stats.unexpected_count, walker.stats.invalid_ledgers) == (2, 0)
+
+
+#: Znodes shaped like ledgers' that no ledger can be, and what the walk says of each.
+BEYOND = {
+    "/ledgers/922/3372/0368/5477/L5808": f"a ledger id is 0..{LONG_MAX}, got {2**63}",
+    "/ledgers/922/3372/0368/5477/L58080": "a ledger's name here is L and 4 digits, not 5",
+    "/ledgers/999/9999/9999/9999/L9999": f"a ledger id is 0..{LONG_MAX}, got {10**19 - 1}",
+}
+
+
+@pytest.mark.parametrize("manager", [LedgerManager.HIERARCHICAL, LedgerManager.LONG_HIERARCHICAL])
+async def test_ledger_znodes_beyond_the_id_range_are_named_and_the_walk_goes_on(
+    zk: ZkClient, manager: LedgerManager
+) -> None:
+    w = ClusterWriter(zk, "/ledgers", manager)
+    await w.init_cluster()
+    for i in (1, 3, LONG_MAX):
+        await w.write_ledger(make_metadata(i, ENSEMBLE))
+    # Valid metadata (of ledger 5) at each path: only the path is wrong.
+    for path in BEYOND:
+        await zk.create(path, encode_ledger_metadata(make_metadata(5, ENSEMBLE)), makepath=True)
+    walker = LedgerWalker(zk, "/ledgers", manager)
+    records = [r async for r in walker.ledgers(concurrency=2)]
+    assert [r.ledger_id for r in records] == [1, 3, LONG_MAX]
+    assert all(r.metadata is not None for r in records)
+    assert walker.stats.unexpected == [
+        UnexpectedZnode(path, reason, invalid_ledger=True) for path, reason in BEYOND.items()
+    ]
+    assert (walker.stats.ledgers, walker.stats.corrupt) == (3, 0)
+    assert (walker.stats.unexpected_count, walker.stats.invalid_ledgers) == (3, 3)
+    assert str(walker.stats.unexpected[0]) == (
+        f"/ledgers/922/3372/0368/5477/L5808: a ledger id is 0..{LONG_MAX}, got {2**63}"
+    )
+    # The largest id for progress estimates passes over them too.
+    assert await walker.max_ledger_id() == LONG_MAX
+    with pytest.raises(InvalidLedgerIdError):
+        await walker.read(2**63, "/ledgers/922/3372/0368/5477/L5808")
+    with pytest.raises(InvalidLedgerIdError):
+        await walker.read(-1)
+
+
+async def test_misnamed_ledger_znodes_in_each_layout(zk: ZkClient) -> None:
+    flat = ClusterWriter(zk, "/flat", LedgerManager.FLAT)
+    await flat.init_cluster()
+    await flat.write_ledger(make_metadata(7, ENSEMBLE))
+    await zk.create("/flat/L123", b"")
+    walker = LedgerWalker(zk, "/flat", LedgerManager.FLAT)
+    assert [i async for i in walker.ledger_ids()] == [7]
+    assert walker.stats.unexpected == [
+        UnexpectedZnode("/flat/L123", "a ledger's name here is L and 10 digits, not 3", True)
+    ]
+    legacy = ClusterWriter(zk, "/legacy", LedgerManager.LEGACY_HIERARCHICAL)
+    await legacy.init_cluster()
+    await legacy.write_ledger(make_metadata(7, ENSEMBLE))
+    await zk.create("/legacy/00/0000/L00007", b"")
+    walker = LedgerWalker(zk, "/legacy", LedgerManager.LEGACY_HIERARCHICAL)
+    assert [i async for i in walker.ledger_ids()] == [7]
+    assert walker.stats.unexpected == [
+        UnexpectedZnode(
+            "/legacy/00/0000/L00007", "a ledger's name here is L and 4 digits, not 5", True
+        )
+    ]
+
+
+async def test_partitions_name_each_unexpected_znode_once(zk: ZkClient) -> None:
+    w = ClusterWriter(zk)
+    await w.init_cluster()
+    for i in (1, 20_000, 2**40, LONG_MAX):
+        await w.write_ledger(make_metadata(i, ENSEMBLE))
+    for path in BEYOND:
+        await zk.create(path, b"", makepath=True)
+    await zk.create("/ledgers/00/0000/L00001", b"")
+    await zk.create("/ledgers/00/0002/junk", b"")
+    ranges = [IdRange(0, 10), IdRange(10, 2**41), IdRange(2**41, LONG_MAX + 1)]
+    seen: list[tuple[int, str]] = []
+    ids: list[int] = []
+    for n, r in enumerate(ranges):
+        walker = LedgerWalker(zk, "/ledgers", LedgerManager.HIERARCHICAL, r)
+        ids += [i async for i in walker.ledger_ids()]
+        seen += [(n, u.path) for u in walker.stats.unexpected]
+    assert ids == [1, 20_000, 2**40, LONG_MAX]
+    assert seen == [
+        (0, "/ledgers/00/0000/L00001"),
+        (1, "/ledgers/00/0002/junk"),
+        *((2, path) for path in BEYOND),
+    ]
 
 
 async def test_znode_ctime_is_the_fallback_creation_time(zk: ZkClient) -> None:

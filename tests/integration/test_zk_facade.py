@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
+from auditor.testing.cli import bk
 from auditor.testing.zkserver import ZooKeeperServer, expire_session, free_port
 from auditor.zk import (
     BadVersionError,
@@ -15,6 +18,7 @@ from auditor.zk import (
     NodeExistsError,
     NoNodeError,
     ZkClient,
+    ZkTimeoutError,
     ZkUnavailableError,
 )
 
@@ -48,6 +52,132 @@ async def test_unreachable_server_fails_within_timeout() -> None:
     with pytest.raises(ZkUnavailableError, match="cannot connect to ZooKeeper"):
         await client.start()
     assert time.monotonic() - t0 < 5.0
+
+
+class Silent:
+    """A TCP server that takes every connection, reads what comes, and never answers; it
+    notes when each connection arrived and when the client closed it."""
+
+    def __init__(self) -> None:
+        self.opened: list[float] = []
+        self.closed: list[float] = []
+        self.all_closed = asyncio.Event()
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.opened.append(time.monotonic())
+        with contextlib.suppress(OSError):
+            while await reader.read(4096):
+                pass
+        self.closed.append(time.monotonic())
+        if len(self.closed) == len(self.opened):
+            self.all_closed.set()
+        writer.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Silent]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        try:
+            yield self
+        finally:
+            server.close()
+            await server.wait_closed()
+
+
+async def test_a_server_that_never_answers_fails_the_connect_within_the_timeout() -> None:
+    async with Silent().running() as silent:
+        client = ZkClient(f"127.0.0.1:{silent.port}", timeout=2.0, session_timeout=30.0)
+        t0 = time.monotonic()
+        with pytest.raises(ZkTimeoutError) as caught:
+            await client.start()
+        elapsed = time.monotonic() - t0
+        assert str(caught.value) == (
+            f"cannot connect to ZooKeeper at 127.0.0.1:{silent.port} within 2s: "
+            "a server took the connection and did not answer"
+        )
+        # Before: the unanswered handshake was waited out (a third of the session, 10 s).
+        assert 2.0 <= elapsed < 2.8, elapsed
+        # Nothing is left behind: every connection the client opened, it closed.
+        await asyncio.wait_for(silent.all_closed.wait(), 1)
+        assert silent.opened and max(silent.closed) - t0 < 2.8
+
+
+async def test_the_cli_gives_up_on_a_silent_server_within_its_timeout() -> None:
+    async with Silent().running() as silent:
+        t0 = time.monotonic()
+        code, out, err = await bk(
+            "ledgers", "--zk", f"127.0.0.1:{silent.port}", "--timeout", "2", within=30
+        )
+        elapsed = time.monotonic() - t0
+        assert (code, out) == (3, "")
+        assert err == (
+            f"bk-auditor: error: cannot connect to ZooKeeper at 127.0.0.1:{silent.port} "
+            "within 2s: a server took the connection and did not answer\n"
+        )
+        # From the connection's arrival to its close: the timeout and a moment (the
+        # interpreter's start is outside this window).
+        assert silent.opened and silent.closed[-1] - silent.opened[0] < 2.8
+        assert elapsed < 4.5, elapsed
+
+
+class Freezer:
+    """A TCP proxy to a server that can freeze: from then on nothing goes either way, and
+    the connections stay open (a server that stopped answering, not a network cut)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.frozen = asyncio.Event()
+        self.port = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                if self.frozen.is_set():
+                    await asyncio.Event().wait()  # held until cancelled
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Freezer]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        try:
+            yield self
+        finally:
+            server.close()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await server.wait_closed()
+
+
+async def test_closing_a_session_whose_server_stopped_answering_takes_the_timeout(
+    zk_server: ZooKeeperServer,
+) -> None:
+    port = int(zk_server.hosts.rsplit(":", 1)[1])
+    async with Freezer(port).running() as proxy:
+        client = ZkClient(f"127.0.0.1:{proxy.port}", timeout=2.0, session_timeout=30.0)
+        await client.start()
+        assert "zookeeper" in await client.get_children("/")
+        proxy.frozen.set()
+        t0 = time.monotonic()
+        with pytest.raises(ZkTimeoutError, match="get_children / did not complete within 2s"):
+            await client.get_children("/")
+        assert time.monotonic() - t0 < 2.5
+        t0 = time.monotonic()
+        await client.close()
+        # Before: kazoo waited for its ping to go unanswered (20 s with a 30 s session).
+        assert time.monotonic() - t0 < 3.0
 
 
 async def test_real_session_expiry_is_reported_as_lost(

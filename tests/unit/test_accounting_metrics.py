@@ -6,6 +6,8 @@ from collections import Counter
 
 from auditor.checks.findings import ALL_CHECKS, DROP_CAUSES, Check, CheckReport
 from auditor.daemon.metrics import Metrics
+from auditor.daemon.state import DaemonState
+from auditor.daemon.tallies import Tallies
 from tests.unit.test_metrics import samples, value
 
 DROPPED = "bookkeeper_auditor_would_be_violations_dropped_total"
@@ -46,33 +48,35 @@ def test_recorded_reports_add_their_drops() -> None:
         finished_at=20.0,
         dropped=Counter({"retry_succeeded": 2, "marked_meanwhile": 1}),
     )
-    m.record_report(report, 10.0)
-    m.record_report(report, 10.0)
+    m.state.tallies.record_report(report, 10.0)
+    m.state.tallies.record_report(report, 10.0)
     assert value(m, DROPPED, check="replicas", cause="retry_succeeded") == 4
     assert value(m, DROPPED, check="replicas", cause="marked_meanwhile") == 2
     assert value(m, DROPPED, check="replicas", cause="metadata_changed") == 0
     bookies = CheckReport(
         Check.BOOKIES, started_at=1.0, finished_at=2.0, dropped=Counter({"bookie_returned": 3})
     )
-    m.record_report(bookies, 1.0)
+    m.state.tallies.record_report(bookies, 1.0)
     assert value(m, DROPPED, check="bookies", cause="bookie_returned") == 3
 
 
 def test_staleness_grows_between_scrapes_and_restarts_at_each_success() -> None:
     clock = Clock(1000.0)
-    m = Metrics(clock=clock)
+    m = Metrics(DaemonState("t:1", tallies=Tallies(clock=clock)))
     # Before any success: since the metrics (the daemon) started.
     clock.now = 1030.0
     assert value(m, AGE, check="replicas") == 30.0
     clock.now = 1090.0
     assert value(m, AGE, check="replicas") == 90.0
     # Elected: a new wait begins, unless a completion is known.
-    m.set_leader(True)
+    m.state.lead(m.state.tallies.clock())
     clock.now = 1100.0
     assert value(m, AGE, check="replicas") == 10.0
-    m.set_last_success(Check.PLACEMENT, 400.0)  # the former leader's run, from ZooKeeper
+    m.state.check_recorded(Check.PLACEMENT, 400.0)  # the former leader's run, from ZooKeeper
     assert value(m, AGE, check="placement") == 700.0
-    m.record_report(CheckReport(Check.REPLICAS, started_at=1095.0, finished_at=1099.5), 4.5)
+    m.state.tallies.record_report(
+        CheckReport(Check.REPLICAS, started_at=1095.0, finished_at=1099.5), 4.5
+    )
     clock.now = 1160.0
     assert value(m, AGE, check="replicas") == 60.5
     clock.now = 1260.0

@@ -18,7 +18,9 @@ from auditor.bookie.availability import (
     Availability,
     AvailabilityFormatError,
     SequenceGroup,
+    copies_short,
     expected_count,
+    fewest_copies,
     min_copies,
     replica_shortfall,
 )
@@ -447,6 +449,27 @@ def test_replica_shortfall_matches_brute_force(
 def test_replica_shortfall_needs_whole_ensemble() -> None:
     with pytest.raises(ValueError):
         list(replica_shortfall(0, 10, 3, 2, [EMPTY]))
+
+
+def test_copies_short_sweeps_what_each_holder_lacks() -> None:
+    # W = 3; holder streams as a segment's duties give them (ascending, possibly touching).
+    lacks = [[(2, 4), (9, 9)], [(4, 6)], [(5, 5), (6, 6)], []]
+    assert list(copies_short(3, lacks)) == [(2, 3, 2), (4, 6, 1), (9, 9, 2)]
+    assert list(copies_short(3, [])) == []
+
+
+def test_copies_short_merges_equal_neighbours_only() -> None:
+    assert list(copies_short(2, [[(0, 1), (2, 3)], [(4, 4)]])) == [(0, 4, 1)]
+    assert list(copies_short(2, [[(0, 3)], [(2, 5)]])) == [(0, 1, 1), (2, 3, 0), (4, 5, 1)]
+
+
+def test_fewest_copies_and_where_across_segments() -> None:
+    # Two segments in turn: the lowest count is 1, reached at 4..5 (touching across the
+    # boundary, so merged) and at 9.
+    shortfall = [(1, 1, 2), (4, 4, 1), (5, 5, 1), (7, 7, 2), (9, 9, 1)]
+    assert fewest_copies(shortfall, 3) == (1, [(4, 5), (9, 9)])
+    assert fewest_copies([(3, 3, 0), (8, 8, 1)], 2) == (0, [(3, 3)])
+    assert fewest_copies([], 3) == (3, [])
 
 
 # -- fuzzing ---------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from auditor.config import (
     field_names,
     load_config,
     normalize_key,
-    parse_properties,
 )
+from auditor.config.properties import parse_properties
 from auditor.daemon.config import (
     DAEMON_PLACEMENT_INTERVAL,
     DAEMON_REPLICAS_INTERVAL,
@@ -526,6 +526,40 @@ def test_scan_bad_spark_conf_names_key_and_origin(tmp_path: Path) -> None:
         load_daemon_config(None, env={**ZK, "BK_AUDITOR_SCAN_PARTITIONS": "-2"})
 
 
+def test_cli_and_daemon_share_one_spark_conf_rule(tmp_path: Path) -> None:
+    """`--spark-conf` and `scan.spark_conf` accept and refuse the same settings, alike."""
+    from auditor.cli.scan import parse_spark_conf as cli_spark_conf
+
+    good = ["spark.executor.memory=2g", "spark.driver.extraJavaOptions= -Da=b=c "]
+    expected = {"spark.executor.memory": "2g", "spark.driver.extraJavaOptions": "-Da=b=c"}
+    assert cli_spark_conf(good) == expected
+    cfg = load_daemon_config(None, [f"scan.spark_conf={';'.join(good)}"], env=ZK)
+    assert cfg.scan.spark_conf == expected
+    for bad in ("executor.memory=2g", "spark.=1", "spark.a b=1"):
+        key = repr(bad.partition("=")[0])
+        with pytest.raises(ConfigError) as cli:
+            cli_spark_conf([bad])
+        with pytest.raises(ConfigError) as daemon:
+            load_daemon_config(None, [f"scan.spark_conf={bad}"], env=ZK)
+        reason = f"{key} is not a Spark setting (spark.KEY=VALUE)"
+        assert str(cli.value) == f"--spark-conf: {reason}"
+        assert str(daemon.value) == f"scan.spark_conf: {reason} (from --set)"
+
+
+def test_cli_and_daemon_know_the_same_engines() -> None:
+    from auditor.cli.main import build_parser
+    from auditor.scan.options import ENGINES
+
+    for engine in ENGINES:
+        args = build_parser().parse_args(["scan", "--engine", engine, "--out", "o"])
+        assert args.engine == engine
+        if engine != "spark":  # the daemon refuses Spark without PySpark, at start
+            cfg = load_daemon_config(None, [f"daemon.engine={engine}"], env=ZK)
+            assert cfg.daemon.engine == engine
+    with pytest.raises(ConfigError, match="invalid choice: 'trio'"):
+        build_parser().parse_args(["scan", "--engine", "trio", "--out", "o"])
+
+
 def test_scan_secrets_masked_in_describe() -> None:
     cfg = load_daemon_config(
         None,
@@ -727,7 +761,8 @@ def test_logging_keeps_the_json_lines_flag() -> None:
 def test_settings_travel_by_name_to_spark_executors() -> None:
     import pickle
 
-    from auditor.config import AuditorConfig, _rebuild
+    from auditor.config import AuditorConfig
+    from auditor.config.model import _rebuild
 
     cfg = load_config(None, ["readEntryTimeout=7", "checks.retry_delay=0.5"])
     assert pickle.loads(pickle.dumps(cfg)) == cfg

@@ -9,7 +9,7 @@ from auditor.index.store import MetadataIndex
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerMetadata, LedgerState
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import IdRange, LedgerRecord
+from auditor.metadata.walk import UNEXPECTED_KEPT, IdRange, LedgerRecord, UnexpectedZnode, WalkStats
 from auditor.testing.cluster import make_metadata
 
 A, B, C, D = "10.0.0.1:3181", "10.0.0.2:3181", "10.0.0.3:3181", "bookie-4.example"
@@ -80,3 +80,23 @@ def test_a_closed_three_bookie_ledger_costs_under_200_bytes() -> None:
     assert template.ensemble_size == 3
     per_ledger = index.bytes_per_ledger()
     assert 60 < per_ledger < 200, per_ledger
+
+
+def test_unexpected_znodes_are_counted_all_and_kept_bounded() -> None:
+    index = MetadataIndex("/ledgers", LedgerManager.HIERARCHICAL)
+    stats = WalkStats()
+    for n in range(UNEXPECTED_KEPT + 5):
+        stats.note_unexpected(UnexpectedZnode(f"/ledgers/x{n}", "not a ledger znode", n % 2 == 0))
+    index.loaded_unexpected(stats)
+    assert len(index.unexpected) == UNEXPECTED_KEPT
+    assert (index.unexpected_count, index.invalid_ledgers) == (UNEXPECTED_KEPT + 5, 53)
+    index.add_unexpected(UnexpectedZnode("/ledgers/x0", "again", True))  # known: not counted twice
+    index.remove_unexpected("/ledgers/x0")
+    index.remove_unexpected("/ledgers/never-seen")
+    assert (index.unexpected_count, index.invalid_ledgers) == (UNEXPECTED_KEPT + 4, 52)
+    walked = WalkStats()
+    index.note_unexpected(walked)
+    assert [u.path for u in walked.unexpected] == [
+        f"/ledgers/x{n}" for n in range(1, UNEXPECTED_KEPT)
+    ]
+    assert (walked.unexpected_count, walked.invalid_ledgers) == (UNEXPECTED_KEPT + 4, 52)

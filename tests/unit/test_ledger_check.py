@@ -21,6 +21,7 @@ from auditor.bookie.results import (
 )
 from auditor.checks.ledger_check import (
     BadBookie,
+    BadFragment,
     EntrySelection,
     Fragment,
     Probe,
@@ -35,6 +36,7 @@ from auditor.checks.ledger_check import (
     fragments,
     lac_from_answers,
     last_stored,
+    leave_held_alone,
     metadata_problem,
     plan_ledger,
     select_entries,
@@ -445,3 +447,15 @@ def test_fragment_and_selection_are_values() -> None:
     f = Fragment(0, 0, 9, tuple(B[:3]), 3, 3)
     assert f == Fragment(0, 0, 9, tuple(B[:3]), 3, 3) and not f.empty
     assert EntrySelection(0, 9, 3, 3, 0) == EntrySelection(0, 9, 3, 3, 0)
+
+
+def test_leave_held_alone_drops_held_bookies_and_fragments_left_with_none() -> None:
+    """The restart rule: a bookie whose lost-bookie delay runs is not a bad bookie yet."""
+    f0 = Fragment(0, 0, 4, tuple(B[:3]), 3, 3)
+    f1 = Fragment(1, 5, 9, (B[0], B[3], B[2]), 3, 3)
+    only_held = BadFragment(f0, (BadBookie(1, B[1], True),))
+    mixed = BadFragment(f1, (BadBookie(1, B[3], True), BadBookie(2, B[2], False)))
+    assert leave_held_alone([only_held, mixed], frozenset({B[1], B[3]})) == [
+        BadFragment(f1, (BadBookie(2, B[2], False),))
+    ]
+    assert leave_held_alone([only_held, mixed], frozenset()) == [only_held, mixed]

@@ -27,7 +27,12 @@ class Cluster:
     """Events in, decisions out; audits collected with their time."""
 
     def __init__(
-        self, bookies: str = "ABC", delay: int = 0, cookies: str = "", now: float = 0.0
+        self,
+        bookies: str = "ABC",
+        delay: int = 0,
+        cookies: str = "",
+        now: float = 0.0,
+        missing_since: dict[str, float] | None = None,
     ) -> None:
         self.available = set(bookies)
         self.delay = delay
@@ -36,7 +41,10 @@ class Cluster:
         self.audits: list[tuple[float, RunAuditNow]] = []
         self.log: list[Decision] = []
         self.apply(
-            now, self.sm.leader_started(set(cookies) | self.available, self.available, delay, now)
+            now,
+            self.sm.leader_started(
+                set(cookies) | self.available, self.available, delay, now, missing_since
+            ),
         )
 
     def apply(self, now: float, decisions: list[Decision]) -> list[Decision]:
@@ -75,15 +83,66 @@ class Cluster:
         return [t for t, _ in self.audits if t > after]
 
 
-def test_leader_start_audits_at_once_ignoring_the_delay() -> None:
-    # "D" registered once (cookie) and is gone: it is lost since before this leader.
-    c = Cluster("ABC", delay=30, cookies="D", now=100.0)
+def test_leader_start_audits_bookies_missing_for_longer_than_the_delay_at_once() -> None:
+    # "D" registered once (cookie) and has been missing for 40 s, longer than the delay.
+    c = Cluster("ABC", delay=30, cookies="D", now=100.0, missing_since={"D": 60.0})
     assert c.audits == [(100.0, RunAuditNow(AuditReason.LEADER_STARTED, frozenset("D")))]
     assert not c.sm.audit_pending
+    assert c.sm.held_bookies == frozenset()
     assert c.sm.delay_before_change == 30
     # The registry's initial snapshot right after start changes nothing: "D" is covered.
     assert c.sm.on_bookies_changed(c.available, 30, 100.1) == []
     assert not c.sm.audit_pending
+
+
+def test_restart_rule_a_bookie_never_seen_waits_the_delay_from_the_election() -> None:
+    # The daemon beside "D" restarted with it: the new leader never saw "D" up.
+    c = Cluster("ABC", delay=30, cookies="D", now=100.0)
+    assert c.audits == []
+    assert c.timer == ScheduleAudit(130.0, 1)
+    assert c.sm.held_bookies == frozenset("D")
+    c.start("D", 110.0)  # back within the delay: nothing marked, nothing pending
+    c.advance(200.0)
+    assert c.audits == []
+    assert c.sm.held_bookies == frozenset()
+    assert c.sm.counters[NUM_DELAYED_BOOKIE_AUDITS_CANCELLED] == 1
+
+
+def test_restart_rule_the_delay_counts_from_when_a_follower_saw_the_bookie_go() -> None:
+    c = Cluster("ABC", delay=30, cookies="D", now=100.0, missing_since={"D": 90.0})
+    assert c.audits == [] and c.timer == ScheduleAudit(120.0, 1)
+    c.advance(119.0)
+    assert c.audits == []
+    c.advance(121.0)  # still down past its delay: audited once, then no longer held
+    assert c.audits == [(120.0, RunAuditNow(AuditReason.DELAY_EXPIRED, frozenset("D")))]
+    assert c.sm.held_bookies == frozenset()
+
+
+def test_restart_rule_two_bookies_within_their_delay_are_audited_at_once() -> None:
+    c = Cluster("ABC", delay=30, cookies="DE", now=100.0, missing_since={"D": 95.0})
+    assert c.audits == [(100.0, RunAuditNow(AuditReason.MULTIPLE_FAILURES, frozenset("DE")))]
+    assert not c.sm.audit_pending and c.sm.held_bookies == frozenset()
+
+
+def test_restart_rule_overdue_bookies_audited_now_the_recent_one_held() -> None:
+    c = Cluster("ABC", delay=30, cookies="DE", now=100.0, missing_since={"D": 10.0, "E": 90.0})
+    assert c.audits == [(100.0, RunAuditNow(AuditReason.LEADER_STARTED, frozenset("D")))]
+    assert c.timer == ScheduleAudit(120.0, 1)
+    assert c.sm.held_bookies == frozenset("E")
+
+
+def test_restart_rule_a_second_loss_during_the_delay_audits_both_at_once() -> None:
+    c = Cluster("ABC", delay=30, cookies="D", now=100.0)
+    assert c.sm.held_bookies == frozenset("D")
+    c.kill("C", 105.0)
+    assert c.audits == [(105.0, RunAuditNow(AuditReason.MULTIPLE_FAILURES, frozenset("CD")))]
+    assert c.timer is None and c.sm.held_bookies == frozenset()
+
+
+def test_restart_rule_delay_zero_keeps_auditing_at_once() -> None:
+    c = Cluster("ABC", delay=0, cookies="D", now=100.0)
+    assert c.audits == [(100.0, RunAuditNow(AuditReason.LEADER_STARTED, frozenset("D")))]
+    assert c.sm.held_bookies == frozenset()
 
 
 def test_events_require_leadership_first() -> None:

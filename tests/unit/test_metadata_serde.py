@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from auditor.errors import FormatError
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
+from auditor.metadata.paths import InvalidLedgerIdError
 from auditor.metadata.records import (
     BASIC_REREPLICATION_LAYOUT,
     UNASSIGNED_CTIME,
@@ -170,6 +171,11 @@ def test_bad_ledger_id_argument_is_a_caller_bug() -> None:
     with pytest.raises(ValueError):
         decode_ledger_metadata(_b64("version3"), -1)
     with pytest.raises(ValueError):
+        decode_ledger_metadata(_b64("version3"), 2**63)
+    # The one rule for ledger ids, and its error.
+    with pytest.raises(
+        InvalidLedgerIdError, match=r"^a ledger id is 0\.\.9223372036854775807, got"
+    ):
         decode_ledger_metadata(_b64("version3"), 2**63)
 
 

@@ -21,6 +21,7 @@ from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok, Unansw
 from auditor.checks.findings import ALL_CHECKS, CATEGORIES, Category, Check, CheckReport, Violation
 from auditor.checks.tally import ViolationLog
 from auditor.daemon.metrics import BOOKIE_OPS, OUTCOMES, Metrics, bookie_status
+from auditor.daemon.state import RunCompleted
 from auditor.selftest.harness import SelfTestResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +61,10 @@ LISTED = {
     "bookkeeper_auditor_retry_queue_ledgers": set(),
     "bookkeeper_auditor_lost_bookies": set(),
     "bookkeeper_auditor_underreplicated_ledgers": set(),
+    "bookkeeper_auditor_leadership_decisions_total": {"reason"},
+    "bookkeeper_auditor_election_backoff_seconds": set(),
+    "bookkeeper_auditor_duplicate_identity": set(),
+    "bookkeeper_auditor_znode_invalid": {"znode"},
 }
 
 
@@ -101,7 +106,7 @@ def test_counters_are_pre_initialised_for_every_label_value() -> None:
 
 def test_registries_are_independent() -> None:
     a, b = Metrics(), Metrics()
-    a.election_attempt()
+    a.state.tallies.election_attempt()
     assert value(a, "bookkeeper_auditor_election_attempts_total") == 1
     assert value(b, "bookkeeper_auditor_election_attempts_total") == 0
 
@@ -132,8 +137,8 @@ def replicas_report() -> CheckReport:
 
 def test_record_report_counts_ledgers_and_sets_the_last_run() -> None:
     m = Metrics()
-    m.record_report(replicas_report(), 42.5)
-    m.record_report(replicas_report(), 30.0)
+    m.state.tallies.record_report(replicas_report(), 42.5)
+    m.state.tallies.record_report(replicas_report(), 30.0)
     total = "bookkeeper_auditor_violations_total"
     gauge = "bookkeeper_auditor_ledgers_in_violation"
     assert value(m, total, check="replicas", category="no_replica") == 2
@@ -164,7 +169,9 @@ def test_record_report_counts_ledgers_and_sets_the_last_run() -> None:
     assert value(m, marked, reason="bookies") == 0
 
     # A clean run: the gauges drop to zero, the counters keep their history.
-    m.record_report(CheckReport(check=Check.REPLICAS, started_at=1.0, finished_at=2.0), 1.0)
+    m.state.tallies.record_report(
+        CheckReport(check=Check.REPLICAS, started_at=1.0, finished_at=2.0), 1.0
+    )
     assert value(m, gauge, check="replicas", category="no_replica") == 0
     assert value(m, total, check="replicas", category="no_replica") == 2
     assert value(m, runs, check="replicas", outcome="ok") == 1
@@ -180,7 +187,9 @@ def test_bookie_check_report_sets_lost_bookies() -> None:
         marked_underreplicated=[7],
         lost_bookies=["b9:3181", "b8:3181"],
     )
-    m.record_report(report, 0.5)
+    # The bookie check's report names the lost bookies the gauge counts.
+    m.state.check_ended(Check.BOOKIES, RunCompleted(report, 0.5), 2.0)
+    assert m.state.lost_bookies == ("b9:3181", "b8:3181")
     assert value(m, "bookkeeper_auditor_lost_bookies") == 2
     assert (
         value(m, "bookkeeper_auditor_ledgers_marked_underreplicated_total", reason="bookies") == 1
@@ -198,29 +207,29 @@ def test_bookie_check_report_sets_lost_bookies() -> None:
 
 def test_failures_skips_and_gauges() -> None:
     m = Metrics()
-    m.record_failure(Check.LEDGERS, 3.0)
-    m.record_skip(Check.LEDGERS)
-    m.record_skip(Check.LEDGERS)
+    m.state.tallies.record_failure(Check.LEDGERS, 3.0)
+    m.state.tallies.record_skip(Check.LEDGERS)
+    m.state.tallies.record_skip(Check.LEDGERS)
     runs = "bookkeeper_auditor_check_runs_total"
     assert value(m, runs, check="ledgers", outcome="failed") == 1
     assert value(m, runs, check="ledgers", outcome="skipped") == 2
     assert value(m, "bookkeeper_auditor_check_duration_seconds_count", check="ledgers") == 1
     assert ("bookkeeper_auditor_check_last_success_timestamp_seconds") not in names_of(m)
-    m.set_last_success(Check.LEDGERS, 1234.0)
-    m.set_check_interval(Check.LEDGERS, 604800)
+    m.state.check_recorded(Check.LEDGERS, 1234.0)
+    m.state.check_interval(Check.LEDGERS, 604800)
     assert (
         value(m, "bookkeeper_auditor_check_last_success_timestamp_seconds", check="ledgers") == 1234
     )
     assert value(m, "bookkeeper_auditor_check_interval_seconds", check="ledgers") == 604800
-    m.election_attempt()
-    m.election_attempt()
-    m.bookie_request("read_entry", "ok")
-    m.bookie_request("read_entry", "timeout")
-    m.set_retry_queue(5)
-    m.set_lost_bookies(1)
-    m.set_underreplicated(17)
-    m.set_leader_elected(True)
-    m.set_replication_enabled(False)
+    m.state.tallies.election_attempt()
+    m.state.tallies.election_attempt()
+    m.state.tallies.bookie_request("read_entry", "ok")
+    m.state.tallies.bookie_request("read_entry", "timeout")
+    m.state.retry_queue = 5
+    m.state.lost_bookies = ("b1:3181",)
+    m.state.tallies.underreplicated = 17
+    m.state.leader = "b1:3181"
+    m.state.replication_enabled = False
     assert value(m, "bookkeeper_auditor_election_attempts_total") == 2
     assert value(m, "bookkeeper_auditor_bookie_requests_total", op="read_entry", status="ok") == 1
     assert (
@@ -235,13 +244,13 @@ def test_failures_skips_and_gauges() -> None:
 
 def test_stepping_down_zeroes_the_last_run_gauges() -> None:
     m = Metrics()
-    m.set_leader(True)
-    m.record_report(replicas_report(), 1.0)
+    m.state.lead(m.state.tallies.clock())
+    m.state.tallies.record_report(replicas_report(), 1.0)
     gauge = "bookkeeper_auditor_ledgers_in_violation"
     assert value(m, gauge, check="replicas", category="no_replica") == 1
-    m.set_leader(True)  # still leading: nothing changes
+    m.state.lead(m.state.tallies.clock())  # still leading: nothing changes
     assert value(m, gauge, check="replicas", category="no_replica") == 1
-    m.set_leader(False)
+    m.state.stepped_down()
     assert value(m, "bookkeeper_auditor_is_leader") == 0
     assert value(m, gauge, check="replicas", category="no_replica") == 0
     # The counters are history and stay.
@@ -289,7 +298,7 @@ async def read_response(
 
 async def test_http_serves_metrics_on_an_ephemeral_port() -> None:
     m = Metrics()
-    m.set_underreplicated(3)
+    m.state.tallies.underreplicated = 3
     await m.start_http("127.0.0.1", 0)
     try:
         assert m.http_port
@@ -348,9 +357,9 @@ _SERIES = re.compile(r"\bbookkeeper_auditor_[a-z_]+")
 
 def exported_families() -> set[str]:
     m = Metrics()
-    m.set_last_success(Check.REPLICAS, 1.0)
-    m.set_check_interval(Check.REPLICAS, 1.0)
-    m.record_selftest([SelfTestResult("replicas", 1)], 1.0)
+    m.state.check_recorded(Check.REPLICAS, 1.0)
+    m.state.check_interval(Check.REPLICAS, 1.0)
+    m.state.selftest_done([SelfTestResult("replicas", 1)], 1.0)
     return names_of(m)
 
 

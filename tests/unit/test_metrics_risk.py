@@ -30,10 +30,10 @@ def samples(m: Metrics) -> dict[tuple[str, str, str], float]:
 def test_top_domains_replace_the_previous_report_and_go_on_step_down() -> None:
     m = Metrics()
     assert samples(m) == {}
-    m.set_leader(True)
+    m.state.lead(m.state.tallies.clock())
     # Ledger 1 on b0,b1,b2 (b0 and b1 in rack a), ledger 2 on b0,b2,b3.
     first = report({B[0]: "/a", B[1]: "/a", B[2]: "/b"}, [B[0], B[1], B[2]], [B[0], B[2], B[3]])
-    m.record_risk(first, top=1)
+    m.state.tallies.record_risk(first, top=1)
     assert samples(m) == {
         ("bookie", B[0], "below_ack_quorum"): 2.0,
         ("bookie", B[0], "no_copy"): 0.0,
@@ -42,11 +42,11 @@ def test_top_domains_replace_the_previous_report_and_go_on_step_down() -> None:
     }
     assert m.registry.get_sample_value("bookkeeper_auditor_risk_last_run_timestamp_seconds") == 12
     # Racks unknown now: only bookies remain, and /a is gone from the series.
-    m.record_risk(report({}, [B[1], B[2], B[3]]), top=5)
+    m.state.tallies.record_risk(report({}, [B[1], B[2], B[3]]), top=5)
     assert samples(m) == {
         (d, b, s): v
         for b in B[1:]
         for d, s, v in (("bookie", "below_ack_quorum", 1.0), ("bookie", "no_copy", 0.0))
     }
-    m.set_leader(False)
+    m.state.stepped_down()
     assert samples(m) == {}

@@ -14,7 +14,14 @@ from auditor.metadata.layout import (
     parse_layout,
     parse_metadata_service_uri,
 )
-from auditor.metadata.paths import ledger_id_from_path, ledger_path
+from auditor.metadata.paths import (
+    LONG_MAX,
+    InvalidLedgerIdError,
+    check_ledger_id,
+    is_valid_ledger_id,
+    ledger_id_from_path,
+    ledger_path,
+)
 
 H = LedgerManager.HIERARCHICAL
 
@@ -51,6 +58,42 @@ def test_ledger_path_rejects_out_of_range() -> None:
         ledger_path(H, "/ledgers", -1)
     with pytest.raises(ValueError):
         ledger_path(H, "/ledgers", 2**63)
+
+
+def test_one_rule_for_ledger_ids() -> None:
+    assert [is_valid_ledger_id(i) for i in (-1, 0, LONG_MAX, LONG_MAX + 1)] == [
+        False,
+        True,
+        True,
+        False,
+    ]
+    assert check_ledger_id(LONG_MAX) == LONG_MAX
+    with pytest.raises(InvalidLedgerIdError) as caught:
+        check_ledger_id(2**63, where="argument LEDGER_ID")
+    # A command-line id gets a configuration error's exit code; callers that caught
+    # ledger_path's ValueError still catch it.
+    assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ValueError)
+    assert str(caught.value) == (
+        "argument LEDGER_ID: a ledger id is 0..9223372036854775807, got 9223372036854775808"
+    )
+    with pytest.raises(
+        InvalidLedgerIdError, match=r"^a ledger id is 0\.\.9223372036854775807, got -5$"
+    ):
+        check_ledger_id(-5)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ledgers/922/3372/0368/5477/L5808",  # 2^63, 19 digits: the long tree's shape
+        "/ledgers/999/9999/9999/9999/L9999",
+        "/ledgers/922/3372/0368/5477/L58080",  # 20 digits
+        "/ledgers/L99999999999999999999",
+    ],
+)
+def test_a_path_spelling_an_id_beyond_the_range_is_no_ledger(path: str) -> None:
+    with pytest.raises(InvalidLedgerIdError, match=f"^{path}: a ledger id is 0..{LONG_MAX}, got "):
+        ledger_id_from_path("/ledgers", path)
 
 
 @pytest.mark.parametrize(

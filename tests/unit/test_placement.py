@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,15 +25,17 @@ from auditor.topology.locations import (
     DEFAULT_RACK,
     DEFAULT_REGION_RACK,
     DEFAULT_ZONE_UPGRADE_DOMAIN,
+    InvalidLocationError,
     normalize_location,
     region_of,
+    topology_location,
 )
 from auditor.topology.racks import (
     RackSourceError,
+    load_racks_file,
     parse_json_racks,
     parse_pulsar_racks,
     parse_script_output,
-    parse_yaml_racks,
 )
 
 B = [f"b{i}" for i in range(8)]
@@ -419,39 +423,23 @@ def test_json_racks_malformed(text: str, message: str) -> None:
         parse_json_racks(text, "racks file f")
 
 
-def test_yaml_racks_subset() -> None:
-    text = """---
-# bookie: rack
-10.0.0.1:3181: /r1
-"bk-2": 'r2'   # quoted
-'it''s': "/r3"
-host4: /r4 # trailing comment
-host5:
-host6: ~
-" host7 ": /r7
-"""
-    assert parse_yaml_racks(text, "f") == {
-        "10.0.0.1:3181": "/r1",
-        "bk-2": "/r2",
-        "it's": "/r3",
-        "host4": "/r4",
-        "host7": "/r7",
-    }
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("racks:\n  b1: /r1\n", "nested YAML"),
-        ("- b1\n", "expected `bookie: /rack`"),
-        ("b1 /r1\n", "expected `bookie: /rack`"),
-        ("b1: {a: 1}\n", "scalar"),
-        ('b1: "/r1\n', "unterminated"),
-    ],
-)
-def test_yaml_racks_refuses_what_it_cannot_read(text: str, message: str) -> None:
-    with pytest.raises(RackSourceError, match=message):
-        parse_yaml_racks(text, "f")
+@pytest.mark.parametrize("name", ["racks.yaml", "racks.yml", "racks.Yml"])
+def test_yaml_racks_files_are_refused(tmp_path: Path, name: str) -> None:
+    """No YAML reader: a YAML racks file is one ConfigError line saying to use JSON."""
+    path = tmp_path / name
+    path.write_text("10.0.0.1:3181: /r1\n")
+    with pytest.raises(ConfigError) as err:
+        load_racks_file(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == (
+        f"racks file {path} is YAML, which is not read: write the same mapping as a JSON "
+        'object {"<bookie>": "</rack>"} in a .json file'
+    )
+    # The same mapping as JSON is read.
+    as_json = tmp_path / "racks.json"
+    as_json.write_text('{"10.0.0.1:3181": "/r1"}')
+    assert dict(load_racks_file(as_json).by_key) == {"10.0.0.1:3181": "/r1"}
 
 
 def test_pulsar_racks() -> None:
@@ -499,9 +487,76 @@ def test_pulsar_racks_malformed(data: bytes, message: str) -> None:
 
 
 def test_script_output() -> None:
-    assert parse_script_output("/r1 r2\n/\n", 3) == ["/r1", "/r2", None]
+    assert parse_script_output("/r1 /r2/\n\t/r3\n", 3) == ["/r1", "/r2", "/r3"]
     assert parse_script_output("/r1\n", 2) is None
     assert parse_script_output("", 0) == []
+    assert parse_script_output("/zone/ud /z2/ud2/\n", 2) == ["/zone/ud", "/z2/ud2"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [
+        ("/r1", "/r1"),
+        ("/r1/", "/r1"),
+        ("/region/rack", "/region/rack"),
+        ("/zone/ud/", "/zone/ud"),
+        ("/default-rack", "/default-rack"),
+    ],
+)
+def test_topology_location_accepts(raw: str, normal: str) -> None:
+    assert topology_location(raw) == normal
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("", "does not start with /"),
+        ("r1", "does not start with /"),
+        ("rack-b/", "does not start with /"),
+        ("/", "names the root, not a rack"),
+        ("//", "has an empty level"),
+        ("/a//b", "has an empty level"),
+        ("//a", "has an empty level"),
+        ("/a//", "has an empty level"),
+    ],
+)
+def test_topology_location_refuses(raw: str, why: str) -> None:
+    with pytest.raises(InvalidLocationError) as err:
+        topology_location(raw)
+    assert str(err.value) == why
+
+
+@pytest.mark.parametrize(
+    ("stdout", "count", "message"),
+    [
+        ("/r1\nrack-b\n", 2, "s line 2: location 'rack-b' does not start with /"),
+        ("/r1 /\n", 2, "s line 1: location '/' names the root, not a rack"),
+        ("\n\n/a//b\n", 1, "s line 3: location '/a//b' has an empty level"),
+        # Checked whatever the count: a wrong count does not hide a bad location.
+        ("/r1 r2 r3\n", 1, "s line 1: location 'r2' does not start with /"),
+        (
+            "/r1\n/region/r2\n",
+            2,
+            "s line 2: location '/region/r2' has 2 level(s) where its other locations have 1 "
+            "(BookKeeper's topology keeps every bookie at one depth)",
+        ),
+        ("x" * 100, 1, "s line 1: location '" + "x" * 60 + "'... does not start with /"),
+    ],
+)
+def test_script_output_refuses_what_the_topology_would(
+    stdout: str, count: int, message: str
+) -> None:
+    with pytest.raises(RackSourceError) as err:
+        parse_script_output(stdout, count, "s")
+    assert str(err.value) == message
+
+
+def test_script_output_keeps_the_depth_of_earlier_answers() -> None:
+    assert parse_script_output("/a/b\n", 1, "s", depth=2) == ["/a/b"]
+    with pytest.raises(
+        RackSourceError, match="has 1 level\\(s\\) where its other locations have 2"
+    ):
+        parse_script_output("/a\n", 1, "s", depth=2)
 
 
 def test_rack_source_errors_stop_the_check() -> None:

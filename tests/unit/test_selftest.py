@@ -46,7 +46,7 @@ from auditor.selftest.harness import (
     SelfTestResult,
 )
 
-FIXTURES = {"replicas": 9, "placement": 9, "grace": 4, "bookies": 7, "ledgers": 5, "metadata": 10}
+FIXTURES = {"replicas": 9, "placement": 9, "grace": 4, "bookies": 8, "ledgers": 5, "metadata": 10}
 
 
 def _failed(results: list[SelfTestResult]) -> dict[str, list[str]]:
@@ -138,7 +138,11 @@ def _raises(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
         (
             Cores(delay=_NeverCancels),
             "bookies",
-            ["bookie_back_cancels_audit", "second_loss_audits_at_once"],
+            [
+                "restart_at_election_is_held",
+                "bookie_back_cancels_audit",
+                "second_loss_audits_at_once",
+            ],
         ),
         (Cores(classify=_no_digest_check), "ledgers", ["entry_of_another_id", "digest_mismatch"]),
         (
@@ -327,7 +331,7 @@ def test_selftest_metrics() -> None:
         SelfTestResult("replicas", 9),
         SelfTestResult("grace", 4, (FixtureFailure("x", "1", "2"),)),
     ]
-    metrics.record_selftest(results, 1234.5)
+    metrics.state.selftest_done(results, 1234.5)
 
     def sample(name: str, **labels: str) -> float | None:
         return metrics.registry.get_sample_value(name, labels)

@@ -1,0 +1,227 @@
+"""One run's account of its ledgers: the report and the per-ledger outcome rows, kept together.
+
+Every check driver settles each ledger through its `RunRecorder`, exactly once:
+`ok`, `skipped` (with its reason), `violation` (one or several of one ledger)
+or `metadata_invalid`. Each of these updates the report (ledgers checked or
+skipped, violations, the replicas check's coverage), logs the violations, and
+hands the ledger's `LedgerOutcome` to the sink (a scan's coverage rows), so the
+report and the rows cannot disagree. `dropped` counts a would-be violation that
+ended with nothing reported (false-alarm accounting) and `settle` decides when
+an outcome is one; `finish` closes the report.
+
+A bad znode that names no ledger is no ledger's outcome: `invalid_znode`
+records it in the report's invalid znodes (a corrupt mark, by the grace
+check), and `finish(walker)` records the walk's invalid ledger znodes (paths
+spelling no valid id), once per run, whichever walker (ZooKeeper or the
+leader's index) walked.
+
+Log lines, the same for every check: each violation is a warning "violation"
+with check, ledger_id, category, bookie and the violation's detail, unless the
+driver describes its lines itself (the placement check logs one line per
+segment, the ledger check a summary of its bad fragments). `metadata_invalid`
+of the two metadata-only checks (placement, metadata) is logged as "metadata
+invalid", the event those checks have always used. Every line of the recorder's
+logger names the check.
+
+Part of the one driver convention (see `auditor.checks`): every `<Check>Run`
+owns one recorder, and nothing else writes its report's counts or its rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import (
+    Check,
+    CheckReport,
+    Coverage,
+    DropCause,
+    InvalidZnode,
+    LedgerOutcome,
+    Outcome,
+    SkipReason,
+    Violation,
+    metadata_invalid,
+)
+from auditor.metadata.walk import LedgerRecord, Walker, WalkStats
+
+__all__ = ["SKIP_CAUSES", "LogLine", "RunRecorder", "Sink", "decode_error", "violation_fields"]
+
+Sink = Callable[[LedgerOutcome], None]
+#: One log line: its event and fields (a driver's own description of a violation).
+LogLine = tuple[str, dict[str, Any]]
+
+#: Skips that name why a would-be violation was dropped better than the doubt before them.
+SKIP_CAUSES: Final = {
+    str(SkipReason.UNDERREPLICATED): DropCause.MARKED_MEANWHILE,
+    str(SkipReason.DELETED): DropCause.LEDGER_DELETED,
+    str(SkipReason.METADATA_CHANGING): DropCause.METADATA_CHANGED,
+}
+_INVALID_EVENTS: Final = {Check.PLACEMENT: "metadata invalid", Check.METADATA: "metadata invalid"}
+
+
+def decode_error(rec: LedgerRecord) -> str:
+    """Why a record carries no metadata."""
+    return rec.error.reason if rec.error is not None else "metadata missing"
+
+
+def violation_fields(v: Violation) -> dict[str, Any]:
+    """The fields of a violation's default log line."""
+    return {"ledger_id": v.ledger_id, "category": str(v.category), "bookie": v.bookie, **v.detail}
+
+
+class RunRecorder:
+    """The report of one run (or one partition or stage of it) and its outcome rows."""
+
+    def __init__(
+        self,
+        report: CheckReport,
+        log: Any,
+        sink: Sink | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.report = report
+        self.check = report.check
+        self.log = log.bind(check=str(report.check))
+        self._sink = sink
+        self._clock = clock
+
+    @classmethod
+    def for_context(cls, ctx: CheckContext, check: Check, **fields: Any) -> RunRecorder:
+        """A recorder of a fresh report of `check`, whose rows go to `ctx.outcome`."""
+        return cls(ctx.new_report(check, **fields), ctx.log, ctx.outcome, clock=ctx.clock)
+
+    # --- one outcome per ledger ---------------------------------------------------------
+
+    def ok(
+        self, ledger_id: int, version: int = -1, *, coverage: Coverage | None = None
+    ) -> LedgerOutcome:
+        """Judged, nothing found."""
+        self.report.ledgers_checked += 1
+        return self._row(ledger_id, Outcome.OK, None, version, coverage)
+
+    def skipped(self, ledger_id: int, reason: SkipReason, version: int = -1) -> LedgerOutcome:
+        """Not judged, for `reason`."""
+        self.report.ledgers_skipped[str(reason)] += 1
+        return self._row(ledger_id, Outcome.SKIPPED, str(reason), version, None)
+
+    def violation(
+        self,
+        ledger_id: int,
+        version: int,
+        found: Sequence[Violation],
+        *,
+        coverage: Coverage | None = None,
+        lines: Sequence[LogLine] | None = None,
+    ) -> LedgerOutcome:
+        """Judged, and `found` (one ledger's violations, at least one) reported.
+
+        Logged as one "violation" line each, or as `lines` when the driver
+        describes them itself.
+        """
+        if not found:
+            raise ValueError(f"ledger {ledger_id}: a violation outcome needs a violation")
+        self.report.ledgers_checked += 1
+        for v in found:
+            self.report.violations.append(v)
+        for event, fields in lines if lines is not None else _default_lines(found):
+            self.log.warning(event, **fields)
+        return self._row(ledger_id, Outcome.VIOLATION, None, version, coverage)
+
+    def metadata_invalid(self, rec: LedgerRecord, reason: str | None = None) -> LedgerOutcome:
+        """`metadata_invalid`: the record did not decode, or `reason` says what is wrong with it."""
+        why = decode_error(rec) if reason is None else reason
+        v = metadata_invalid(rec.ledger_id, rec.path, rec.znode_version, why)
+        event = _INVALID_EVENTS.get(self.check, "violation")
+        return self.violation(
+            rec.ledger_id, rec.znode_version, [v], lines=[(event, violation_fields(v))]
+        )
+
+    # --- would-be violations ------------------------------------------------------------
+
+    def dropped(self, ledger_id: int, cause: DropCause) -> None:
+        """A would-be violation of this ledger ended with nothing reported."""
+        self.report.dropped[str(cause)] += 1
+        self.log.info("would-be violation dropped", ledger_id=ledger_id, cause=str(cause))
+
+    def settle(self, outcome: LedgerOutcome, doubt: DropCause | None) -> LedgerOutcome:
+        """Counts `outcome` as a drop when the ledger had been set aside (`doubt`) and
+        ended with nothing reported; the skip's own cause wins over the doubt."""
+        if doubt is not None and outcome.outcome is not Outcome.VIOLATION:
+            self.dropped(outcome.ledger_id, SKIP_CAUSES.get(outcome.skip_reason or "", doubt))
+        return outcome
+
+    # --- bad znodes that name no ledger ---------------------------------------------------
+
+    def invalid_znode(self, path: str, reason: str, *, what: str = "invalid znode") -> None:
+        """A bad znode of the report, with one warning naming it (`what` it is)."""
+        self.report.invalid_znodes.append(InvalidZnode(path, reason))
+        self.log.warning(what, path=path, reason=reason)
+
+    def walked(self, stats: WalkStats) -> None:
+        """The walk's invalid ledger znodes (every one counted, those it kept listed), with
+        one warning for them all."""
+        if not stats.invalid_ledgers:
+            return
+        kept = [u for u in stats.unexpected if u.invalid_ledger]
+        for u in kept:
+            self.report.invalid_znodes.append(InvalidZnode(u.path, u.reason))
+        self.report.invalid_znodes.count_unlisted(stats.invalid_ledgers - len(kept))
+        self.log.warning(
+            "invalid ledger znodes: not ledgers, left out of the check",
+            count=stats.invalid_ledgers,
+            examples=[str(u) for u in kept[:10]],
+        )
+
+    # --- the end ------------------------------------------------------------------------
+
+    def finish(self, walker: Walker | None = None) -> CheckReport:
+        """The report, closed: ledgers the walk saw deleted counted as skipped, the walk's
+        invalid ledger znodes named, marks in id order (ledgers finish out of order), the
+        finishing time stamped."""
+        if walker is not None:
+            if walker.stats.deleted_during_walk:
+                deleted = walker.stats.deleted_during_walk
+                self.report.ledgers_skipped[str(SkipReason.DELETED)] += deleted
+            self.walked(walker.stats)
+        self.report.marked_underreplicated.sort()
+        self.report.finished_at = self._clock()
+        return self.report
+
+    def _row(
+        self,
+        ledger_id: int,
+        outcome: Outcome,
+        reason: str | None,
+        version: int,
+        coverage: Coverage | None,
+    ) -> LedgerOutcome:
+        row = LedgerOutcome(self.check, ledger_id, outcome, reason, version)
+        if coverage is not None:
+            mine = self.report.coverage
+            if mine is None:
+                mine = self.report.coverage = Coverage()
+            mine.listed += coverage.listed
+            mine.probed += coverage.probed
+            mine.unverified += coverage.unverified
+            row = LedgerOutcome(
+                self.check,
+                ledger_id,
+                outcome,
+                reason,
+                version,
+                coverage.listed,
+                coverage.probed,
+                coverage.unverified,
+            )
+        if self._sink is not None:
+            self._sink(row)
+        return row
+
+
+def _default_lines(found: Sequence[Violation]) -> list[LogLine]:
+    return [("violation", violation_fields(v)) for v in found]

@@ -1,0 +1,186 @@
+"""The settings the checks read: BookKeeper's keys under BookKeeper's names, and ours.
+
+Operators already have a `bk_server.conf`; the checks honour the same keys
+with the same meaning, units and defaults (`BookKeeperConfig`). Knobs
+BookKeeper has no word for (retry of unanswering bookies, probing, rack
+sources, concurrency) are ours (`ChecksConfig`). Each key's rule sits beside
+its section, so every loader validates a key the same way.
+
+Both sections travel to Spark executors by pickle, by field name rather than
+position, so a driver and an executor of different versions refuse to run
+instead of reading one setting as another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from auditor.config.values import Rules
+from auditor.errors import ConfigError
+
+#: BookKeeper's default placement policy (its `ensemblePlacementPolicy` default).
+RACKAWARE = "org.apache.bookkeeper.client.RackawareEnsemblePlacementPolicy"
+
+
+def _nonneg(v: float) -> bool:
+    return v >= 0
+
+
+def _pos(v: float) -> bool:
+    return v > 0
+
+
+def _pct(v: float) -> bool:
+    return 0 <= v <= 100
+
+
+def _any(v: float) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class BookKeeperConfig:
+    """BookKeeper's keys (names as in bk_server.conf), with BookKeeper's defaults and units."""
+
+    zkTimeout: int = 10000  # ms
+    #: Create znodes with creator-only ACLs (needs ZooKeeper credentials), as BookKeeper does.
+    zkEnableSecurity: bool = False
+    readEntryTimeout: int = 5  # s, the client's per-read timeout
+    lostBookieRecoveryDelay: int = 0  # s
+    underreplicatedLedgerRecoveryGracePeriod: int = 0  # s; 0 = off
+    auditorLedgerVerificationPercentage: int = 0  # %
+    auditorMaxNumberOfConcurrentOpenLedgerOperations: int = 500
+    auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec: int = 120000  # ms
+    inFlightReadEntryNumInLedgerChecker: int = -1  # <= 0: unlimited
+    storeSystemTimeAsLedgerUnderreplicatedMarkTime: bool = True
+    repairedPlacementPolicyNotAdheringBookieEnabled: bool = False
+    ensemblePlacementPolicy: str = RACKAWARE
+    minNumRacksPerWriteQuorum: int = 2
+    enforceMinNumRacksPerWriteQuorum: bool = False
+    minNumZonesPerWriteQuorum: int = 2
+    desiredNumZonesPerWriteQuorum: int = 3
+    reppMinimumRegionsForDurability: int = 2
+    networkTopologyScriptFileName: str = ""
+    networkTopologyScriptNumberArgs: int = 100
+    auditorPeriodicBookieCheckInterval: int = 86400  # s
+    auditorPeriodicCheckInterval: int = 604800  # s
+    auditorPeriodicPlacementPolicyCheckInterval: int = 0  # s
+    auditorReplicasCheckInterval: int = 0  # s
+    # Bookie TLS (`auditor.bookie.tls`): on when tlsProviderFactoryClass is set; PEM only.
+    tlsProviderFactoryClass: str = ""
+    tlsClientAuthentication: bool = False
+    tlsHostnameVerificationEnabled: bool = False
+    startTLSTimeoutSecs: int = 10  # s
+    tlsTrustStoreType: str = "JKS"
+    tlsTrustStore: str = ""
+    tlsKeyStoreType: str = "JKS"
+    tlsKeyStore: str = ""
+    tlsKeyStorePasswordPath: str = ""
+    tlsCertificatePath: str = ""
+    #: Comma-separated TLS versions (`TLSv1.2,TLSv1.3`); empty: OpenSSL's defaults.
+    tlsEnabledProtocols: str = ""
+    # BookKeeper's deprecated client-only spellings; when set they win over the tls* keys.
+    clientTrustStoreType: str = ""
+    clientTrustStore: str = ""
+    clientKeyStoreType: str = ""
+    clientKeyStore: str = ""
+    clientKeyStorePasswordPath: str = ""
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
+        return _by_name(self)
+
+
+BK_RULES: Rules = {
+    "zkTimeout": (_pos, "a positive number of milliseconds"),
+    "readEntryTimeout": (_pos, "a positive number of seconds"),
+    "lostBookieRecoveryDelay": (_nonneg, "seconds >= 0"),
+    "underreplicatedLedgerRecoveryGracePeriod": (_nonneg, "seconds >= 0"),
+    "auditorLedgerVerificationPercentage": (_pct, "a percentage 0..100"),
+    "auditorMaxNumberOfConcurrentOpenLedgerOperations": (_pos, "a positive count"),
+    "auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec": (_nonneg, "milliseconds >= 0"),
+    "minNumRacksPerWriteQuorum": (_nonneg, "a count >= 0"),
+    "minNumZonesPerWriteQuorum": (_nonneg, "a count >= 0"),
+    "desiredNumZonesPerWriteQuorum": (_nonneg, "a count >= 0"),
+    "reppMinimumRegionsForDurability": (_nonneg, "a count >= 0"),
+    "networkTopologyScriptNumberArgs": (_pos, "a positive count"),
+    "auditorPeriodicBookieCheckInterval": (_nonneg, "seconds >= 0"),
+    "auditorPeriodicCheckInterval": (_any, "seconds"),
+    "auditorPeriodicPlacementPolicyCheckInterval": (_any, "seconds"),
+    "auditorReplicasCheckInterval": (_any, "seconds"),
+    "startTLSTimeoutSecs": (_pos, "a positive number of seconds"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksConfig:
+    """Our own knobs for the checks."""
+
+    #: Seconds before a ledger whose bookie did not answer is checked again (BP-34's delay).
+    retry_delay: float = 10.0
+    #: How many times such a ledger is checked again before `bookie_unavailable_registered`.
+    retry_attempts: int = 2
+    #: Probe bookies that cannot list entries (DbLedgerStorage) by reading instead.
+    probe_unlistable: bool = True
+    #: Requests in flight per bookie, at most.
+    bookie_max_in_flight: int = 64
+    #: Ledgers analysed concurrently.
+    ledger_concurrency: int = 100
+    #: Seconds a bookie's "cannot list entries" verdict is remembered.
+    list_capability_ttl: float = 600.0
+    #: Rack sources, in order of precedence: a JSON mapping file, a script, Pulsar's znode.
+    racks_file: str = ""
+    racks_script: str = ""
+    racks_znode: str = "/bookies"
+    #: Seconds between progress log lines on long runs.
+    progress_interval: float = 30.0
+    #: Violations a report lists, at most (the first ones by ledger id); counts,
+    #: totals and per-category samples stay exact. 0 lists them all.
+    max_violations_listed: int = 10000
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
+        return _by_name(self)
+
+
+CHECKS_RULES: Rules = {
+    "retry_delay": (_nonneg, "seconds >= 0"),
+    "retry_attempts": (_nonneg, "a count >= 0"),
+    "bookie_max_in_flight": (_pos, "a positive count"),
+    "ledger_concurrency": (_pos, "a positive count"),
+    "list_capability_ttl": (_nonneg, "seconds >= 0"),
+    "progress_interval": (_pos, "positive seconds"),
+    "max_violations_listed": (_nonneg, "a count >= 0 (0: no limit)"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditorConfig:
+    bookkeeper: BookKeeperConfig = field(default_factory=BookKeeperConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+
+    @property
+    def read_timeout(self) -> float:
+        return float(self.bookkeeper.readEntryTimeout)
+
+    @property
+    def zk_timeout(self) -> float:
+        return self.bookkeeper.zkTimeout / 1000.0
+
+
+def _by_name(obj: Any) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
+    """Pickles a settings dataclass by field name, not position (slots dataclasses pickle
+    positionally): a Spark executor whose code orders the fields differently must not
+    silently read one setting as another."""
+    return _rebuild, (type(obj).__name__, {f.name: getattr(obj, f.name) for f in fields(obj)})
+
+
+def _rebuild(kind: str, values: dict[str, Any]) -> Any:
+    cls: Any = {"BookKeeperConfig": BookKeeperConfig, "ChecksConfig": ChecksConfig}[kind]
+    unknown = sorted(set(values) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ConfigError(
+            f"this bookkeeper-auditor does not know the setting(s) {', '.join(unknown)}: "
+            "run the same version on the Spark driver and its executors"
+        )
+    return cls(**values)

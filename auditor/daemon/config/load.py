@@ -1,0 +1,238 @@
+"""`load_daemon_config`: the layers merged, every value validated, the rest derived.
+
+Two rules make the daemon differ from a plain merge:
+
+* BP-34's placement and replicas checks are on by default in the daemon
+  (upstream ships them off). Only a key that no layer sets gets our interval;
+  a 0 written anywhere, `bk_server.conf` included, still disables the check.
+  The one-shot `check` command keeps BookKeeper's defaults (`load_config`).
+* BookKeeper's `metadataServiceUri` beats `zkServers`/`zkLedgersRootPath`, as
+  in BookKeeper; across layers the higher layer wins, and within one layer the
+  URI wins.
+
+It is pure apart from reading the named files, so the daemon calls it again
+on SIGHUP and compares with `DaemonConfig.changed`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from auditor.bookie.tls import bookie_tls
+from auditor.checks.placement import policy_kind
+from auditor.config import (
+    AuditorConfig,
+    BookKeeperConfig,
+    Setting,
+    build_section,
+    field_names,
+    unknown_key,
+)
+from auditor.daemon.config.credentials import resolve_api, resolve_zk_security
+from auditor.daemon.config.identity import resolve_identity
+from auditor.daemon.config.layers import (
+    BookieHints,
+    Layer,
+    bk_conf_layer,
+    env_layer,
+    merge,
+    set_layer,
+    toml_layer,
+)
+from auditor.daemon.config.resolved import DaemonConfig
+from auditor.daemon.config.sections import (
+    RULES,
+    SCAN_RULES,
+    SECTIONS,
+    ApiConfig,
+    DaemonSection,
+    LoggingConfig,
+    MetricsConfig,
+    ScanSection,
+    SelfTestSection,
+)
+from auditor.errors import ConfigError
+from auditor.metadata.layout import LedgerManager, parse_metadata_service_uri
+from auditor.scan.options import parse_spark_conf
+
+#: Our intervals for the BP-34 checks when no layer sets them (seconds).
+DAEMON_PLACEMENT_INTERVAL = 86400
+DAEMON_REPLICAS_INTERVAL = 86400
+_BP34_DEFAULTS = {
+    "auditorPeriodicPlacementPolicyCheckInterval": DAEMON_PLACEMENT_INTERVAL,
+    "auditorReplicasCheckInterval": DAEMON_REPLICAS_INTERVAL,
+}
+
+_SPARK_CONF_FORM = (
+    "a table of spark.KEY = VALUE, or 'spark.KEY=VALUE;spark.KEY=VALUE' from --set or the "
+    "environment"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _ScanScalars:
+    """`[scan]` less `spark_conf`, which `build_section`'s scalar coercion cannot hold."""
+
+    master: str = ""
+    partitions: int = 0
+
+
+def _build_scan(values: Mapping[str, Setting]) -> ScanSection:
+    for key, setting in values.items():
+        if key not in field_names(ScanSection):
+            raise unknown_key("scan", ScanSection, key, setting.origin)
+    scalars = {k: v for k, v in values.items() if k != "spark_conf"}
+    built = build_section("scan", _ScanScalars(), scalars, SCAN_RULES)
+    conf: dict[str, str] = {}
+    if "spark_conf" in values:
+        setting = values["spark_conf"]
+        conf = parse_spark_conf(
+            setting.value, label="scan.spark_conf", form=_SPARK_CONF_FORM, origin=setting.origin
+        )
+    return ScanSection(master=built.master.strip(), partitions=built.partitions, spark_conf=conf)
+
+
+def _require_engine(daemon: DaemonSection, origins: Mapping[str, str]) -> None:
+    """Without PySpark a Spark daemon fails at start (a reload is refused), not at a check."""
+    if daemon.engine != "spark":
+        return
+    from auditor.scan.engine import EngineOptions, EngineUnavailableError, require
+
+    try:
+        require(EngineOptions("spark"), parquet=False)
+    except EngineUnavailableError as exc:
+        where = origins.get("daemon.engine", "default")
+        raise ConfigError(f"daemon.engine = 'spark' (from {where}): {exc}") from None
+
+
+def _resolve_cluster(
+    daemon: DaemonSection, rank: Mapping[str, int], origins: dict[str, str]
+) -> tuple[dict[str, Any], LedgerManager | None]:
+    """`zk` and `ledgers_root`, from a metadata service URI where it ranks high enough."""
+    changes: dict[str, Any] = {"zk": daemon.zk, "ledgers_root": daemon.ledgers_root}
+    manager: LedgerManager | None = None
+    if daemon.metadata_service_uri:
+        where = origins["daemon.metadata_service_uri"]
+        try:
+            uri = parse_metadata_service_uri(daemon.metadata_service_uri)
+        except ConfigError as exc:
+            raise ConfigError(f"daemon.metadata_service_uri: {exc} (from {where})") from None
+        manager = uri.manager
+        uri_rank = rank["daemon.metadata_service_uri"]
+        # The higher layer wins; within one layer the URI does, as in BookKeeper.
+        if uri_rank >= rank.get("daemon.zk", -1):
+            changes["zk"] = uri.hosts
+            origins["daemon.zk"] = where
+        if uri_rank >= rank.get("daemon.ledgers_root", -1):
+            changes["ledgers_root"] = uri.ledgers_root
+            origins["daemon.ledgers_root"] = where
+    changes["zk"] = ",".join(h.strip() for h in str(changes["zk"]).split(",") if h.strip())
+    if not changes["zk"]:
+        raise ConfigError(
+            "daemon.zk is not set: set daemon.zk or daemon.metadata_service_uri "
+            "(BK_AUDITOR_DAEMON_ZK, or metadataServiceUri / zkServers in --bk-conf)"
+        )
+    changes["ledgers_root"] = str(changes["ledgers_root"]).rstrip("/") or "/"
+    return changes, manager
+
+
+def load_daemon_config(
+    path: str | None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] = os.environ,
+    bk_conf: str | None = None,
+    *,
+    hostname: str | None = None,
+) -> DaemonConfig:
+    """Merges the layers, validates every value, and fills in what is derived.
+
+    Derived values: `daemon.zk_session_timeout` from `bookkeeper.zkTimeout`;
+    `daemon.zk`/`ledgers_root` from a metadata service URI; `daemon.identity`
+    from bk_server.conf's `bookieId`, else `advertisedAddress` (or this host's
+    name) with `bookiePort` (what a Java AutoRecovery beside that bookie would
+    vote with), else `<hostname>:<api.port>`.
+    """
+    layers: list[Layer] = []
+    files: list[str] = []
+    hints: BookieHints | None = None
+    if bk_conf is not None:
+        bk_layer, hints = bk_conf_layer(bk_conf)
+        layers.append(bk_layer)
+        files.append(str(bk_conf))
+    if path is not None:
+        layers.append(toml_layer(path))
+        files.append(str(path))
+    layers.append(env_layer(env))
+    layers.append(set_layer(overrides))
+    merged, rank, origins = merge(layers)
+
+    bk_values = merged["bookkeeper"]
+    for key, default in _BP34_DEFAULTS.items():
+        if key not in bk_values:
+            bk_values[key] = Setting(default, "daemon default: BP-34 checks on")
+            origins[f"bookkeeper.{key}"] = bk_values[key].origin
+
+    built = {
+        name: build_section(name, SECTIONS[name](), merged[name], RULES[name])
+        for name in SECTIONS
+        if name != "scan"
+    }
+    scan = _build_scan(merged["scan"])
+    bk: BookKeeperConfig = built["bookkeeper"]
+    api: ApiConfig = resolve_api(built["api"], origins)
+    metrics: MetricsConfig = built["metrics"]
+    log_cfg: LoggingConfig = built["logging"]
+    log_cfg = LoggingConfig(format=log_cfg.format.lower(), level=log_cfg.level.lower())
+
+    daemon: DaemonSection = built["daemon"]
+    changes, manager = _resolve_cluster(daemon, rank, origins)
+    if "zk_session_timeout" not in merged["daemon"]:
+        changes["zk_session_timeout"] = bk.zkTimeout / 1000.0
+        origins["daemon.zk_session_timeout"] = origins.get("bookkeeper.zkTimeout", "default")
+    explicit = daemon.identity if "identity" in merged["daemon"] else None
+    changes["identity"] = resolve_identity(explicit, origins, hints, bk_conf, api.port, hostname)
+    daemon = replace(daemon, **changes)
+    _require_engine(daemon, origins)
+    zk_security = resolve_zk_security(daemon, bk, origins)
+    try:
+        bookie_tls(bk)  # unusable TLS files refuse the start (or the reload), naming the key
+    except ConfigError as exc:
+        where = origins.get("bookkeeper.tlsProviderFactoryClass", "default")
+        raise ConfigError(f"{exc} (bookie TLS on: tlsProviderFactoryClass from {where})") from None
+
+    selftest: SelfTestSection = built["selftest"]
+    selftest = replace(selftest, canary_root=selftest.canary_root.rstrip("/"))
+    if selftest.canary:
+        from auditor.selftest.canary import validate_canary_root
+
+        validate_canary_root(selftest.canary_root, daemon.ledgers_root)
+
+    if metrics.enabled and metrics.port and metrics.port == api.port:
+        raise ConfigError(
+            f"metrics.port {metrics.port} is also api.port; give the metrics their own port"
+        )
+    if bk.auditorPeriodicPlacementPolicyCheckInterval > 0:
+        # Fail at start-up, not at the first placement run a day later.
+        try:
+            policy_kind(bk.ensemblePlacementPolicy)
+        except ConfigError as exc:
+            where = origins.get("bookkeeper.ensemblePlacementPolicy", "default")
+            raise ConfigError(f"{exc} (from {where})") from None
+
+    return DaemonConfig(
+        auditor=AuditorConfig(bookkeeper=bk, checks=built["checks"]),
+        daemon=daemon,
+        api=api,
+        metrics=metrics,
+        logging=log_cfg,
+        scan=scan,
+        selftest=selftest,
+        risk=built["risk"],
+        ledger_manager=manager,
+        origins=origins,
+        files=tuple(files),
+        zk_security=zk_security,
+    )

@@ -1,0 +1,213 @@
+"""The counts and last values behind the daemon's metrics, as plain numbers.
+
+Why: the metrics endpoint reads the daemon's state when it is scraped (a custom
+collector, `auditor.daemon.metrics`), so the daemon records what happened here,
+unconditionally and with no Prometheus types: with or without an HTTP endpoint, in
+tests and for `status`, the numbers are the same. Counters only grow; gauges hold
+the last value; a step-down zeroes what only the leader's series may show.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from auditor.analysis.risk import DOMAINS, SEVERITIES, RiskReport
+from auditor.checks.findings import ALL_CHECKS, CATEGORIES, DROP_CAUSES, Check, CheckReport
+
+if TYPE_CHECKING:
+    from auditor.selftest.harness import SelfTestResult
+
+#: Run outcomes, as the `outcome` label of the runs counter.
+OUTCOMES = ("ok", "violations", "failed", "skipped")
+#: The bookie client's calls, as `op` label values.
+BOOKIE_OPS = ("read_entry", "read_lac", "get_list_of_entries", "get_bookie_info")
+#: Seconds: check runs take from seconds (bookies) to hours (replicas on large clusters).
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)
+
+
+@dataclass
+class Histogram:
+    """Observations by upper bound (not cumulative; the last slot is +Inf)."""
+
+    bounds: tuple[float, ...] = tuple(float(b) for b in DURATION_BUCKETS)
+    counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        else:
+            self.counts[-1] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations at or below it), +Inf last."""
+        out: list[tuple[float, int]] = []
+        running = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+@dataclass
+class Tallies:
+    """What the metrics export beyond `DaemonState`'s own fields."""
+
+    clock: Callable[[], float] = time.time
+    created: float = 0.0
+    violations: Counter[tuple[str, str]] = field(default_factory=Counter)
+    in_violation: dict[tuple[str, str], int] = field(default_factory=dict)
+    durations: dict[str, Histogram] = field(default_factory=dict)
+    runs: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: The last success per check (absent: unknown), as the timestamp gauge shows it.
+    last_success: dict[str, float] = field(default_factory=dict)
+    #: The latest known success per check, for the staleness gauge.
+    success_at: dict[str, float] = field(default_factory=dict)
+    #: Since when this node waits for a first success (its start, then each election).
+    waiting_since: float = 0.0
+    intervals: dict[str, float] = field(default_factory=dict)
+    dropped: Counter[tuple[str, str]] = field(default_factory=Counter)
+    marked: Counter[str] = field(default_factory=Counter)
+    bookie_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    election_attempts: int = 0
+    index_ledgers: int = 0
+    index_bytes_per_ledger: float = 0.0
+    index_loads: int = 0
+    index_resyncs: int = 0
+    selftest_success: dict[str, int] = field(default_factory=dict)
+    selftest_last_run: float = 0.0
+    selftest_interval: float = 0.0
+    at_risk: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    risk_last_run: float = 0.0
+    underreplicated: int = 0
+    #: Invalid znodes in each check's last report (corrupt marks, bad ledger znodes).
+    invalid_znodes: dict[str, int] = field(default_factory=dict)
+    #: Corrupt under-replication marks the last grace run saw.
+    marks_invalid: int = 0
+    leading: bool = False
+
+    def __post_init__(self) -> None:
+        now = self.clock()
+        self.created = self.created or now
+        self.waiting_since = self.waiting_since or now
+        for check in ALL_CHECKS:
+            for category in CATEGORIES[check]:
+                self.violations[str(check), str(category)] += 0
+                self.in_violation[str(check), str(category)] = 0
+            self.durations[str(check)] = Histogram()
+            for outcome in OUTCOMES:
+                self.runs[str(check), outcome] += 0
+            self.marked[str(check)] += 0
+            self.invalid_znodes[str(check)] = 0
+            for cause in DROP_CAUSES[check]:
+                self.dropped[str(check), str(cause)] += 0
+        for op in BOOKIE_OPS:
+            self.bookie_requests[op, "ok"] += 0
+
+    # --- check runs --------------------------------------------------------------------
+
+    def record_report(self, report: CheckReport, duration_s: float) -> None:
+        """A completed run: counters grow by this run's ledgers, gauges become this run's."""
+        check = str(report.check)
+        for category, n in report.counts().items():
+            if n:
+                self.violations[check, category] += n
+            self.in_violation[check, category] = n
+        self.durations.setdefault(check, Histogram()).observe(max(duration_s, 0.0))
+        self.runs[check, "violations" if report.has_findings else "ok"] += 1
+        self.invalid_znodes[check] = report.invalid_znodes.total
+        if report.check is Check.GRACE:
+            # The grace check reads every mark and names only corrupt ones.
+            self.marks_invalid = report.invalid_znodes.total
+        finished = report.finished_at or self.clock()
+        self.last_success[check] = report.finished_at or time.time()
+        self._succeeded(check, finished)
+        for cause, n in report.dropped.items():
+            if n:
+                self.dropped[check, cause] += n
+        marked = len(set(report.marked_underreplicated))
+        if marked:
+            self.marked[check] += marked
+
+    def record_failure(self, check: Check, duration_s: float) -> None:
+        self.durations.setdefault(str(check), Histogram()).observe(max(duration_s, 0.0))
+        self.runs[str(check), "failed"] += 1
+
+    def record_skip(self, check: Check) -> None:
+        self.runs[str(check), "skipped"] += 1
+
+    def set_last_success(self, check: Check, timestamp: float) -> None:
+        """For a new leader: the check's stored ctime, so staleness survives a fail-over."""
+        self.last_success[str(check)] = timestamp
+        self._succeeded(str(check), timestamp)
+
+    def _succeeded(self, check: str, timestamp: float) -> None:
+        self.success_at[check] = max(self.success_at.get(check, timestamp), timestamp)
+
+    def age_of(self, check: str) -> float:
+        """Seconds since the last known success, else since this node began to wait."""
+        since = self.success_at.get(check, self.waiting_since)
+        return max(self.clock() - since, 0.0)
+
+    def set_check_interval(self, check: Check, seconds: float) -> None:
+        self.intervals[str(check)] = seconds
+
+    # --- leadership ----------------------------------------------------------------------
+
+    def leader_changed(self, leading: bool) -> None:
+        """Elected: a new wait for first successes begins. Stepped down: the last-run
+        gauges go to zero, so that summing across nodes never counts a former leader."""
+        was, self.leading = self.leading, leading
+        if leading and not was:
+            self.waiting_since = self.clock()
+        if was and not leading:
+            for key in self.in_violation:
+                self.in_violation[key] = 0
+            for check in self.invalid_znodes:
+                self.invalid_znodes[check] = 0
+            self.marks_invalid = 0
+            self.at_risk.clear()
+
+    def election_attempt(self) -> None:
+        self.election_attempts += 1
+
+    # --- bookies, index, marks ------------------------------------------------------------
+
+    def bookie_request(self, op: str, status: str) -> None:
+        self.bookie_requests[op, status] += 1
+
+    def index_loaded(self, ledgers: int, bytes_per_ledger: float) -> None:
+        self.index_loads += 1
+        self.index_ledgers = ledgers
+        self.index_bytes_per_ledger = round(bytes_per_ledger, 1)
+
+    def index_resynced(self) -> None:
+        self.index_resyncs += 1
+
+    # --- self-test and risk ----------------------------------------------------------------
+
+    def record_selftest(self, results: Sequence[SelfTestResult], at: float) -> None:
+        """One self-test (or canary) run: 1/0 per check it covered."""
+        for r in results:
+            self.selftest_success[r.check] = 1 if r.ok else 0
+        self.selftest_last_run = at
+
+    def record_risk(self, report: RiskReport, top: int) -> None:
+        """The top `top` domains of each kind, both severities; the last report's only."""
+        self.at_risk.clear()
+        for domain in DOMAINS:
+            for name, tally in report.top(domain, top):
+                for sev in SEVERITIES:
+                    self.at_risk[str(domain), name, sev.label] = tally.counts[sev]
+        self.risk_last_run = report.finished_at or self.clock()

@@ -1,0 +1,118 @@
+"""A broken rack source on the command line: it stops what needs racks, and only that.
+
+`check all` runs five checks and only placement reads racks; a malformed Pulsar
+`/bookies` znode (or a racks file it will not read) must leave the other four
+to run and report, as the daemon does, with the placement error named and exit
+2. Real ZooKeeper, real emulated bookies, the CLI in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from auditor.testing.cli import bk, one_json
+from auditor.testing.harness import TestCluster, test_cluster
+from auditor.zk import ZkClient
+
+FAST = ["--set", "checks.retry_delay=0.1", "--set", "readEntryTimeout=1"]
+BROKEN = b"{not json"
+
+
+def _json_error(text: bytes) -> str:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return str(exc)
+    raise AssertionError("valid JSON")
+
+
+#: What the placement check says of the broken znode, on its own or within `check all`.
+ZNODE_ERROR = f"rack znode /bookies is not valid JSON: {_json_error(BROKEN)}"
+
+
+async def _cluster_with_a_lost_bookie(tc: TestCluster) -> None:
+    b = tc.ids
+    await tc.writer.write_ledger(1, b[0:3], write_quorum=2, num_entries=10)
+    await tc.writer.write_ledger(2, b[1:4], write_quorum=2, num_entries=10)
+    await tc.bookies[3].crash()  # ledger 2 loses a bookie
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("bk-auditor: error:")]
+
+
+async def test_malformed_rack_znode_stops_placement_only(zk: ZkClient) -> None:
+    async with test_cluster(zk, 4) as tc:
+        await _cluster_with_a_lost_bookie(tc)
+        await zk.create("/bookies", BROKEN)
+
+        code, out, err = await bk("check", "all", "--zk", zk.hosts, "--json", *FAST)
+        assert code == 2, err
+        doc = one_json(out)
+        assert doc["check"] == "all"
+        assert doc["failed"] == {"placement": ZNODE_ERROR}
+        reports = doc["reports"]
+        # Every check that needs no racks ran, in the usual order, with its usual findings.
+        assert list(reports) == ["bookies", "ledgers", "replicas", "grace"]
+        assert reports["bookies"]["lost_bookies"] == [tc.ids[3]]
+        assert reports["bookies"]["counts"]["ledgers_on_lost_bookies"] == 1
+        assert reports["ledgers"]["counts"]["unreadable_fragments"] == 1
+        assert [v["ledger_id"] for v in reports["ledgers"]["violations"]] == [2]
+        assert reports["replicas"]["ledgers_checked"] == 2
+        assert reports["replicas"]["violations"] == []
+        assert reports["grace"]["ledgers_checked"] == 0
+        assert _error_lines(err) == [
+            f"bk-auditor: error: check placement could not run: {ZNODE_ERROR}"
+        ]
+        assert "Traceback" not in err
+
+        # The same in text: the four reports, then the one that could not run.
+        code, out, err = await bk("check", "all", "--zk", zk.hosts, *FAST)
+        assert code == 2, err
+        heads = [line.split(":")[0] for line in out.splitlines() if line.startswith("check ")]
+        assert heads == [
+            "check bookies",
+            "check ledgers",
+            "check replicas",
+            "check grace",
+            "check placement",
+        ]
+        assert out.splitlines()[-1] == f"check placement: could not run: {ZNODE_ERROR}"
+
+        # Placement asked for alone: its error is the answer, as before.
+        code, out, err = await bk("check", "placement", "--zk", zk.hosts, "--json", *FAST)
+        assert (code, out) == (2, "")
+        assert _error_lines(err) == [f"bk-auditor: error: {ZNODE_ERROR}"]
+
+        # The znode repaired: all five run again and the exit code is that of the findings.
+        await zk.set("/bookies", json.dumps({}).encode())
+        code, out, err = await bk("check", "all", "--zk", zk.hosts, "--json", *FAST)
+        assert code == 1, err
+        doc = one_json(out)
+        assert "failed" not in doc
+        assert list(doc["reports"]) == ["bookies", "ledgers", "placement", "replicas", "grace"]
+
+
+async def test_yaml_racks_file_stops_placement_only(zk: ZkClient, tmp_path: Path) -> None:
+    async with test_cluster(zk, 4) as tc:
+        await _cluster_with_a_lost_bookie(tc)
+        racks = tmp_path / "racks.yaml"
+        racks.write_text(f"{tc.ids[0]}: /r1\n")
+        refusal = (
+            f"racks file {racks} is YAML, which is not read: write the same mapping as a "
+            'JSON object {"<bookie>": "</rack>"} in a .json file'
+        )
+        code, out, err = await bk(
+            "check", "all", "--zk", zk.hosts, "--json", "--set", f"checks.racks_file={racks}", *FAST
+        )
+        assert code == 2, err
+        doc = one_json(out)
+        assert doc["failed"] == {"placement": refusal}
+        assert list(doc["reports"]) == ["bookies", "ledgers", "replicas", "grace"]
+        assert _error_lines(err) == [f"bk-auditor: error: check placement could not run: {refusal}"]
+
+        # what-if reads the same format: the same line, under its flag.
+        code, out, err = await bk("what-if", "--zk", zk.hosts, "--racks", str(racks), "--json")
+        assert (code, out) == (2, "")
+        assert _error_lines(err) == [f"bk-auditor: error: --racks {racks}: {refusal}"]
