@@ -58,6 +58,4 @@ class GraceRun:
 
     def corrupt(self, mark: CorruptMark) -> None:
         """A mark that cannot be judged: named in the report, and in a warning."""
-        self.recorder.invalid_znode(
-            mark.path, mark.reason, what="corrupt under-replication mark"
-        )
+        self.recorder.invalid_znode(mark.path, mark.reason, what="corrupt under-replication mark")

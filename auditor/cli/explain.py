@@ -82,6 +82,8 @@ def render_text(doc: dict[str, Any], out: TextIO) -> None:
     mark = doc["underreplication_mark"]
     if mark is None:
         out.write("  under-replication mark: none\n")
+    elif "corrupt" in mark:
+        out.write(f"  under-replication mark: CORRUPT {mark['path']}: {mark['corrupt']}\n")
     else:
         out.write(
             f"  under-replication mark: missing {', '.join(mark['missing_replicas']) or '-'}; "

@@ -371,6 +371,7 @@ async def test_json_report(zk: ZkClient) -> None:
             "samples",
             "would_be_violations_dropped",
             "false_alarm_share",
+            "invalid_znodes",
             "lost_bookies",
         }
         assert out["check"] == "bookies"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import ledger_path
+from auditor.metadata.serde import decode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerWalker
 from auditor.selftest.canary import (
@@ -27,6 +29,8 @@ from auditor.selftest.canary import (
     CANARY_MANAGER,
     CANARY_PLACEMENT,
     CANARY_REPLICAS,
+    CORRUPT,
+    CORRUPT_ID,
     NO_REPLICA_ID,
     RACKS_NODE,
 )
@@ -207,3 +211,30 @@ async def test_canary_fails_when_the_defect_goes_undetected(
         assert [(e["check"], e["failed"]) for e in errors] == [(CANARY_REPLICAS, failed.summary())]
         assert await _ledger_ids(zk) == [1]
         assert [ur async for ur in UnderreplicationManager(zk, ROOT).list_underreplicated()] == []
+
+
+async def test_garbage_under_the_canary_root_is_rewritten_never_decoded(zk: ZkClient) -> None:
+    """Bad bytes left at the canary's ledger znodes and racks node (another version, an
+    operator's mistake) are overwritten with the canary's own before its round: the canary
+    passes, and every znode holds the canary's bytes again."""
+    async with test_cluster(zk, 3) as tc:
+        await _healthy_cluster(tc)
+        garbage = b"\xff\x00not a ledger\x07" * 100
+        for ledger_id in CANARY_IDS:
+            await zk.create(
+                ledger_path(CANARY_MANAGER, CANARY_ROOT, ledger_id), garbage, makepath=True
+            )
+        await zk.create(f"{CANARY_ROOT}/{RACKS_NODE}", garbage, makepath=True)
+        cfg = fast_config(zk.hosts, "selftest-g:1", ["selftest.canary=true"])
+        async with running(cfg, Metrics()) as daemon:
+            await _reported(daemon, set(SELFTEST_CHECKS) | CANARY)
+            assert daemon.selftest[CANARY_REPLICAS].ok
+            assert daemon.selftest[CANARY_PLACEMENT].ok
+        for ledger_id in CANARY_IDS:
+            data, _ = await zk.get(ledger_path(CANARY_MANAGER, CANARY_ROOT, ledger_id))
+            if ledger_id == CORRUPT_ID:
+                assert data == CORRUPT  # undecodable on purpose, and the canary's own
+            else:
+                assert decode_ledger_metadata(data, ledger_id).ledger_id == ledger_id
+        racks, _ = await zk.get(f"{CANARY_ROOT}/{RACKS_NODE}")
+        assert isinstance(json.loads(racks), dict)

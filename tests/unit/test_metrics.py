@@ -18,7 +18,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.bookie.protocol import Status
 from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok, Unanswered
-from auditor.checks.findings import ALL_CHECKS, CATEGORIES, Category, Check, CheckReport, Violation
+from auditor.checks.findings import (
+    ALL_CHECKS,
+    CATEGORIES,
+    Category,
+    Check,
+    CheckReport,
+    InvalidZnode,
+    InvalidZnodeLog,
+    Violation,
+)
 from auditor.checks.tally import ViolationLog
 from auditor.daemon.metrics import BOOKIE_OPS, OUTCOMES, Metrics, bookie_status
 from auditor.daemon.state import RunCompleted
@@ -65,6 +74,8 @@ LISTED = {
     "bookkeeper_auditor_election_backoff_seconds": set(),
     "bookkeeper_auditor_duplicate_identity": set(),
     "bookkeeper_auditor_znode_invalid": {"znode"},
+    "bookkeeper_auditor_invalid_znodes": {"check"},
+    "bookkeeper_auditor_underreplication_marks_invalid": set(),
 }
 
 
@@ -258,6 +269,44 @@ def test_stepping_down_zeroes_the_last_run_gauges() -> None:
         value(m, "bookkeeper_auditor_violations_total", check="replicas", category="no_replica")
         == 1
     )
+
+
+def test_invalid_znodes_are_gauges_of_each_last_report_and_make_a_run_violations() -> None:
+    m = Metrics()
+    m.state.lead(m.state.tallies.clock())
+    gauge, marks = (
+        "bookkeeper_auditor_invalid_znodes",
+        "bookkeeper_auditor_underreplication_marks_invalid",
+    )
+    for check in ALL_CHECKS:
+        assert value(m, gauge, check=str(check)) == 0
+    assert value(m, marks) == 0
+    corrupt = [InvalidZnode(f"/ledgers/underreplication/ledgers/x/urL{i}", "bad") for i in (1, 2)]
+    grace = CheckReport(Check.GRACE, 1.0, 2.0, invalid_znodes=InvalidZnodeLog(corrupt))
+    grace.invalid_znodes.count_unlisted(1)  # a third, counted but not listed
+    m.state.check_ended(Check.GRACE, RunCompleted(grace, 1.0), 2.0)
+    beyond = InvalidZnode("/ledgers/922/3372/0368/5477/L5808", "beyond")
+    bookies = CheckReport(Check.BOOKIES, 1.0, 2.0, invalid_znodes=InvalidZnodeLog([beyond]))
+    m.state.check_ended(Check.BOOKIES, RunCompleted(bookies, 1.0), 2.0)
+    assert value(m, gauge, check="grace") == 3
+    assert value(m, gauge, check="bookies") == 1
+    assert value(m, gauge, check="replicas") == 0
+    assert value(m, marks) == 3  # the grace check's: corrupt marks only
+    # A run with invalid znodes and no violation is a run with findings, as `check` exits 1.
+    runs = "bookkeeper_auditor_check_runs_total"
+    assert value(m, runs, check="grace", outcome="violations") == 1
+    assert value(m, runs, check="grace", outcome="ok") == 0
+    assert m.state.checks[Check.GRACE].outcome == "violations"
+    # The next clean run clears the gauge; the bookie check's count is not the marks'.
+    m.state.check_ended(Check.GRACE, RunCompleted(CheckReport(Check.GRACE, 3.0, 4.0), 1.0), 4.0)
+    assert (value(m, gauge, check="grace"), value(m, marks)) == (0, 0)
+    assert value(m, gauge, check="bookies") == 1
+    assert m.state.checks[Check.GRACE].outcome == "ok"
+    # A follower shows none of the last leadership's.
+    m.state.check_ended(Check.GRACE, RunCompleted(grace, 1.0), 5.0)
+    m.state.stepped_down()
+    assert (value(m, gauge, check="bookies"), value(m, gauge, check="grace")) == (0, 0)
+    assert value(m, marks) == 0
 
 
 def test_bookie_status_labels() -> None:
