@@ -7,6 +7,8 @@ that raises them, so a caller can catch exactly the failure it can handle.
 
 from __future__ import annotations
 
+import reprlib
+
 
 class AuditorError(Exception):
     """Base class: a failure with a message fit for an operator."""
@@ -34,3 +36,16 @@ class ServiceUnavailableError(AuditorError):
     """A service (ZooKeeper, a bookie) did not answer in time or refused."""
 
     exit_code = 3
+
+
+#: How much of a user's input an error message quotes back (an argument or a request
+#: may be megabytes; the message stays one readable line).
+NAME_SHOWN = 64
+_shown = reprlib.Repr()
+_shown.maxstring = NAME_SHOWN
+
+
+def shown_name(name: str) -> str:
+    """`name` quoted for an error message, bounded to about `NAME_SHOWN` characters."""
+    text = _shown.repr(name)
+    return text if len(name) <= NAME_SHOWN else f"{text} ({len(name)} characters)"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import reprlib
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,25 +32,14 @@ from auditor.checks.findings import (
 from auditor.checks.owners import Owner
 from auditor.checks.tally import ViolationLog
 from auditor.daemon.state import CheckState, DaemonState, Outcome
-from auditor.errors import ConfigError, FormatError
+from auditor.errors import ConfigError, FormatError, shown_name
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.timefmt import from_iso, iso_datetime
 
 ALL = "all"
-#: How much of an unknown name an error quotes back (a request may be megabytes).
-NAME_SHOWN = 64
 #: Invalid znodes `status` lists per check (the count is exact; the report lists more).
 STATUS_ZNODES_SHOWN = 10
-
-_names = reprlib.Repr()
-_names.maxstring = NAME_SHOWN
-
-
-def shown_name(name: str) -> str:
-    """`name` quoted for an error message, bounded to about `NAME_SHOWN` characters."""
-    text = _names.repr(name)
-    return text if len(name) <= NAME_SHOWN else f"{text} ({len(name)} characters)"
 
 
 class UnknownNameError(ConfigError):

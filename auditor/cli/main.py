@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
@@ -21,16 +22,23 @@ from collections.abc import Awaitable, Callable, Sequence
 from auditor.cli import admin
 from auditor.cli import explain as explain_cli
 from auditor.cli.cluster import target_of_args
-from auditor.errors import AuditorError, ConfigError
+from auditor.errors import AuditorError, ConfigError, shown_name
 from auditor.metadata.cluster import ClusterTarget
 from auditor.scan.options import ENGINES
 
 EXIT_INTERNAL = 70
 
 
+#: A quoted token in argparse's message ('...'), which can be a whole argument.
+_QUOTED = re.compile(r"'([^']*)'")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}")
+        # argparse quotes the offending argument whole: bound it (an argument can be
+        # megabytes), so the error stays one readable line.
+        bounded = _QUOTED.sub(lambda m: shown_name(m.group(1)), message)
+        raise ConfigError(f"{self.prog}: {bounded}")
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
