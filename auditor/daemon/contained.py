@@ -15,7 +15,6 @@ kept in `DaemonState.invalid_znodes` for `status`, and shown by the
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 from structlog.typing import FilteringBoundLogger
@@ -27,15 +26,14 @@ from auditor.metadata.records import (
     RecordFormatError,
     decode_check_ctime,
 )
-from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.metadata.underreplication import (
+    MAX_DELAY_SECONDS,
+    UnderreplicationManager,
+    parse_lost_bookie_recovery_delay,
+)
 from auditor.zk import NoNodeError
 
 DELAY_ZNODE = "lostBookieRecoveryDelay"
-#: Java's `Integer.MAX_VALUE`: `Integer.parseInt` rejects anything larger.
-MAX_DELAY = 2**31 - 1
-#: What Java's `Integer.parseInt` accepts (ASCII digits, one optional sign); we also
-#: forgive surrounding whitespace, as this daemon always has.
-_JAVA_INT = re.compile(r"[+-]?[0-9]+")
 #: Bytes of a bad value a log line or `status` shows.
 SHOWN = 64
 
@@ -46,16 +44,10 @@ def shown(data: bytes) -> str:
     return head if len(data) <= SHOWN else f"{head}... ({len(data)} bytes)"
 
 
-def parse_delay(data: bytes) -> int | None:
-    """`lostBookieRecoveryDelay` in seconds, or None unless it is 0..2^31-1 as Java reads it."""
-    try:
-        text = data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        return None
-    if not _JAVA_INT.fullmatch(text):
-        return None
-    value = int(text)
-    return value if 0 <= value <= MAX_DELAY else None
+#: Java's `Integer.MAX_VALUE`: `Integer.parseInt` rejects anything larger.
+MAX_DELAY = MAX_DELAY_SECONDS
+#: The one rule for the znode's bytes (kept under the daemon's name for its callers).
+parse_delay = parse_lost_bookie_recovery_delay
 
 
 class ContainedReads:

@@ -58,6 +58,20 @@ _JAVA_INT = re.compile(r"[+-]?[0-9]+")
 MAX_DELAY_SECONDS = 2**31 - 1
 
 
+def parse_lost_bookie_recovery_delay(data: bytes) -> int | None:
+    """The `lostBookieRecoveryDelay` znode's seconds, or None unless they are 0..2^31-1 as
+    Java's `Integer.parseInt` reads them (surrounding whitespace forgiven). The one rule:
+    the admin reads and the daemon's contained reads both use it."""
+    try:
+        text = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    if not _JAVA_INT.fullmatch(text):
+        return None
+    value = int(text)
+    return value if 0 <= value <= MAX_DELAY_SECONDS else None
+
+
 class UnderreplicationFormatError(FormatError):
     """An under-replication znode holds bytes BookKeeper would not have written."""
 
@@ -328,11 +342,6 @@ class UnderreplicationManager:
         no data reads."""
         return sum([1 async for _, ledger_id, _ in self._mark_znodes() if ledger_id is not None])
 
-    async def count_corrupt_marks(self) -> int:
-        """How many corrupt marks there are (every mark's data is read): the value of the
-        corrupt-marks gauge."""
-        return sum([1 async for item in self.list_marks() if isinstance(item, CorruptMark)])
-
     async def is_being_replicated(self, ledger_id: int) -> bool:
         return await self.zk.exists(ur_lock_path(self.base, ledger_id)) is not None
 
@@ -377,11 +386,11 @@ class UnderreplicationManager:
         0..2^31-1 as Java's `Integer.parseInt` reads it (surrounding whitespace forgiven)."""
         path = f"{self.base}/lostBookieRecoveryDelay"
         data, _ = await self.zk.get(path)
-        text = data.decode("ascii", errors="replace").strip()
-        if not _JAVA_INT.fullmatch(text):
-            raise UnderreplicationFormatError(f"{path} is not an integer: {text[:40]!r}")
-        value = int(text)
-        if not 0 <= value <= MAX_DELAY_SECONDS:
+        value = parse_lost_bookie_recovery_delay(data)
+        if value is None:
+            text = data.decode("ascii", errors="replace").strip()
+            if not _JAVA_INT.fullmatch(text):
+                raise UnderreplicationFormatError(f"{path} is not an integer: {text[:40]!r}")
             raise UnderreplicationFormatError(
                 f"{path} is {text[:40]}, outside 0..{MAX_DELAY_SECONDS} seconds"
             )

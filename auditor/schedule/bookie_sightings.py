@@ -23,7 +23,6 @@ class BookieSightings:
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
-        self._available: frozenset[str] = frozenset()
         self._missing_since: dict[str, float] = {}
         self._observed = False
 
@@ -45,7 +44,6 @@ class BookieSightings:
         for bookie in avail:
             self._missing_since.pop(bookie, None)
         self._seen |= avail
-        self._available = avail
         self._observed = True
 
     def missing_since(self) -> Mapping[str, float]:

@@ -234,7 +234,7 @@ async def test_one_corrupt_mark_hides_no_other(zk: ZkClient) -> None:
     assert listing.marked_ids() == {1, 2, 3, 4, 5, 6, 8, 2**40}
     assert [u.ledger_id async for u in urm.list_underreplicated()] == [1, 5, 2**40]
     assert await urm.count_underreplicated() == 9
-    assert await urm.count_corrupt_marks() == 10
+    assert len((await urm.read_marks()).corrupt) == 10
     assert isinstance(await urm.get_mark(2), CorruptMark)
     assert await urm.get_mark(1) == UnderreplicatedLedger(1, ("bk:3181",), 1000, 0)
     assert await urm.get_mark(77) is None
