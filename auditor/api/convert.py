@@ -181,6 +181,13 @@ def _leadership(state: DaemonState, msg: pb.GetStatusResponse) -> None:
         msg.duplicate_identity_vote = state.duplicate_vote
         _stamp(msg.duplicate_identity_since, state.duplicate_since)
     _stamp(msg.backoff_until, state.backoff_until)
+    msg.election = state.election
+    other = state.other_election
+    if other is not None:
+        msg.other_election = other.election
+        msg.other_election_path = other.path
+        msg.other_election_holder = other.holder
+        _stamp(msg.other_election_since, other.since)
     for name in sorted(state.invalid_znodes):
         z = state.invalid_znodes[name]
         entry_z = msg.invalid_znodes.add(znode=z.znode, value=z.value, using=z.using)
@@ -265,6 +272,17 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
             else None
         ),
         "backoff_until": stamp_iso(msg, "backoff_until"),
+        "election": msg.election or None,
+        "other_election": (
+            {
+                "election": msg.other_election,
+                "path": msg.other_election_path,
+                "holder": msg.other_election_holder or None,
+                "since": stamp_iso(msg, "other_election_since"),
+            }
+            if msg.other_election
+            else None
+        ),
         "invalid_znodes": {
             z.znode: {"value": z.value, "using": z.using, "since": stamp_iso(z, "since")}
             for z in msg.invalid_znodes

@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from auditor.api import TARGET_ENV, TOKEN_ENV
@@ -23,17 +22,22 @@ from auditor.checks.findings import Check
 from auditor.cli.cluster import security_from_args, target_from_args
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
-from auditor.metadata.records import RecordFormatError, decode_auditor_vote
+from auditor.metadata.elections import (
+    ElectionHolder,
+    bookkeeper_election_path,
+    holder_of,
+    pulsar_leader_path,
+)
+from auditor.metadata.records import RecordFormatError
+from auditor.metadata.service_uri import MetadataDriver
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.zk import BadVersionError, NoNodeError, ZkClient
 
 if TYPE_CHECKING:
     from auditor.api.client import ApiClient
 
-ELECTION_ZNODE = "underreplication/auditorelection"
 DELAY_ZNODE = "underreplication/lostBookieRecoveryDelay"
 
-_VOTE_SEQUENCE = re.compile(r"V_(\d+)$")
 _LOOKUP_ATTEMPTS = 5
 
 
@@ -45,62 +49,87 @@ class AutoRecoveryDisabledError(AuditorError):
     """The `disable` flag is set: no auditor acts on a trigger."""
 
 
-# --- the election, read as BookKeeper reads it -------------------------------------
+# --- the elections, read as BookKeeper and Pulsar read them -----------------------
 
 
-def vote_sequence(name: str) -> int | None:
-    """The number after the first `V_` of a vote's name, as BookKeeper sorts votes.
+async def find_auditors(zk: ZkClient, root: str) -> list[ElectionHolder]:
+    """The holder of each election that has one: BookKeeper's first vote, Pulsar's key.
 
-    Java's votes are `V_<seq>`; ours carry a prefix before `V_`. A child
-    without that shape is not a vote and is ignored.
+    Two means the cluster's nodes disagree on the metadata driver (two auditors run).
+    A vote or key whose bytes do not decode is an error naming its path.
     """
-    i = name.find("V_")
-    if i < 0:
-        return None
-    m = _VOTE_SEQUENCE.match(name, i)
-    return int(m.group(1)) if m else None
-
-
-def ordered_votes(children: Iterable[str]) -> list[str]:
-    """Votes, lowest sequence (the auditor) first."""
-    numbered = [(seq, name) for name in children if (seq := vote_sequence(name)) is not None]
-    return [name for _, name in sorted(numbered)]
+    found: list[ElectionHolder] = []
+    for driver in (MetadataDriver.BOOKKEEPER, MetadataDriver.PULSAR):
+        holder = await holder_of(zk, root, driver)
+        if holder is None:
+            continue
+        if holder.auditor is None:
+            what = "auditor vote" if driver is MetadataDriver.BOOKKEEPER else "Pulsar leader key"
+            reason = holder.error or "names no auditor"
+            raise RecordFormatError(what, f"{holder.path}: {reason}")
+        found.append(holder)
+    if not found:
+        votes, key = bookkeeper_election_path(root), pulsar_leader_path(root)
+        if await zk.exists(votes) is None:
+            raise NoAuditorError(
+                f"no auditor elected: {votes} does not exist and there is no Pulsar leader "
+                f"key {key} (auto-recovery never ran here)"
+            )
+        raise NoAuditorError(f"no auditor elected: no vote under {votes} and no key {key}")
+    return found
 
 
 async def current_auditor(zk: ZkClient, root: str) -> tuple[str, str]:
-    """(vote node name, auditor id) of the first vote, like BookKeeper's getCurrentAuditor."""
-    path = f"{root}/{ELECTION_ZNODE}"
-    for _ in range(_LOOKUP_ATTEMPTS):
-        try:
-            votes = ordered_votes(await zk.get_children(path))
-        except NoNodeError:
-            raise NoAuditorError(
-                f"no auditor elected: {path} does not exist (auto-recovery never ran here)"
-            ) from None
-        if not votes:
-            raise NoAuditorError(f"no auditor elected: no vote under {path}")
-        try:
-            data, _ = await zk.get(f"{path}/{votes[0]}")
-        except NoNodeError:
-            continue  # the auditor just left: look again
-        try:
-            auditor = decode_auditor_vote(data)
-        except RecordFormatError as exc:
-            raise RecordFormatError("auditor vote", f"{path}/{votes[0]}: {exc.reason}") from exc
-        if not auditor:
-            raise NoAuditorError(f"the first vote {path}/{votes[0]} names no auditor")
-        return votes[0], auditor
-    raise NoAuditorError(f"no stable auditor: the first vote under {path} kept disappearing")
+    """(vote or key path, auditor id) of the auditor, whichever election it holds."""
+    holder = (await find_auditors(zk, root))[0]
+    return holder.path, holder.auditor or ""
+
+
+def _election_doc(holder: ElectionHolder) -> dict[str, Any]:
+    vote = holder.path.rsplit("/", 1)[-1] if holder.election is MetadataDriver.BOOKKEEPER else None
+    return {
+        "auditor": holder.auditor,
+        "election": str(holder.election),
+        "path": holder.path,
+        "vote": vote,
+        "held_by_session": holder.live,
+    }
+
+
+def _election_line(holder: ElectionHolder) -> str:
+    where = (
+        f"BookKeeper's election, vote {holder.path.rsplit('/', 1)[-1]}"
+        if holder.election is MetadataDriver.BOOKKEEPER
+        else f"Pulsar's election, key {holder.path}"
+    )
+    orphan = "; held by no session" if not holder.live else ""
+    return f"{holder.auditor} ({where}{orphan})"
 
 
 def _emit(out: TextIO, as_json: bool, doc: dict[str, Any], text: str) -> None:
     out.write((json.dumps(doc) if as_json else text) + "\n")
 
 
-async def cmd_whoisauditor(target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout) -> int:
+async def cmd_whoisauditor(
+    target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+) -> int:
+    """Reads both elections; exit 1 when both have an auditor (two auditors run)."""
     async with connect(target) as (zk, _):
-        vote, auditor = await current_auditor(zk, target.root)
-    _emit(out, as_json, {"auditor": auditor, "vote": vote}, auditor)
+        found = await find_auditors(zk, target.root)
+    if as_json:
+        doc = dict(_election_doc(found[0]))
+        doc["elections"] = [_election_doc(h) for h in found]
+        out.write(json.dumps(doc) + "\n")
+    else:
+        for holder in found:
+            out.write(_election_line(holder) + "\n")
+    if len(found) > 1:
+        err.write(
+            "bk-auditor: two auditors: BookKeeper's election and Pulsar's both have one, "
+            "so the cluster's nodes disagree on the metadata driver (give every node the "
+            "same metadataServiceUri)\n"
+        )
+        return 1
     return 0
 
 
@@ -291,7 +320,18 @@ def _render_leadership(doc: dict[str, Any], out: TextIO) -> None:
     """The election phase, a duplicate identity, unusable znodes, the last decisions."""
     phase = doc.get("election_phase") or "unknown"
     until = doc.get("backoff_until")
-    out.write(f"  election: {phase}" + (f" (voting again at {until})" if until else "") + "\n")
+    which = f" in the {doc['election']} election" if doc.get("election") else ""
+    out.write(
+        f"  election: {phase}{which}" + (f" (voting again at {until})" if until else "") + "\n"
+    )
+    other = doc.get("other_election")
+    if other:
+        out.write(
+            f"  OTHER ELECTION: the {other['election']} election is held by "
+            f"{other['holder'] or '(undecodable)'} at {other['path']} (since "
+            f"{other['since'] or '-'}): the cluster's nodes disagree on the metadata driver; "
+            "this daemon does not lead\n"
+        )
     dup = doc.get("duplicate_identity")
     if dup:
         out.write(
@@ -375,7 +415,9 @@ async def cmd_health(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> ClusterTarget:
-    security = security_from_args(args.zk_auth_file, args.zk_enable_security)
+    security = security_from_args(
+        args.zk_auth_file, args.zk_enable_security, tls_config=args.zk_tls_config
+    )
     return target_from_args(
         args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
     )

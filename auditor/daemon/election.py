@@ -1,76 +1,92 @@
-"""Auditor election on BookKeeper's own path, understood by Java AutoRecovery nodes.
+"""Auditor elections understood by Java AutoRecovery nodes: BookKeeper's and Pulsar's.
 
-BookKeeper's auditors vote with ephemeral-sequential children of
-`<root>/underreplication/auditorelection` named `V_<seq>` whose data is the
-TextFormat `AuditorVoteFormat`; the lowest sequence (the number after the
-first "V_") leads. We run kazoo's Lock recipe with its node name set to "V_":
-our votes are `<uuid>V_<seq>` (kazoo needs the unique prefix to find its node
-again after a connection loss; Java reads the number after "V_" and the hex
-uuid never contains "V_"), and kazoo orders contenders by the same sequence
-number, Java votes included. So a cluster mixing Java AutoRecovery nodes and
-these daemons has exactly one auditor.
+**BookKeeper's driver** (`Elector`). Auditors vote with ephemeral-sequential
+children of `<root>/underreplication/auditorelection` named `V_<seq>` whose data is
+the TextFormat `AuditorVoteFormat`; the lowest sequence (the number after the first
+"V_") leads. We run kazoo's Lock recipe with its node name set to "V_": our votes are
+`<uuid>V_<seq>` (kazoo needs the unique prefix to find its node again after a
+connection loss; Java reads the number after "V_" and the hex uuid never contains
+"V_"), and kazoo orders contenders by the same sequence number, Java votes included.
 
-kazoo's Lock never notices a lost session once it holds the lock, so
-leadership is not trusted to it: the daemon watches the connection itself, and
-every leader write is fenced on the vote node (`ZkClient.fenced`), so a
-leader that lost its session cannot write anything.
+**Pulsar's driver** (`PulsarElector`, for `metadata-store:` clusters). Pulsar's
+`LeaderElectionImpl` has no votes: one ephemeral key `<root>/underreplication/leader`
+holding the leader's bookie id as a JSON string; whoever creates it leads, the others
+watch it and try again when it is deleted. We do the same, with one difference: a key
+of another session carrying our own identity is not deleted (Pulsar deletes it as its
+own stale key); it is a duplicate identity, refused like a vote with our identity, and
+it ends by itself when that session expires. So two processes that share an identity
+never take the key from each other in turn.
+
+Either way a cluster mixing Java AutoRecovery nodes and these daemons has exactly one
+auditor per election. Neither election sees the other, so the daemon also watches the
+other one (`watch_other_election`) and stays out of leadership while it has a live
+holder: nodes that disagree on the metadata driver would otherwise run two auditors.
+
+kazoo's Lock never notices a lost session once it holds the lock, so leadership is
+not trusted to it: the daemon watches the connection itself, and every leader write
+is fenced on the vote node or the leader key (`ZkClient.fenced`), so a leader that
+lost its session cannot write anything.
 
 Two daemons given the same identity would look like one auditor to BookKeeper's
 `whoisauditor` while both act; so a vote of another session carrying our identity
-(`Elector.rivals`) makes the daemon refuse to vote, or withdraw a vote that waits
-behind it. The session that owns a vote tells them apart (a vote of our own
-session is ours, whatever its name).
+(`rivals`) makes the daemon refuse to vote, or withdraw a vote that waits behind it.
+The session that owns a vote tells them apart (a vote of our own session is ours,
+whatever its name).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from kazoo.exceptions import CancelledError as KazooCancelled
 from kazoo.recipe.lock import Lock
 
+from auditor.metadata.elections import (
+    ElectionHolder,
+    bookkeeper_election_path,
+    bookkeeper_holder,
+    decode_pulsar_leader,
+    encode_pulsar_leader,
+    holder_of,
+    ordered_votes,
+    other_driver,
+    pulsar_holder,
+    pulsar_leader_path,
+    vote_sequence,
+)
 from auditor.metadata.records import RecordFormatError, decode_auditor_vote, encode_auditor_vote
-from auditor.zk import NoNodeError, ZkClient
+from auditor.metadata.service_uri import MetadataDriver
+from auditor.zk import NodeExistsError, NoNodeError, ZkClient
 
-ELECTION = "underreplication/auditorelection"
-_VOTE = re.compile(r"V_(\d+)$")
+__all__ = [
+    "Elector",
+    "ElectorLike",
+    "Leadership",
+    "PulsarElector",
+    "current_auditor",
+    "election_path",
+    "make_elector",
+    "ordered_votes",
+    "vote_sequence",
+    "watch_election",
+    "watch_other_election",
+]
 
 
 def election_path(root: str) -> str:
-    return f"{root.rstrip('/')}/{ELECTION}"
+    """BookKeeper's election directory (the votes' parent)."""
+    return bookkeeper_election_path(root)
 
 
-def vote_sequence(name: str) -> int | None:
-    """The number after the first "V_", as BookKeeper's ElectionComparator reads it."""
-    _, sep, rest = name.partition("V_")
-    return int(rest) if sep and rest.isdigit() else None
-
-
-def ordered_votes(children: list[str]) -> list[str]:
-    votes = [(seq, c) for c in children if (seq := vote_sequence(c)) is not None]
-    return [c for _, c in sorted(votes)]
-
-
-async def current_auditor(zk: ZkClient, root: str) -> str | None:
-    """Who leads, read exactly as BookKeeper's `getCurrentAuditor` reads it."""
-    path = election_path(root)
-    try:
-        votes = ordered_votes(await zk.get_children(path))
-    except NoNodeError:
-        return None
-    for vote in votes:  # the first one, unless it vanished while we looked
-        try:
-            data, _ = await zk.get(f"{path}/{vote}")
-        except NoNodeError:
-            continue
-        try:
-            return decode_auditor_vote(data)
-        except RecordFormatError:
-            return None
-    return None
+async def current_auditor(
+    zk: ZkClient, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+) -> str | None:
+    """Who leads `driver`'s election, read as BookKeeper's or Pulsar's `getCurrentAuditor`."""
+    holder = await holder_of(zk, root, driver)
+    return holder.auditor if holder is not None else None
 
 
 class VoteLock(Lock):  # type: ignore[misc]
@@ -184,3 +200,169 @@ class Elector:
             return
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.to_thread(lock.release), self.zk.timeout)
+
+
+class ElectorLike(Protocol):
+    """What the daemon's election loop needs of an election (`Elector`, `PulsarElector`)."""
+
+    identity: str
+    #: The znode this election lives at: the votes' parent, or Pulsar's leader key.
+    path: str
+
+    async def campaign(self) -> Leadership: ...
+
+    @property
+    def our_sequence(self) -> int | None: ...
+
+    async def rivals(self) -> tuple[list[str], asyncio.Event]: ...
+
+    def ahead_of_us(self, rivals: list[str]) -> list[str]: ...
+
+    async def still_leading(self, leadership: Leadership) -> bool: ...
+
+    async def resign(self) -> None: ...
+
+
+class PulsarElector:
+    """Pulsar's LeaderElection on `<root>/underreplication/leader`, as a Java node runs it.
+
+    Nothing is written while another session holds the key: a follower only watches
+    it. The key's parent is created (persistent, as Pulsar's store creates parents)
+    only if it is missing when we try to take the key.
+    """
+
+    def __init__(self, zk: ZkClient, root: str, identity: str) -> None:
+        self.zk = zk
+        self.root = root.rstrip("/")
+        self.identity = identity
+        self.path = pulsar_leader_path(root)
+        self._value = encode_pulsar_leader(identity)
+        self._campaigning = False
+
+    def _session(self) -> int | None:
+        session = self.zk.client_id
+        return session[0] if session is not None else None
+
+    async def _take(self) -> bool:
+        """Creates the key (ephemeral); False when another session was first."""
+        try:
+            await self.zk.create(self.path, self._value, ephemeral=True)
+        except NodeExistsError:
+            return False
+        except NoNodeError:
+            parent = self.path.rsplit("/", 1)[0]
+            await self.zk.ensure_path(parent)
+            return False  # look again: the key may have appeared meanwhile
+        return True
+
+    async def campaign(self) -> Leadership:
+        """Waits until this daemon holds the key; cancelling leaves nothing behind."""
+        self._campaigning = True
+        try:
+            while True:
+                stat, changed = await self.zk.exists_watched(self.path)
+                if stat is None:
+                    await self._take()
+                    continue  # read it back: leadership is the key owned by our session
+                ours = self._session()
+                if ours is not None and int(stat.ephemeralOwner) == ours:
+                    data, stat = await self.zk.get(self.path)
+                    if data == self._value:
+                        return Leadership(self.path, self.zk.fenced(self.path, int(stat.version)))
+                    # Our session holds it under another value (Pulsar's rule): replace it.
+                    with contextlib.suppress(NoNodeError):
+                        await self.zk.delete(self.path, version=int(stat.version))
+                    continue
+                await changed.wait()  # another session leads: wait until its key goes
+        except asyncio.CancelledError:
+            await self.resign()
+            raise
+        finally:
+            self._campaigning = False
+
+    @property
+    def our_sequence(self) -> int | None:
+        return None  # no queue: nobody stands behind anybody
+
+    async def rivals(self) -> tuple[list[str], asyncio.Event]:
+        """The key, when another session holds it with our identity; an event when it changes."""
+        stat, changed = await self.zk.exists_watched(self.path)
+        if stat is None:
+            return [], changed
+        ours = self._session()
+        if ours is not None and int(stat.ephemeralOwner) == ours:
+            return [], changed
+        try:
+            data, _ = await self.zk.get(self.path)
+        except NoNodeError:
+            return [], changed
+        try:
+            who = decode_pulsar_leader(data)
+        except RecordFormatError:
+            return [], changed
+        return ([self.path] if who == self.identity else []), changed
+
+    def ahead_of_us(self, rivals: list[str]) -> list[str]:
+        """Every rival: a key held by another session is always ahead of us."""
+        return rivals
+
+    async def still_leading(self, leadership: Leadership) -> bool:
+        stat = await self.zk.exists(leadership.vote_path)
+        ours = self._session()
+        return stat is not None and ours is not None and int(stat.ephemeralOwner) == ours
+
+    async def resign(self) -> None:
+        """Deletes the key if our session holds it (the next node takes it at once)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._release(), self.zk.timeout)
+
+    async def _release(self) -> None:
+        stat = await self.zk.exists(self.path)
+        ours = self._session()
+        if stat is None or ours is None or int(stat.ephemeralOwner) != ours:
+            return
+        with contextlib.suppress(NoNodeError):
+            await self.zk.delete(self.path, version=int(stat.version))
+
+
+def make_elector(
+    driver: MetadataDriver, zk: ZkClient, root: str, identity: str
+) -> Elector | PulsarElector:
+    """The election the cluster's Java nodes use with `driver`."""
+    if driver is MetadataDriver.PULSAR:
+        return PulsarElector(zk, root, identity)
+    return Elector(zk, root, identity)
+
+
+async def watch_election(
+    zk: ZkClient, root: str, driver: MetadataDriver, *, live_only: bool = False
+) -> tuple[ElectionHolder | None, asyncio.Event]:
+    """The holder of `driver`'s election, and an event set when it may have changed.
+
+    Reads and watches only, so a daemon can follow an election it takes no part in
+    (or has not voted in yet) without writing anything there.
+    """
+    if driver is MetadataDriver.PULSAR:
+        stat, changed = await zk.exists_watched(pulsar_leader_path(root))
+        if stat is None or (live_only and int(stat.ephemeralOwner) == 0):
+            return None, changed
+        holder = await pulsar_holder(zk, root)
+        if holder is not None and live_only and not holder.live:
+            holder = None
+        return holder, changed
+    directory = bookkeeper_election_path(root)
+    stat, changed = await zk.exists_watched(directory)
+    if stat is None:
+        return None, changed
+    try:
+        _, changed = await zk.get_children_watched(directory)
+    except NoNodeError:
+        return None, changed  # gone since: the exists watch fires for its re-creation
+    return await bookkeeper_holder(zk, root, live_only=live_only), changed
+
+
+async def watch_other_election(
+    zk: ZkClient, root: str, driver: MetadataDriver
+) -> tuple[ElectionHolder | None, asyncio.Event]:
+    """The live holder of the election `driver` does NOT use (see `watch_election`)."""
+    return await watch_election(zk, root, other_driver(driver), live_only=True)

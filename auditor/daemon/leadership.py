@@ -34,6 +34,7 @@ class Phase(enum.StrEnum):
     LEADING = "leading"
     BACKING_OFF = "backing_off"  # stepped down after a failure; votes again later
     REFUSED = "refused"  # another session holds a vote with this daemon's identity
+    OTHER_ELECTION = "other_election"  # the other driver's election has a live holder
     STOPPING = "stopping"  # SIGTERM or stop(): handing over, then exit 0
     ENDED = "ended"  # a supervised task ended: exiting non-zero
 
@@ -48,7 +49,7 @@ class Action(enum.StrEnum):
     RESTART_WORK = "restart_work"  # new configuration: the leader's work starts over
     STEP_DOWN = "step_down"  # stop leading, withdraw the vote, vote again at once
     BACK_OFF = "back_off"  # stop leading (or campaigning), vote again after `backoff`
-    REFUSE = "refuse"  # do not vote: the identity is taken
+    REFUSE = "refuse"  # do not vote (or lead): the identity is taken, or another election leads
     CARRY_ON = "carry_on"  # nothing changes
     EXIT = "exit"  # stop: withdraw the vote (hand over), exit 0
     FAIL = "fail"  # a supervised task ended: NOT_SERVING, exit non-zero
@@ -73,6 +74,8 @@ class Reason(enum.StrEnum):
     CONFIG_RELOADED = "config_reloaded"
     DUPLICATE_IDENTITY = "duplicate_identity"
     DUPLICATE_CLEARED = "duplicate_cleared"
+    OTHER_ELECTION_LEADER = "other_election_leader"
+    OTHER_ELECTION_CLEARED = "other_election_cleared"
     BACKOFF_ELAPSED = "backoff_elapsed"
     TASK_ENDED = "task_ended"
 
@@ -177,6 +180,22 @@ class DuplicateCleared:
 
 
 @dataclass(frozen=True, slots=True)
+class OtherElectionLeader:
+    """The election of the other metadata driver has a live holder: two auditors would run.
+
+    `election` names it ("bookkeeper" or "pulsar"), `holder` says who and where.
+    """
+
+    election: str
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
+class OtherElectionCleared:
+    """The other driver's election has no live holder any more."""
+
+
+@dataclass(frozen=True, slots=True)
 class BackoffElapsed:
     """The back-off after a failure is over."""
 
@@ -206,6 +225,8 @@ Event = (
     | ConfigReloaded
     | DuplicateIdentity
     | DuplicateCleared
+    | OtherElectionLeader
+    | OtherElectionCleared
     | BackoffElapsed
     | TaskEnded
 )
@@ -235,7 +256,13 @@ class Decision:
     @property
     def ends_term(self) -> bool:
         """Whether a leader that gets this decision stops leading."""
-        return self.action in (Action.STEP_DOWN, Action.BACK_OFF, Action.EXIT, Action.FAIL)
+        return self.action in (
+            Action.STEP_DOWN,
+            Action.BACK_OFF,
+            Action.REFUSE,
+            Action.EXIT,
+            Action.FAIL,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,6 +577,23 @@ class LeadershipMachine:
                 return self._d(
                     Action.CARRY_ON, Reason.DUPLICATE_CLEARED, "no duplicate identity", now
                 )
+            case OtherElectionLeader(election=election, holder=holder):
+                return self._other_election(election, holder, now)
+            case OtherElectionCleared():
+                if self.phase is Phase.OTHER_ELECTION:
+                    return self._d(
+                        Action.VOTE,
+                        Reason.OTHER_ELECTION_CLEARED,
+                        "the other metadata driver's election has no live holder now; voting",
+                        now,
+                        phase=Phase.VOTING,
+                    )
+                return self._d(
+                    Action.CARRY_ON,
+                    Reason.OTHER_ELECTION_CLEARED,
+                    "no live holder in the other election",
+                    now,
+                )
             case BackoffElapsed():
                 if self.phase is Phase.BACKING_OFF:
                     return self._d(
@@ -586,6 +630,32 @@ class LeadershipMachine:
                     phase=Phase.ENDED,
                 )
         raise TypeError(f"not a leadership event: {event!r}")  # pragma: no cover
+
+    def _other_election(self, election: str, holder: str, now: float) -> Decision:
+        """Out of the election (a leader steps down) while the other one has a holder."""
+        if self.phase in (Phase.STARTING, Phase.VOTING, Phase.BACKING_OFF, Phase.LEADING):
+            if self.phase is Phase.LEADING:
+                self._term_ended(now, failed=False)
+            what = "stepping down and staying out" if self.phase is Phase.LEADING else "not voting"
+            return self._d(
+                Action.REFUSE,
+                Reason.OTHER_ELECTION_LEADER,
+                f"the {election} election has a live auditor too, so the cluster's nodes "
+                f"disagree on the metadata driver and two auditors would run; {what} until "
+                "it is gone (give every node the same metadataServiceUri driver)",
+                now,
+                detail=holder,
+                level="error",
+                phase=Phase.OTHER_ELECTION,
+            )
+        return self._d(
+            Action.CARRY_ON,
+            Reason.OTHER_ELECTION_LEADER,
+            f"the {election} election has a live auditor (while {self.phase})",
+            now,
+            detail=holder,
+            level="warning",
+        )
 
     def _work_over(self, reason: Reason, what: str, now: float, error: str) -> Decision:
         if self.phase is not Phase.LEADING:

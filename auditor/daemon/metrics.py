@@ -167,6 +167,14 @@ class _StateCollector(Collector):
         )
         yield _labelled(
             GaugeMetricFamily,
+            "cluster_check_last_completed_timestamp_seconds",
+            "Unix time the check last completed anywhere in the cluster (any auditor, Java "
+            "or ours), from its ctime znode; seen by every daemon, absent while unknown.",
+            ["check"],
+            (((str(c),), ts) for c, ts in sorted(state.cluster_checks.items())),
+        )
+        yield _labelled(
+            GaugeMetricFamily,
             "check_interval_seconds",
             "Configured period of the check (0: not periodic), for the staleness alert.",
             ["check"],
@@ -320,6 +328,28 @@ class _StateCollector(Collector):
             "1 while another ZooKeeper session holds a vote with this daemon's identity "
             "(this daemon then refuses to vote), else 0.",
             1 if state.duplicate_vote is not None else 0,
+        )
+        yield _labelled(
+            GaugeMetricFamily,
+            "election_info",
+            "1, labelled with the election this daemon takes part in: bookkeeper (votes "
+            "under underreplication/auditorelection) or pulsar (the key "
+            "underreplication/leader of Pulsar's metadata driver).",
+            ["election"],
+            [((state.election,), 1)],
+        )
+        other = state.other_election
+        yield _labelled(
+            GaugeMetricFamily,
+            "other_election_leader",
+            "1 while the other metadata driver's election (the label) has a live holder: the "
+            "cluster's nodes disagree on the driver, and this daemon stays out of leadership.",
+            ["election"],
+            [
+                ((e,), 1 if other is not None and other.election == e else 0)
+                for e in ("bookkeeper", "pulsar")
+                if e != state.election
+            ],
         )
         names = dict.fromkeys((*ZNODES, *sorted(state.invalid_znodes)))
         yield _labelled(

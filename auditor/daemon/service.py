@@ -43,7 +43,14 @@ from auditor.checks.context import open_context
 from auditor.checks.findings import Check
 from auditor.daemon.config import DaemonConfig
 from auditor.daemon.contained import ContainedReads
-from auditor.daemon.election import Elector, Leadership, current_auditor, election_path
+from auditor.daemon.election import (
+    ElectorLike,
+    Leadership,
+    current_auditor,
+    make_elector,
+    watch_election,
+    watch_other_election,
+)
 from auditor.daemon.leadership import (
     Action,
     Backoff,
@@ -58,6 +65,8 @@ from auditor.daemon.leadership import (
     Event,
     FencedOut,
     LeadershipMachine,
+    OtherElectionCleared,
+    OtherElectionLeader,
     Phase,
     SessionLost,
     Started,
@@ -78,6 +87,7 @@ from auditor.daemon.sdnotify import Notifier
 from auditor.daemon.state import (
     DaemonState,
     NotLeaderError,
+    OtherElection,
     RunCompleted,
     RunOutcome,
     RunState,
@@ -85,6 +95,7 @@ from auditor.daemon.state import (
 from auditor.index.store import MetadataIndex
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
+from auditor.metadata.elections import ElectionHolder
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.registry import watch_bookies
 from auditor.metadata.underreplication import (
@@ -100,6 +111,9 @@ from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
 EXIT_ELECTION_ENDED = 75
 #: While refusing to vote for a duplicate identity, the daemon says so this often (s).
 DUPLICATE_REMINDER = 60.0
+#: After the other driver's election clears, the daemon waits up to this long (s, at
+#: random) before voting, so that daemons of both drivers do not take both at once again.
+OTHER_ELECTION_SETTLE = 2.0
 #: Phases in which a connected daemon is ready: it is in the election's cycle.
 _IN_ELECTION = frozenset({Phase.VOTING, Phase.LEADING, Phase.BACKING_OFF})
 
@@ -151,7 +165,10 @@ class Daemon:
         self.config = config
         self._reload = reload
         self.log = get_logger("auditor.daemon").bind(identity=config.daemon.identity)
-        self.state = DaemonState(identity=config.daemon.identity)
+        #: Whose election this daemon takes part in (fixed for the process's life: a
+        #: reload that changes the driver needs a restart).
+        self.driver = config.metadata_driver
+        self.state = DaemonState(identity=config.daemon.identity, election=str(self.driver))
         #: When each bookie went missing, as this process saw it (followers too).
         self.sightings = BookieSightings()
         #: The series, read from `state` when scraped; served over HTTP only when given.
@@ -174,10 +191,14 @@ class Daemon:
         #: Resolved with the decision that ends the current leader term.
         self._term_end: asyncio.Future[Decision] | None = None
         self._reminded = 0.0
+        self._reminded_other = 0.0
+        self._rng = rng if rng is not None else random.Random()
         self._notify: Notifier | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: Set at every leadership decision (tests clear it before waiting).
         self.decided = asyncio.Event()
+        #: Set each time `_follow_leader` has read who leads (tests clear it before waiting).
+        self.leader_read = asyncio.Event()
         #: Set each time a check run ends, whatever its outcome (likewise).
         self.check_ended = asyncio.Event()
         #: Set each time the leader reads a ctime or the delay znode (likewise).
@@ -205,7 +226,7 @@ class Daemon:
         self.work.triggers[check].set()
 
     async def current_leader(self) -> str | None:
-        return await current_auditor(self._zk(), self.root)
+        return await current_auditor(self._zk(), self.root, self.driver)
 
     def _urm(self) -> UnderreplicationManager:
         return UnderreplicationManager(self._zk(), self.root)
@@ -390,7 +411,7 @@ class Daemon:
 
     # --- leadership ----------------------------------------------------------------------------
 
-    async def _lead(self, elector: Elector, leadership: Leadership) -> Decision:
+    async def _lead(self, elector: ElectorLike, leadership: Leadership) -> Decision:
         """Runs the leader's work until a decision ends the term; returns that decision."""
         self.state.lead(time.time())
         index = self._start_index(leadership.zk)
@@ -410,7 +431,7 @@ class Daemon:
 
     async def _lead_once(
         self,
-        elector: Elector,
+        elector: ElectorLike,
         leadership: Leadership,
         index: tuple[IndexSync, asyncio.Task[None]] | None,
     ) -> Decision | None:
@@ -460,7 +481,8 @@ class Daemon:
                 work = asyncio.ensure_future(self.work.run(bk.lostBookieRecoveryDelay))
                 restart = asyncio.ensure_future(self._restart_work.wait())
                 vote = asyncio.ensure_future(self._watch_vote(elector, leadership))
-                mine: list[asyncio.Future[Any]] = [work, restart, vote]
+                other = asyncio.ensure_future(self._other_leader_appears())
+                mine: list[asyncio.Future[Any]] = [work, restart, vote, other]
                 try:
                     await asyncio.wait([term_end, *mine], return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -475,6 +497,8 @@ class Daemon:
             return self._ended(self._decide(WorkFailed(f"{type(exc).__name__}: {exc}")), term_end)
         if term_end.done():
             return term_end.result()
+        if other.done() and not other.cancelled() and other.exception() is None:
+            return self._ended(self._defer_to(other.result()), term_end)
         if vote.done() and not vote.cancelled():
             error = vote.exception()
             event: Event = VoteLost() if error is None else WorkFailed(f"vote watch: {error}")
@@ -510,7 +534,7 @@ class Daemon:
         sync.on_resync = lambda _reason: tallies.index_resynced()
         return sync, asyncio.ensure_future(sync.run())
 
-    async def _watch_vote(self, elector: Elector, leadership: Leadership) -> None:
+    async def _watch_vote(self, elector: ElectorLike, leadership: Leadership) -> None:
         """Returns when, after a reconnect (same session), our vote is gone or not first."""
         zk = self._zk()
         while True:
@@ -537,13 +561,77 @@ class Daemon:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
 
-    async def _clear_to_vote(self, elector: Elector) -> bool:
-        """Whether to vote now: no other session's vote carries our identity.
+    def _defer_to(self, holder: ElectionHolder) -> Decision:
+        """The decision to stay out while `holder` holds the other driver's election."""
+        if self.state.other_election is None or self.state.other_election.path != holder.path:
+            self.state.other_election = OtherElection(
+                str(holder.election), holder.path, holder.auditor or "", time.time()
+            )
+        self._reminded_other = time.monotonic()
+        who = holder.auditor if holder.auditor is not None else f"undecodable ({holder.error})"
+        return self._decide(OtherElectionLeader(str(holder.election), f"{who} at {holder.path}"))
+
+    async def _other_leader_appears(self) -> ElectionHolder:
+        """Returns the live holder of the other driver's election once there is one."""
+        zk = self._zk()
+        while True:
+            try:
+                holder, changed = await watch_other_election(zk, self.root, self.driver)
+            except ZkUnavailableError:
+                await asyncio.sleep(0.1)  # the state change that explains it is on its way
+                await self._connected.wait()
+                continue
+            if holder is not None:
+                return holder
+            await changed.wait()
+
+    async def _clear_of_other_election(self) -> bool:
+        """Whether the other driver's election is free of live holders (waits until it is).
+
+        While it is held the daemon stays out (one decision), says so again once a
+        minute, and looks again whenever that election changes. When it clears, a
+        short random pause keeps daemons of both drivers from trying again in step.
+        """
+        deferred = False
+        while not self._stop.is_set():
+            try:
+                holder, changed = await watch_other_election(self._zk(), self.root, self.driver)
+            except ZkUnavailableError:
+                await asyncio.sleep(0.1)  # the state change that explains it is on its way
+                await self._until(self._connected)
+                continue
+            if holder is None:
+                if self.state.other_election is not None:
+                    self.state.other_election = None
+                    self._decide(OtherElectionCleared())
+                    deferred = True
+                break
+            if self.state.other_election is None:
+                self._defer_to(holder)
+            elif time.monotonic() - self._reminded_other >= DUPLICATE_REMINDER:
+                self._reminded_other = time.monotonic()
+                self.log.error(
+                    "still not leading: the other metadata driver's election has a live auditor",
+                    election=str(holder.election),
+                    holder=holder.auditor,
+                    path=holder.path,
+                    since=self.state.other_election.since if self.state.other_election else None,
+                )
+            await self._until(changed, within=DUPLICATE_REMINDER)
+        if deferred and not self._stop.is_set():
+            await self._until(within=self._rng.uniform(0.0, OTHER_ELECTION_SETTLE))
+        return not self._stop.is_set()
+
+    async def _clear_to_vote(self, elector: ElectorLike) -> bool:
+        """Whether to vote now: the other driver's election has no live holder, and no
+        other session's vote carries our identity.
 
         While one does, the daemon refuses (one decision), says so again once a
         minute, and looks again whenever the votes change.
         """
         while not self._stop.is_set():
+            if not await self._clear_of_other_election():
+                return False
             try:
                 rivals, changed = await elector.rivals()
             except ZkUnavailableError:
@@ -568,7 +656,7 @@ class Daemon:
             await self._until(changed, within=DUPLICATE_REMINDER)
         return False
 
-    async def _rival_ahead(self, elector: Elector) -> str:
+    async def _rival_ahead(self, elector: ElectorLike) -> str:
         """Returns the first vote of another session, with our identity, ahead of ours."""
         while True:
             try:
@@ -582,29 +670,41 @@ class Daemon:
                 return ahead[0]
             await changed.wait()
 
-    async def _campaign(self, elector: Elector) -> tuple[Leadership | None, Decision | None]:
+    async def _campaign(self, elector: ElectorLike) -> tuple[Leadership | None, Decision | None]:
         """Votes and waits in line: (leadership, None) once elected; (None, the decision)
         when voting failed; (None, None) when stopped or refused for a rival ahead."""
         campaign = asyncio.ensure_future(elector.campaign())
         stop = asyncio.ensure_future(self._stop.wait())
         rival = asyncio.ensure_future(self._rival_ahead(elector))
+        other = asyncio.ensure_future(self._other_leader_appears())
         try:
-            await asyncio.wait([campaign, stop, rival], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([campaign, stop, rival, other], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
             rival.cancel()
+            other.cancel()
             await asyncio.gather(stop, return_exceptions=True)
-            if not campaign.done():  # stopped, or a rival's vote is ahead of ours
+            if not campaign.done():  # stopped, a rival's vote ahead, or the other election
                 campaign.cancel()
                 await asyncio.gather(campaign, return_exceptions=True)
-            await asyncio.gather(rival, return_exceptions=True)
+            await asyncio.gather(rival, other, return_exceptions=True)
         if campaign.cancelled():
             if rival.done() and not rival.cancelled() and rival.exception() is None:
                 self._decide(DuplicateIdentity(rival.result()))
+            elif other.done() and not other.cancelled() and other.exception() is None:
+                self._defer_to(other.result())
             return None, None
         error = campaign.exception()
         if error is not None:
             return None, self._decide(CampaignFailed(f"{type(error).__name__}: {error}"))
+        try:  # elected: one last look, so no leader work starts beside another election's
+            holder, _ = await watch_other_election(self._zk(), self.root, self.driver)
+        except ZkUnavailableError as exc:
+            return None, self._decide(CampaignFailed(f"{type(exc).__name__}: {exc}"))
+        if holder is not None:
+            await elector.resign()  # out of our election before saying so
+            self._defer_to(holder)
+            return None, None
         return campaign.result(), None
 
     async def _back_off(self, d: Decision) -> None:
@@ -614,7 +714,7 @@ class Daemon:
 
     async def _elect(self, zk: ZkClient) -> None:
         """The election task: vote, lead, step down, back off; until stopped."""
-        elector = Elector(zk, self.root, self.state.identity)
+        elector = make_elector(self.driver, zk, self.root, self.state.identity)
         try:
             while not self._stop.is_set():
                 await self._until(self._connected)
@@ -670,21 +770,21 @@ class Daemon:
     async def _follow_leader(self, zk: ZkClient) -> None:
         """Who leads and whether auto-recovery is on, for status and metrics.
 
-        Re-read when the votes or the disable flag change (watches); a slow
-        safety re-read covers watches lost with a session.
+        Re-read when the election (votes or Pulsar's key) or the disable flag change
+        (watches); a slow safety re-read covers watches lost with a session.
         """
         urm = UnderreplicationManager(zk, self.root)
-        votes_path = election_path(self.root)
         while True:
             waits: list[asyncio.Event] = []
             with contextlib.suppress(Exception):
-                await zk.ensure_path(votes_path)
-                _, votes_changed = await zk.get_children_watched(votes_path)
+                # Watches only: a follower writes nothing in the election it waits in.
+                holder, votes_changed = await watch_election(zk, self.root, self.driver)
                 disabled, flag_changed = await zk.exists_watched(f"{urm.base}/disable")
                 waits = [votes_changed, flag_changed]
                 if not self.state.is_leader:
-                    self.state.leader = await current_auditor(zk, self.root)
+                    self.state.leader = holder.auditor if holder is not None else None
                 self.state.replication_enabled = disabled is None
+                self.leader_read.set()
             if not waits:  # ZooKeeper unavailable: try again shortly
                 await asyncio.sleep(1.0)
                 continue
@@ -738,7 +838,13 @@ class Daemon:
             ]
             if notify is not None:
                 notify.ready()
-            self.log.info("daemon started", zk=d.zk, ledgers_root=self.root, engine=d.engine)
+            self.log.info(
+                "daemon started",
+                zk=d.zk,
+                ledgers_root=self.root,
+                engine=d.engine,
+                election=str(self.driver),
+            )
             watch = asyncio.ensure_future(self._watch_bookies(zk))
             election = self.election = asyncio.ensure_future(self._elect(zk))
             supervised = {

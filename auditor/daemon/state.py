@@ -118,6 +118,19 @@ class InvalidZnode:
     since: float
 
 
+@dataclass(frozen=True, slots=True)
+class OtherElection:
+    """A live holder of the election this daemon does not take part in."""
+
+    #: "bookkeeper" or "pulsar": the other metadata driver's election.
+    election: str
+    #: The vote or key held.
+    path: str
+    #: The bookie id it names; "" when its bytes do not decode.
+    holder: str
+    since: float
+
+
 @dataclass
 class DaemonState:
     identity: str
@@ -144,10 +157,17 @@ class DaemonState:
     #: While another session holds a vote with this identity: that vote's path, and since when.
     duplicate_vote: str | None = None
     duplicate_since: float | None = None
+    #: The election this daemon takes part in: "bookkeeper" or "pulsar" (its driver's).
+    election: str = "bookkeeper"
+    #: While the other driver's election has a live holder (this daemon stays out).
+    other_election: OtherElection | None = None
     #: While backing off after a failure: when this daemon votes again (wall clock).
     backoff_until: float | None = None
     #: Znodes read and found unusable, by name, while they stay so.
     invalid_znodes: dict[str, InvalidZnode] = field(default_factory=dict)
+    #: When each check last completed anywhere in the cluster (any auditor, Java or
+    #: ours), from its ctime znode; read by every daemon (`daemon/cluster_checks.py`).
+    cluster_checks: dict[Check, float] = field(default_factory=dict)
     #: What the metrics read beyond the fields above.
     tallies: Tallies = field(default_factory=Tallies)
 
@@ -215,6 +235,13 @@ class DaemonState:
         """The check's last completion as stored in ZooKeeper (read by a new leader)."""
         self.checks[check].recorded_success = timestamp
         self.tallies.set_last_success(check, timestamp)
+
+    def cluster_check_completed(self, check: Check, timestamp: float | None) -> None:
+        """The check's ctime znode, as every daemon sees it (None: absent or unusable)."""
+        if timestamp is None:
+            self.cluster_checks.pop(check, None)
+        else:
+            self.cluster_checks[check] = timestamp
 
     def check_interval(self, check: Check, seconds: float) -> None:
         self.checks[check].interval_s = seconds

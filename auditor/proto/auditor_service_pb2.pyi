@@ -254,6 +254,11 @@ class GetStatusResponse(_message.Message):
     DUPLICATE_IDENTITY_SINCE_FIELD_NUMBER: _builtins.int
     BACKOFF_UNTIL_FIELD_NUMBER: _builtins.int
     INVALID_ZNODES_FIELD_NUMBER: _builtins.int
+    ELECTION_FIELD_NUMBER: _builtins.int
+    OTHER_ELECTION_FIELD_NUMBER: _builtins.int
+    OTHER_ELECTION_PATH_FIELD_NUMBER: _builtins.int
+    OTHER_ELECTION_HOLDER_FIELD_NUMBER: _builtins.int
+    OTHER_ELECTION_SINCE_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     is_leader: _builtins.bool
     leader: _builtins.str
@@ -264,12 +269,25 @@ class GetStatusResponse(_message.Message):
     election_phase: _builtins.str
     """Where this daemon stands in the election: starting, voting, leading,
     backing_off (after a failure, before voting again), refused (another
-    session's vote carries its identity), stopping, ended (exiting non-zero).
+    session's vote carries its identity), other_election (the other
+    election has a live holder), stopping, ended (exiting non-zero).
     """
     duplicate_identity_vote: _builtins.str
     """While another ZooKeeper session holds a vote carrying this daemon's
     identity: that vote's path (this daemon refuses to vote). Empty otherwise.
     """
+    election: _builtins.str
+    """The election this daemon takes part in: "bookkeeper" (BookKeeper's driver,
+    votes under underreplication/auditorelection) or "pulsar" (Pulsar's
+    metadata-store driver, the key underreplication/leader).
+    """
+    other_election: _builtins.str
+    """While the OTHER election has a live holder (nodes of this cluster disagree
+    on the metadata driver), this daemon does not lead: that election, the
+    znode held, the id it names (empty when it does not decode) and since when.
+    """
+    other_election_path: _builtins.str
+    other_election_holder: _builtins.str
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -300,6 +318,8 @@ class GetStatusResponse(_message.Message):
         value, and what it uses instead.
         """
 
+    @_builtins.property
+    def other_election_since(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -319,10 +339,15 @@ class GetStatusResponse(_message.Message):
         duplicate_identity_since: _timestamp_pb2.Timestamp | None = ...,
         backoff_until: _timestamp_pb2.Timestamp | None = ...,
         invalid_znodes: _abc.Iterable[Global___InvalidZnode] | None = ...,
+        election: _builtins.str = ...,
+        other_election: _builtins.str = ...,
+        other_election_path: _builtins.str = ...,
+        other_election_holder: _builtins.str = ...,
+        other_election_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "zk_connected", b"zk_connected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "zk_connected", b"zk_connected"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

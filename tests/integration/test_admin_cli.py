@@ -97,18 +97,31 @@ async def test_whoisauditor_reads_the_first_vote(zk: ZkClient) -> None:
     # ours carry a prefix; by name it sorts after "V_...", by sequence it is first
     await vote(zk, "f3a9c0d2e1b84b5c9d1e2f3a4b5c6d7eV_0000000002", "10.0.0.7:3181")
     await zk.create(f"{ELECTION}/not-a-vote", b"junk")
+    ours = "f3a9c0d2e1b84b5c9d1e2f3a4b5c6d7eV_0000000002"
     run = await bk("whoisauditor", *zkargs)
-    assert (run.returncode, run.stdout, run.stderr) == (0, "10.0.0.7:3181\n", "")
+    # These votes are persistent znodes (the test's), so no session holds them.
+    assert (run.returncode, run.stdout, run.stderr) == (
+        0,
+        f"10.0.0.7:3181 (BookKeeper's election, vote {ours}; held by no session)\n",
+        "",
+    )
     run = await bk("whoisauditor", *zkargs, "--json")
-    assert json.loads(run.stdout) == {
+    found = {
         "auditor": "10.0.0.7:3181",
-        "vote": "f3a9c0d2e1b84b5c9d1e2f3a4b5c6d7eV_0000000002",
+        "election": "bookkeeper",
+        "path": f"{ELECTION}/{ours}",
+        "vote": ours,
+        "held_by_session": False,
     }
-    await zk.delete(f"{ELECTION}/f3a9c0d2e1b84b5c9d1e2f3a4b5c6d7eV_0000000002")
+    assert json.loads(run.stdout) == {**found, "elections": [found]}
+    await zk.delete(f"{ELECTION}/{ours}")
     run = await bk(
         "whoisauditor", "--metadata-service-uri", f"zk+hierarchical://{zk.hosts}/ledgers"
     )
-    assert (run.returncode, run.stdout) == (0, "10.0.0.1:3181\n")
+    assert (run.returncode, run.stdout) == (
+        0,
+        "10.0.0.1:3181 (BookKeeper's election, vote V_0000000003; held by no session)\n",
+    )
 
     await zk.set(f"{ELECTION}/V_0000000003", b"not text format")
     one_line_error(await bk("whoisauditor", *zkargs), "V_0000000003", 1)

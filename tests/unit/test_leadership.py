@@ -22,6 +22,8 @@ from auditor.daemon.leadership import (
     Event,
     FencedOut,
     LeadershipMachine,
+    OtherElectionCleared,
+    OtherElectionLeader,
     Phase,
     Reason,
     SessionLost,
@@ -36,16 +38,17 @@ from auditor.daemon.leadership import (
     WorkFailed,
 )
 
-S, V, L, B, R, X, E = (
+S, V, L, B, R, OE, X, E = (
     Phase.STARTING,
     Phase.VOTING,
     Phase.LEADING,
     Phase.BACKING_OFF,
     Phase.REFUSED,
+    Phase.OTHER_ELECTION,
     Phase.STOPPING,
     Phase.ENDED,
 )
-ALL_PHASES = (S, V, L, B, R, X, E)
+ALL_PHASES = (S, V, L, B, R, OE, X, E)
 CARRY = Action.CARRY_ON
 
 #: Every event, with the reason it is counted under.
@@ -66,6 +69,11 @@ EVENTS: list[tuple[Event, Reason]] = [
     (ConfigReloaded(), Reason.CONFIG_RELOADED),
     (DuplicateIdentity("/v/xV_2"), Reason.DUPLICATE_IDENTITY),
     (DuplicateCleared(), Reason.DUPLICATE_CLEARED),
+    (
+        OtherElectionLeader("pulsar", "a:1 at /l/underreplication/leader"),
+        Reason.OTHER_ELECTION_LEADER,
+    ),
+    (OtherElectionCleared(), Reason.OTHER_ELECTION_CLEARED),
     (BackoffElapsed(), Reason.BACKOFF_ELAPSED),
     (TaskEnded("election", "cancelled"), Reason.TASK_ENDED),
 ]
@@ -79,19 +87,22 @@ CHANGES: dict[tuple[type, Phase], tuple[Action, Phase]] = {
     (SessionLost, L): (Action.STEP_DOWN, V),
     (SuspendedTooLong, L): (Action.STEP_DOWN, V),
     (Elected, V): (Action.LEAD, L),
-    **{(Elected, p): (Action.STEP_DOWN, p) for p in (S, B, R, X, E)},
+    **{(Elected, p): (Action.STEP_DOWN, p) for p in (S, B, R, OE, X, E)},
     (CampaignFailed, V): (Action.BACK_OFF, B),
     (VoteLost, L): (Action.STEP_DOWN, V),
     (FencedOut, L): (Action.STEP_DOWN, V),
     (WorkFailed, L): (Action.BACK_OFF, B),
     (WorkEnded, L): (Action.BACK_OFF, B),
-    **{(StopRequested, p): (Action.EXIT, X) for p in (S, V, L, B, R)},
+    **{(StopRequested, p): (Action.EXIT, X) for p in (S, V, L, B, R, OE)},
     (StepDownRequested, L): (Action.STEP_DOWN, V),
     (ConfigReloaded, L): (Action.RESTART_WORK, L),
     **{(DuplicateIdentity, p): (Action.REFUSE, R) for p in (S, V, B)},
     (DuplicateCleared, R): (Action.VOTE, V),
+    # A leader steps down too: two auditors must not run.
+    **{(OtherElectionLeader, p): (Action.REFUSE, OE) for p in (S, V, L, B)},
+    (OtherElectionCleared, OE): (Action.VOTE, V),
     (BackoffElapsed, B): (Action.VOTE, V),
-    **{(TaskEnded, p): (Action.FAIL, E) for p in (S, V, L, B, R)},
+    **{(TaskEnded, p): (Action.FAIL, E) for p in (S, V, L, B, R, OE)},
 }
 
 
@@ -115,7 +126,8 @@ def test_every_event_in_every_phase(event: Event, reason: Reason, phase: Phase) 
     assert d.reason is reason
     assert d.at == 100.0
     assert d.message and "\n" not in d.message
-    assert d.ends_term is (action in (Action.STEP_DOWN, Action.BACK_OFF, Action.EXIT, Action.FAIL))
+    ends = (Action.STEP_DOWN, Action.BACK_OFF, Action.REFUSE, Action.EXIT, Action.FAIL)
+    assert d.ends_term is (action in ends)
     assert (d.backoff > 0) is (action is Action.BACK_OFF)
     assert d.level == ("error" if action in (Action.BACK_OFF, Action.FAIL) else d.level)
 

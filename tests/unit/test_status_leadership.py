@@ -16,11 +16,12 @@ from auditor.daemon.leadership import (
     Elected,
     Event,
     LeadershipMachine,
+    OtherElectionLeader,
     Started,
     WorkFailed,
 )
 from auditor.daemon.metrics import ZNODES, Metrics
-from auditor.daemon.state import DECISIONS_KEPT, DaemonState
+from auditor.daemon.state import DECISIONS_KEPT, DaemonState, OtherElection
 from auditor.daemon.tallies import Tallies
 from tests.unit.test_metrics import samples, value
 
@@ -81,7 +82,10 @@ def test_decisions_duplicate_backoff_and_znodes_travel_to_status_json() -> None:
     out = io.StringIO()
     render_status(doc, out)
     text = out.getvalue()
-    assert "  election: backing_off (voting again at 2023-11-14T22:13:2" in text
+    assert (
+        "  election: backing_off in the bookkeeper election (voting again at 2023-11-14T22:13:2"
+        in text
+    )
     assert (
         "  znode lostBookieRecoveryDelay holds b'abc', which is unusable "
         "(since 2023-11-14T22:13:21Z); using the configured 30 s\n" in text
@@ -167,3 +171,41 @@ def test_the_leadership_series_exist_at_zero_and_are_read_at_scrape_time() -> No
     assert (
         value(m, "bookkeeper_auditor_leadership_decisions_total", reason="leader_work_failed") == 1
     )
+
+
+def test_the_other_election_travels_to_status_json_text_and_metrics() -> None:
+    state = DaemonState("a:1", started_at=T0, election="pulsar")
+    machine = LeadershipMachine()
+    state.record_decision(machine.decide(Started(), T0))
+    holder = "10.0.0.9:3181 at /ledgers/underreplication/auditorelection/V_0000000004"
+    state.record_decision(machine.decide(OtherElectionLeader("bookkeeper", holder), T0 + 1))
+    state.other_election = OtherElection(
+        "bookkeeper", "/ledgers/underreplication/auditorelection/V_0000000004", "10.0.0.9:3181", T0
+    )
+    doc = status_json(status_response(state, now=T0 + 3))
+    assert (doc["election_phase"], doc["election"]) == ("other_election", "pulsar")
+    assert doc["other_election"] == {
+        "election": "bookkeeper",
+        "path": "/ledgers/underreplication/auditorelection/V_0000000004",
+        "holder": "10.0.0.9:3181",
+        "since": "2023-11-14T22:13:20Z",
+    }
+    out = io.StringIO()
+    render_status(doc, out)
+    text = out.getvalue()
+    assert "  election: other_election in the pulsar election\n" in text
+    assert (
+        "  OTHER ELECTION: the bookkeeper election is held by 10.0.0.9:3181 at "
+        "/ledgers/underreplication/auditorelection/V_0000000004 (since 2023-11-14T22:13:20Z)"
+    ) in text
+    metrics = Metrics()
+    metrics.bind(state)
+    assert value(metrics, "bookkeeper_auditor_election_info", election="pulsar") == 1
+    other = "bookkeeper_auditor_other_election_leader"
+    assert value(metrics, other, election="bookkeeper") == 1
+    assert (
+        "bookkeeper_auditor_other_election_leader",
+        frozenset({("election", "pulsar")}),
+    ) not in (samples(metrics))
+    state.other_election = None
+    assert value(metrics, other, election="bookkeeper") == 0
