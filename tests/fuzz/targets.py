@@ -42,6 +42,7 @@ from auditor.bookie.results import LacRead
 from auditor.config import AuditorConfig, load_config
 from auditor.config.properties import parse_properties
 from auditor.daemon.config import DaemonConfig, load_daemon_config
+from auditor.daemon.config.identity import StaticHost
 from auditor.errors import ConfigError
 from auditor.metadata.layout import (
     LayoutError,
@@ -402,16 +403,19 @@ def config_layers(toml: bytes, bk_conf: bytes, overrides: list[str], env: dict[s
     props = parse_properties(bk_conf.decode("utf-8", "replace"))
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in props.items())
     host = "fuzz-host"
+    facts = StaticHost(name=host)  # BookKeeper's identity rule never asks the real resolver
     _config_call(lambda: load_config(toml_path))
     _config_call(lambda: load_config(None, overrides))
     _config_call(lambda: load_config(toml_path, overrides))
     _config_call(lambda: load_daemon_config(str(toml_path), env=_ZK, hostname=host))
-    _config_call(lambda: load_daemon_config(None, env={}, bk_conf=str(conf_path), hostname=host))
+    _config_call(
+        lambda: load_daemon_config(None, env={}, bk_conf=str(conf_path), hostname=host, host=facts)
+    )
     _config_call(lambda: load_daemon_config(None, overrides, env=_ZK, hostname=host))
-    _config_call(lambda: load_daemon_config(None, env={**_ZK, **env}, hostname=host))
+    _config_call(lambda: load_daemon_config(None, env={**_ZK, **env}, hostname=host, host=facts))
     _config_call(
         lambda: load_daemon_config(
-            str(toml_path), overrides, env=env, bk_conf=str(conf_path), hostname=host
+            str(toml_path), overrides, env=env, bk_conf=str(conf_path), hostname=host, host=facts
         )
     )
 

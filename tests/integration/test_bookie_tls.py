@@ -26,6 +26,7 @@ from auditor.checks.findings import Category, CheckReport
 from auditor.checks.replicas_run import run_replicas_check
 from auditor.config import load_config
 from auditor.daemon.config import load_daemon_config
+from auditor.daemon.config.identity import StaticHost
 from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.records import decode_bookie_service_info
@@ -441,14 +442,14 @@ def test_the_daemon_takes_bookie_tls_from_bk_server_conf(certs: Certs, tmp_path:
     ]
     conf.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError) as err:
-        load_daemon_config(None, env={}, bk_conf=str(conf), hostname="h")
+        load_daemon_config(None, env={}, bk_conf=str(conf), host=StaticHost())
     assert str(err.value) == (
         "bookkeeper.tlsTrustStoreType is 'JKS': bookie TLS here reads PEM files only; "
         "set tlsTrustStoreType=PEM and bookkeeper.tlsTrustStore to a PEM file "
         f"(bookie TLS on: tlsProviderFactoryClass from {conf}:2 tlsProviderFactoryClass)"
     )
     env = {"BK_AUDITOR_BOOKKEEPER_TLSTRUSTSTORETYPE": "PEM"}
-    config = load_daemon_config(None, env=env, bk_conf=str(conf), hostname="h")
+    config = load_daemon_config(None, env=env, bk_conf=str(conf), host=StaticHost())
     tls = bookie_tls(config.bookkeeper)
     assert tls is not None
     assert (tls.timeout, tls.client_auth, tls.context.check_hostname) == (10.0, False, False)

@@ -35,11 +35,14 @@ from auditor.daemon.config import (
     load_daemon_config,
     validate_identity,
 )
+from auditor.daemon.config.identity import StaticHost
 from auditor.errors import ConfigError
 from auditor.logs import configure_logging, get_logger
 from auditor.metadata.layout import LedgerManager
 
 ZK = {"BK_AUDITOR_DAEMON_ZK": "zk1:2181"}
+#: The machine's resolver is no part of these tests (BookKeeper's identity rule asks it).
+HOST = StaticHost(name="bk-host", ip="10.1.2.3")
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -166,6 +169,7 @@ def test_precedence_defaults_bkconf_toml_env_set(tmp_path: Path) -> None:
         env=env,
         bk_conf=bk,
         hostname="h",
+        host=HOST,
     )
     bkc = cfg.bookkeeper
     assert bkc.lostBookieRecoveryDelay == 60  # bk_server.conf only
@@ -265,7 +269,7 @@ def test_bk_conf_honours_bookkeeper_keys_and_ignores_the_rest(tmp_path: Path) ->
         "networkTopologyScriptFileName=/etc/bookkeeper/topology.sh\n"
         "bookieId=\n",  # empty: unset
     )
-    cfg = load_daemon_config(None, env={}, bk_conf=bk, hostname="bk-host")
+    cfg = load_daemon_config(None, env={}, bk_conf=bk, hostname="bk-host", host=HOST)
     assert cfg.daemon.zk == "zk1:2181,zk2:2181"
     assert cfg.daemon.ledgers_root == "/pulsar/ledgers"
     assert cfg.ledger_manager is LedgerManager.HIERARCHICAL
@@ -291,8 +295,9 @@ def test_bk_conf_honours_bookkeeper_keys_and_ignores_the_rest(tmp_path: Path) ->
     assert cfg.interval(Check.PLACEMENT) == 7200
     assert cfg.interval(Check.GRACE) == 7200
     assert cfg.interval(Check.REPLICAS) == 1800
-    # Beside a bookie without bookieId: what a Java AutoRecovery there would vote with.
-    assert cfg.daemon.identity == "bk-host:3181"
+    # Beside a bookie without bookieId: what a Java AutoRecovery there would vote with,
+    # the IP of the default interface (BookKeeper's rule), not the host name.
+    assert cfg.daemon.identity == "10.1.2.3:3181"
 
 
 def test_bk_conf_zk_servers_and_root_without_uri(tmp_path: Path) -> None:
@@ -301,7 +306,7 @@ def test_bk_conf_zk_servers_and_root_without_uri(tmp_path: Path) -> None:
         "bk_server.conf",
         "zkServers=zk1:2181, zk2:2181 ,zk3:2181\nzkLedgersRootPath=/bk/ledgers/\n",
     )
-    cfg = load_daemon_config(None, env={}, bk_conf=bk, hostname="h")
+    cfg = load_daemon_config(None, env={}, bk_conf=bk, hostname="h", host=HOST)
     assert cfg.daemon.zk == "zk1:2181,zk2:2181,zk3:2181"
     assert cfg.daemon.ledgers_root == "/bk/ledgers"
     assert cfg.ledger_manager is None
@@ -313,11 +318,12 @@ def test_uri_of_a_higher_layer_beats_zk_servers_and_the_reverse(tmp_path: Path) 
         None,
         env={"BK_AUDITOR_DAEMON_METADATA_SERVICE_URI": "zk+flat://zk-env:2181/envroot"},
         bk_conf=bk,
+        host=HOST,
     )
     assert (cfg.daemon.zk, cfg.daemon.ledgers_root) == ("zk-env:2181", "/envroot")
     assert cfg.ledger_manager is LedgerManager.FLAT
     bk2 = write(tmp_path, "bk2.conf", "metadataServiceUri=zk://zk-bk:2181/bkroot\n")
-    cfg = load_daemon_config(None, ["daemon.zk=zk-set:2181"], env={}, bk_conf=bk2)
+    cfg = load_daemon_config(None, ["daemon.zk=zk-set:2181"], env={}, bk_conf=bk2, host=HOST)
     assert (cfg.daemon.zk, cfg.daemon.ledgers_root) == ("zk-set:2181", "/bkroot")
     assert cfg.origin("daemon.zk") == "--set"
 
@@ -328,7 +334,7 @@ def test_identity_from_bookie_id_or_advertised_address(tmp_path: Path) -> None:
     bk = write(
         tmp_path, "b.conf", "zkServers=zk:2181\nadvertisedAddress=10.0.0.7\nbookiePort=4181\n"
     )
-    cfg = load_daemon_config(None, env={}, bk_conf=bk, hostname="ignored")
+    cfg = load_daemon_config(None, env={}, bk_conf=bk, hostname="ignored", host=HOST)
     assert cfg.daemon.identity == "10.0.0.7:4181"
     cfg = load_daemon_config(None, ["daemon.identity=auditor-a"], env={}, bk_conf=bk)
     assert cfg.daemon.identity == "auditor-a"
@@ -384,7 +390,7 @@ def test_an_explicit_zero_from_any_layer_disables(tmp_path: Path, layer: str) ->
         env |= {f"BK_AUDITOR_BOOKKEEPER_{k.upper()}": "0" for k in keys}
     else:
         overrides = [f"{k}=0" for k in keys]
-    cfg = load_daemon_config(toml, overrides, env=env, bk_conf=bk)
+    cfg = load_daemon_config(toml, overrides, env=env, bk_conf=bk, host=HOST)
     assert cfg.interval(Check.PLACEMENT) == 0
     assert cfg.interval(Check.REPLICAS) == 0
 
@@ -624,10 +630,10 @@ def test_run_without_pyspark_exits_2_before_connecting() -> None:
 def test_bad_values_from_files_and_env_name_key_and_origin(tmp_path: Path) -> None:
     bk = write(tmp_path, "bk.conf", "zkServers=zk:2181\n\nzkTimeout=ten\n")
     with pytest.raises(ConfigError, match=rf"bookkeeper\.zkTimeout .* \(from {bk}:3 zkTimeout\)"):
-        load_daemon_config(None, env={}, bk_conf=bk)
+        load_daemon_config(None, env={}, bk_conf=bk, host=HOST)
     bk = write(tmp_path, "bk2.conf", "zkServers=zk:2181\nbookiePort=http\n")
     with pytest.raises(ConfigError, match=r"^bookiePort must be a port"):
-        load_daemon_config(None, env={}, bk_conf=bk)
+        load_daemon_config(None, env={}, bk_conf=bk, host=HOST)
     toml = write(tmp_path, "a.toml", "[api]\nport = 'x'\n")
     with pytest.raises(
         ConfigError, match=rf"api\.port must be an integer, got 'x' \(from {toml}\)"

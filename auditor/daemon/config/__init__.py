@@ -14,8 +14,10 @@ The package, by seam:
 
 - `sections`: the daemon's tables (`[daemon]`, `[api]`, ...), defaults and rules;
 - `resolved`: `DaemonConfig`, the merged whole (origins, `changed`, `describe`);
-- `layers`: what bk_server.conf, the TOML file, the environment and `--set` say;
-- `identity`: the election vote's id, validated as a BookKeeper bookie id;
+- `layers`: what bk_server.conf (with Pulsar's `PULSAR_PREFIX_` variables), the TOML file,
+  the environment and `--set` say;
+- `identity`: the election vote's id, by BookKeeper's rule beside a bookie (its network
+  look-ups behind `HostFacts`), validated as a BookKeeper bookie id;
 - `credentials`: the API's TLS files and token, ZooKeeper credentials;
 - `load`: `load_daemon_config`, merging, validating and deriving.
 

@@ -3,14 +3,18 @@ and `--set` each say, as raw settings that remember their origin.
 
 Precedence, lowest first: `--bk-conf bk_server.conf` < the TOML file <
 environment `BK_AUDITOR_<SECTION>_<KEY>` < `--set SECTION.KEY=VALUE`; `merge`
-folds them in that order. A layer only reads and names: coercion and rules
-are applied once, to the merged values (`auditor.daemon.config.load`).
+folds them in that order. Pulsar's images configure BookKeeper with
+`PULSAR_PREFIX_<key>` and bare `<key>` variables applied to the config file;
+they are read the same way, into the bk_server.conf layer (`pulsar_env`), so a
+Pulsar Helm chart's ConfigMap configures the daemon as it is. A layer only
+reads and names: coercion and rules are applied once, to the merged values
+(`auditor.daemon.config.load`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from auditor.config import (
@@ -41,29 +45,129 @@ def empty_layer() -> Layer:
     return {name: {} for name in SECTIONS}
 
 
+#: Pulsar's images set any key of the BookKeeper config file from `PULSAR_PREFIX_<key>`.
+PULSAR_PREFIX = "PULSAR_PREFIX_"
+#: What bk_server.conf names besides `[bookkeeper]`'s keys: the cluster, then the bookie.
+CLUSTER_KEYS = ("metadataServiceUri", "zkServers", "zkLedgersRootPath")
+IDENTITY_KEYS = (
+    "bookieId",
+    "advertisedAddress",
+    "bookiePort",
+    "listeningInterface",
+    "allowLoopback",
+    "useHostNameAsBookieID",
+    "useShortHostName",
+)
+#: Commons Configuration's `getBoolean` spellings (BooleanUtils), for the identity's flags.
+_TRUE = frozenset({"true", "on", "yes", "y", "t"})
+_FALSE = frozenset({"false", "off", "no", "n", "f"})
+
+
+def honoured_keys() -> frozenset[str]:
+    """Every BookKeeper key the daemon reads from bk_server.conf."""
+    return frozenset((*field_names(BookKeeperConfig), *CLUSTER_KEYS, *IDENTITY_KEYS))
+
+
 @dataclass(frozen=True, slots=True)
 class BookieHints:
-    """What bk_server.conf says about the bookie this daemon runs beside."""
+    """What the BookKeeper configuration says about the bookie this daemon runs beside: the
+    keys of upstream's `BookieImpl.getBookieAddress` (`auditor.daemon.config.identity`)."""
 
     bookie_id: str = ""
     advertised_address: str = ""
     port: int = DEFAULT_BOOKIE_PORT
+    #: "" (unset) or "default": the address this host's name resolves to.
+    listening_interface: str = ""
+    allow_loopback: bool = False
+    use_host_name: bool = False
+    use_short_host_name: bool = False
+    #: Where the configuration came from (the file, the environment), for messages.
+    source: str = "bk_server.conf"
+    #: key -> origin, for each of `IDENTITY_KEYS` that was set.
+    origins: Mapping[str, str] = field(default_factory=dict)
 
 
-def bk_conf_layer(path: str) -> tuple[Layer, BookieHints]:
+def conf_file_keys(text: str) -> frozenset[str]:
+    """The keys Pulsar's `apply-config-from-env.py` finds in a config file.
+
+    Its rule, not Java's: every line with an `=`, the key before it, less one
+    leading `#`, so that a commented-out `#bookieId=` counts as present.
+    """
+    keys: set[str] = set()
+    for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        line = raw.strip()
+        if "=" not in line:
+            continue
+        key = line.split("=", 1)[0]
+        keys.add((key[1:] if key.startswith("#") else key).strip())
+    return frozenset(keys)
+
+
+def _as_written(env: Mapping[str, str], value: str) -> str:
+    """The value the script writes (`${NAME}` is NAME's value), as Java then reads it."""
+    if value.startswith("${") and value.endswith("}"):
+        value = env.get(value[2:-1], "")
+    for _, _, read in property_lines(f"k={value}"):
+        return read
+    return value
+
+
+def pulsar_env(env: Mapping[str, str], keys: Collection[str]) -> dict[str, tuple[str, str]]:
+    """What Pulsar's `apply-config-from-env.py` sets in a file naming `keys`: key -> (value,
+    origin). A variable named as a key of the file, bare or after `PULSAR_PREFIX_`, replaces
+    its value; then every `PULSAR_PREFIX_<key>` sets its key, present or not (so it wins)."""
+    out: dict[str, tuple[str, str]] = {}
+    for name in sorted(env):
+        key = name.removeprefix(PULSAR_PREFIX)
+        if key in keys:
+            out[key] = (_as_written(env, env[name].strip()), f"environment {name}")
+    for name in sorted(env):
+        if name.startswith(PULSAR_PREFIX):
+            key = name.removeprefix(PULSAR_PREFIX)
+            out[key] = (_as_written(env, env[name]), f"environment {name}")
+    return out
+
+
+def _flag(props: Mapping[str, tuple[str, str]], key: str) -> bool:
+    if key not in props:
+        return False
+    value, origin = props[key]
+    if value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise ConfigError(f"{key} must be true or false, got {value!r} (from {origin})")
+
+
+def bk_conf_layer(
+    path: str | None, env: Mapping[str, str] | None = None
+) -> tuple[Layer, BookieHints | None]:
     """The keys of BookKeeper's server config we honour, under our names; the rest is ignored.
+
+    The config is the file `path` (`--bk-conf`) with Pulsar's variables of
+    `env` applied as Pulsar's images apply them (`pulsar_env`). Without a file,
+    `PULSAR_PREFIX_<key>` variables, and bare ones named as a key we honour
+    (the Helm chart's ConfigMaps set `zkServers`, `useHostNameAsBookieID`...),
+    form it alone. No file and no such variable: an empty layer and no hints.
 
     An empty value (`key=`) counts as unset, as templates are full of them.
     A repeated key keeps its last value.
     """
-    p = Path(path)
-    text = read_text(p, "--bk-conf")
     props: dict[str, tuple[str, str]] = {}
-    for lineno, key, value in property_lines(text):
-        if value.strip():
-            props[key] = (value.strip(), f"{p}:{lineno} {key}")
-        else:
-            props.pop(key, None)
+    sources: list[str] = []
+    keys = honoured_keys()
+    if path is not None:
+        p = Path(path)
+        text = read_text(p, "--bk-conf")
+        for lineno, key, value in property_lines(text):
+            props[key] = (value, f"{p}:{lineno} {key}")
+        keys = conf_file_keys(text)
+        sources.append(str(p))
+    applied = pulsar_env(env or {}, keys)
+    if applied:
+        props.update(applied)
+        sources.append("the environment")
+    if not sources:
+        return empty_layer(), None
+    props = {k: (v.strip(), o) for k, (v, o) in props.items() if v.strip()}
     layer = empty_layer()
     bk_keys = set(field_names(BookKeeperConfig))
     for key, (value, origin) in props.items():
@@ -93,6 +197,12 @@ def bk_conf_layer(path: str) -> tuple[Layer, BookieHints]:
         bookie_id=props.get("bookieId", ("", ""))[0],
         advertised_address=props.get("advertisedAddress", ("", ""))[0],
         port=port,
+        listening_interface=props.get("listeningInterface", ("", ""))[0],
+        allow_loopback=_flag(props, "allowLoopback"),
+        use_host_name=_flag(props, "useHostNameAsBookieID"),
+        use_short_host_name=_flag(props, "useShortHostName"),
+        source=" with ".join(sources),
+        origins={k: props[k][1] for k in IDENTITY_KEYS if k in props},
     )
     return layer, hints
 

@@ -32,9 +32,8 @@ from auditor.config import (
     unknown_key,
 )
 from auditor.daemon.config.credentials import resolve_api, resolve_zk_security
-from auditor.daemon.config.identity import resolve_identity
+from auditor.daemon.config.identity import HostFacts, resolve_identity
 from auditor.daemon.config.layers import (
-    BookieHints,
     Layer,
     bk_conf_layer,
     env_layer,
@@ -146,21 +145,22 @@ def load_daemon_config(
     bk_conf: str | None = None,
     *,
     hostname: str | None = None,
+    host: HostFacts | None = None,
 ) -> DaemonConfig:
     """Merges the layers, validates every value, and fills in what is derived.
 
     Derived values: `daemon.zk_session_timeout` from `bookkeeper.zkTimeout`;
     `daemon.zk`/`ledgers_root` from a metadata service URI; `daemon.identity`
-    from bk_server.conf's `bookieId`, else `advertisedAddress` (or this host's
-    name) with `bookiePort` (what a Java AutoRecovery beside that bookie would
-    vote with), else `<hostname>:<api.port>`.
+    by BookKeeper's rule when there is BookKeeper configuration (`--bk-conf`, or
+    Pulsar's `PULSAR_PREFIX_` variables: what a Java AutoRecovery there would vote
+    with; `host` answers its look-ups), else `<hostname>:<api.port>`.
     """
     layers: list[Layer] = []
     files: list[str] = []
-    hints: BookieHints | None = None
+    # bk_server.conf with Pulsar's variables, or those variables alone (None: neither).
+    bk_layer, hints = bk_conf_layer(bk_conf, env)
+    layers.append(bk_layer)
     if bk_conf is not None:
-        bk_layer, hints = bk_conf_layer(bk_conf)
-        layers.append(bk_layer)
         files.append(str(bk_conf))
     if path is not None:
         layers.append(toml_layer(path))
@@ -193,7 +193,7 @@ def load_daemon_config(
         changes["zk_session_timeout"] = bk.zkTimeout / 1000.0
         origins["daemon.zk_session_timeout"] = origins.get("bookkeeper.zkTimeout", "default")
     explicit = daemon.identity if "identity" in merged["daemon"] else None
-    changes["identity"] = resolve_identity(explicit, origins, hints, bk_conf, api.port, hostname)
+    changes["identity"] = resolve_identity(explicit, origins, hints, api.port, hostname, host)
     daemon = replace(daemon, **changes)
     _require_engine(daemon, origins)
     zk_security = resolve_zk_security(daemon, bk, origins)
