@@ -73,6 +73,8 @@ proto-check: $(STAMP_PY)
 promtool-check: promtool
 	@promtool check rules deploy/prometheus/alerts.yaml >/dev/null
 	@cd deploy/prometheus && promtool test rules alerts_test.yaml
+	@promtool check rules deploy/prometheus/java-compat-rules.yaml >/dev/null
+	@cd deploy/prometheus && promtool test rules java-compat-rules_test.yaml
 
 unit: $(STAMP_PY)
 	@$(PY) -m pytest -q

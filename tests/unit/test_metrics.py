@@ -408,6 +408,7 @@ def exported_families() -> set[str]:
     m = Metrics()
     m.state.check_recorded(Check.REPLICAS, 1.0)
     m.state.check_interval(Check.REPLICAS, 1.0)
+    m.state.cluster_check_completed(Check.REPLICAS, 1.0)
     m.state.selftest_done([SelfTestResult("replicas", 1)], 1.0)
     return names_of(m)
 
