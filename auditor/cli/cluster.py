@@ -1,5 +1,14 @@
 """The CLI's flags for a cluster: `--zk`, `--metadata-service-uri`, `--ledgers-root`, credentials.
 
+`--metadata-service-uri` takes what a Java node's `metadataServiceUri` says
+(`auditor.metadata.service_uri`): BookKeeper's `zk+hierarchical://...` or Pulsar's
+`metadata-store:zk:...`, whose driver decides the election the cluster runs.
+`--ledgers-root`, when given, wins over the URI's root (for a `metadata-store:`
+URI, whose root is always `/ledgers` under its chroot, it is a path under that
+chroot too): a flag typed for this run says more than a copied config line.
+Query parameters of a `metadata-store:` URI that mean nothing to us are named in
+one note on stderr, so that a copied URI is not silently half-read.
+
 Credentials for a ZooKeeper that requires them come from `--zk-auth-file FILE`
 or the environment variable BK_AUDITOR_ZK_AUTH, never from a flag's value:
 command lines are visible to every user of the machine (`ps`).
@@ -9,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget
-from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT, parse_metadata_service_uri
+from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT
+from auditor.metadata.service_uri import describe_ignored, parse_metadata_service_uri
 from auditor.zk import ZkCredentials, ZkSecurity
 from auditor.zk.security import parse_zk_auth, read_zk_auth_file
 
@@ -51,16 +62,21 @@ def target_from_args(
         raise ConfigError(f"--timeout must be positive, got {timeout:g}")
     sec = security or ZkSecurity(hint=CLI_HINT)
     if uri:
-        parsed = parse_metadata_service_uri(uri)
-        return ClusterTarget(
-            parsed.hosts, ledgers_root or parsed.ledgers_root, parsed.manager, timeout, sec
-        )
+        parsed = parse_metadata_service_uri(uri, label="--metadata-service-uri")
+        root = _root(ledgers_root) if ledgers_root else parsed.ledgers_root
+        if parsed.ignored:
+            print(f"bk-auditor: note: {describe_ignored(parsed.ignored)}", file=sys.stderr)
+        return ClusterTarget(parsed.hosts, root, parsed.manager, timeout, sec, parsed.driver)
     if not zk:
         raise ConfigError("give --zk HOST:PORT[,HOST:PORT...] or --metadata-service-uri")
-    root = (ledgers_root or DEFAULT_LEDGERS_ROOT).rstrip("/")
+    return ClusterTarget(zk, _root(ledgers_root or DEFAULT_LEDGERS_ROOT), None, timeout, sec)
+
+
+def _root(ledgers_root: str) -> str:
+    root = ledgers_root.rstrip("/")
     if not root.startswith("/"):
         raise ConfigError(f"--ledgers-root must be an absolute path, got {ledgers_root!r}")
-    return ClusterTarget(zk, root, None, timeout, sec)
+    return root
 
 
 def target_of_args(args: argparse.Namespace, config: AuditorConfig | None = None) -> ClusterTarget:

@@ -46,7 +46,8 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metadata-service-uri",
         metavar="URI",
-        help="BookKeeper metadataServiceUri, e.g. zk+hierarchical://h1:2181;h2:2181/ledgers",
+        help="metadataServiceUri: zk+hierarchical://h1:2181;h2:2181/ledgers, or Pulsar's "
+        "metadata-store:zk:h1:2181,h2:2181[/chroot] (ledgers at <chroot>/ledgers)",
     )
     p.add_argument("--ledgers-root", metavar="PATH", help="ledgers root (default /ledgers)")
     p.add_argument(

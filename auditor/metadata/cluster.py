@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from auditor.errors import AuditorError
 from auditor.metadata.layout import LayoutError, LedgerManager, parse_layout
+from auditor.metadata.service_uri import MetadataDriver
 from auditor.zk import NoNodeError, ZkClient, ZkSecurity
 
 
@@ -28,6 +29,8 @@ class ClusterTarget:
     timeout: float
     #: Credentials and the ACL policy of what we create (travels to Spark partitions too).
     security: ZkSecurity = field(default_factory=ZkSecurity)
+    #: Whose driver the cluster's Java nodes run (`metadata-store:` URIs: Pulsar's).
+    driver: MetadataDriver = MetadataDriver.BOOKKEEPER
 
 
 async def read_manager(zk: ZkClient, root: str) -> LedgerManager:
@@ -48,7 +51,14 @@ async def connect(target: ClusterTarget) -> AsyncIterator[tuple[ZkClient, Ledger
     zk = ZkClient(target.hosts, timeout=target.timeout, security=target.security)
     await zk.start()
     try:
-        manager = target.manager or await read_manager(zk, target.root)
+        try:
+            manager = target.manager or await read_manager(zk, target.root)
+        except NoClusterError as exc:
+            _, slash, chroot = target.hosts.partition("/")
+            if not slash or not chroot:
+                raise
+            # The root is inside the chroot: say so, or the path shown looks absolute.
+            raise NoClusterError(f"{exc} (under ZooKeeper chroot /{chroot})") from exc
         yield zk, manager
     finally:
         await zk.close()

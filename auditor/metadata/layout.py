@@ -2,7 +2,8 @@
 
 Two sources say it: the ledgers-root `LAYOUT` znode (text
 `<layoutFormatVersion>\\n<factoryClass-or-name>:<managerVersion>`, versions 1
-and 2) and a metadata service URI such as `zk+hierarchical://h1:2181;h2:2181/ledgers`.
+and 2) and a metadata service URI such as `zk+hierarchical://h1:2181;h2:2181/ledgers`
+(parsed in `auditor.metadata.service_uri`).
 Class names are matched by suffix so that shaded names (Pulsar's `dlshade.`
 prefix) resolve to the same manager.
 """
@@ -13,7 +14,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from auditor.errors import ConfigError, FormatError
+from auditor.errors import FormatError
 
 DEFAULT_LEDGERS_ROOT = "/ledgers"
 LAYOUT_FORMAT_VERSION = 2
@@ -108,37 +109,3 @@ def parse_layout(data: bytes) -> Layout:
     if manager is None:
         raise LayoutError(f"unknown ledger manager in LAYOUT: {name!r}")
     return Layout(manager, manager_version, version)
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataServiceUri:
-    """`zk[+type]://host:port[;host:port...]/ledgers/root`."""
-
-    hosts: str  # kazoo form: comma-separated
-    ledgers_root: str
-    manager: LedgerManager | None  # None: read LAYOUT
-
-
-_URI = re.compile(r"^(?P<scheme>[a-z]+)(?:\+(?P<type>[a-z]+))?://(?P<hosts>[^/]+)(?P<path>/.*)?$")
-
-
-def parse_metadata_service_uri(uri: str) -> MetadataServiceUri:
-    m = _URI.match(uri.strip())
-    if m is None:
-        raise ConfigError(f"not a metadata service URI: {uri!r}")
-    if m["scheme"] != "zk":
-        raise ConfigError(f"unsupported metadata service scheme {m['scheme']!r} in {uri!r}")
-    manager: LedgerManager | None = None
-    if m["type"] and m["type"] != "null":
-        try:
-            manager = LedgerManager(m["type"])
-        except ValueError as exc:
-            raise ConfigError(f"unsupported ledger manager type {m['type']!r} in {uri!r}") from exc
-    # BookKeeper separates hosts with ';' (',' would end the URI's authority in Java);
-    # a ZooKeeper connect string takes ','. Accept either, refuse none.
-    names = [h.strip() for h in re.split(r"[;,]", m["hosts"]) if h.strip()]
-    if not names:
-        raise ConfigError(f"no ZooKeeper host in metadata service URI {uri!r}")
-    hosts = ",".join(names)
-    path = (m["path"] or DEFAULT_LEDGERS_ROOT).rstrip("/") or DEFAULT_LEDGERS_ROOT
-    return MetadataServiceUri(hosts, path, manager)

@@ -1,8 +1,49 @@
-"""Which metadata driver a cluster's nodes use (stub: the URI parsing lands here)."""
+"""A cluster's `metadataServiceUri`, read as the Java nodes that share the cluster read it.
+
+Two drivers write BookKeeper metadata to ZooKeeper, and they disagree on where it is
+and on how the auditor election works, so the URI is parsed as each driver does:
+
+* BookKeeper's own driver, `zk[+<manager>]://h1:2181;h2:2181/ledgers`: the path is
+  the ledgers root (`java.net.URI.getPath`), the hosts are the authority.
+* Pulsar's driver, `metadata-store:zk:h1:2181,h2:2181/pulsar?sessionTimeoutMillis=30000`
+  (`MetadataStoreUrl` + `MetadataStoreConfigQueryParams` in pulsar-metadata). The
+  whole URI is opaque to `java.net.URI`, so its path is null and the ledgers root is
+  always `/ledgers`; whatever follows the hosts is a ZooKeeper chroot. Its
+  `metadata-store:zk:h:2181/ledgers` keeps ledgers at `/ledgers/ledgers`: the Java
+  nodes do, so we must too.
+
+What Pulsar does, and so what we do (`docs`: README, "Metadata service URIs"):
+
+* Before the first `?`, every `;` becomes `,`. A store prefix `zk:` is removed; a URL
+  with no known prefix is a ZooKeeper connect string as it stands
+  (`MetadataStoreFactoryImpl`), so `metadata-store:zk1:2181` is ZooKeeper too.
+* `memory:`, `rocksdb:`, `etcd:` and `oxia:` select other stores. We speak ZooKeeper
+  only, so they are refused with one line, as is BookKeeper's `etcd://`.
+* `metadata-store:zk://h:2181/x` is refused: Pulsar hands `//h:2181/x` to ZooKeeper,
+  which reads it as a chroot of an empty host list and fails, so no Java node runs
+  with it, and guessing what was meant could point us at another tree.
+* Query keys known to Pulsar are validated with Pulsar's rules (a bad value or a
+  missing `=value` is an error naming the key). `sessionTimeoutMillis` is used;
+  the others tune the Java store's client (batching, read-only, threads) and mean
+  nothing to us, so they are named in `ignored` for one log line. Pulsar passes
+  unknown keys on to the store's URL; on ZooKeeper that would make them part of the
+  chroot or of a port, which no working deployment can rely on, so they are named
+  as ignored too rather than guessed at.
+
+The host list and the chroot are checked here (HOST[:PORT], a port 1..65535, a
+chroot by ZooKeeper's `PathUtils.validatePath`), so that a typo is one line at
+start-up instead of a connection that never succeeds.
+"""
 
 from __future__ import annotations
 
 import enum
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote_plus
+
+from auditor.errors import ConfigError, shown_name
+from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT, LedgerManager
 
 
 class MetadataDriver(enum.StrEnum):
@@ -16,3 +57,258 @@ class MetadataDriver(enum.StrEnum):
 
     BOOKKEEPER = "bookkeeper"
     PULSAR = "pulsar"
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataServiceUri:
+    """Where a cluster's metadata is, as its Java nodes find it."""
+
+    #: A kazoo connect string: `h1:2181,h2:2181`, with Pulsar's chroot appended
+    #: (`h1:2181,h2:2181/pulsar`).
+    hosts: str
+    #: The ledgers root inside the connection (under the chroot, if any).
+    ledgers_root: str
+    #: From `zk+<manager>://`; None: read it from the LAYOUT znode.
+    manager: LedgerManager | None
+    driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    #: Pulsar's `sessionTimeoutMillis` query parameter, when given.
+    session_timeout_ms: int | None = None
+    #: Query parameter names that mean nothing to us, in order, each once.
+    ignored: tuple[str, ...] = ()
+
+
+METADATA_STORE_SCHEME = "metadata-store:"
+ZK_STORE_PREFIX = "zk:"
+#: Pulsar's other stores (`MetadataStoreFactoryImpl`'s providers), by prefix.
+REFUSED_STORES = {"etcd:": "etcd", "oxia:": "Oxia", "rocksdb:": "RocksDB", "memory:": "memory"}
+NOT_ZOOKEEPER = "bk-auditor speaks ZooKeeper only"
+
+#: `MetadataStoreConfigQueryParams`: key -> the rule of its value.
+_BOOLEAN, _NON_NEGATIVE, _POSITIVE, _STRING = "boolean", "non-negative", "positive", "string"
+PULSAR_QUERY_KEYS = {
+    "allowReadOnlyOperations": _BOOLEAN,
+    "batchingEnabled": _BOOLEAN,
+    "batchingMaxDelayMillis": _NON_NEGATIVE,
+    "batchingMaxOperations": _POSITIVE,
+    "batchingMaxSizeKb": _POSITIVE,
+    "configFilePath": _STRING,
+    "fsyncEnable": _BOOLEAN,
+    "numSerDesThreads": _POSITIVE,
+    "sessionTimeoutMillis": _POSITIVE,
+}
+SESSION_TIMEOUT_KEY = "sessionTimeoutMillis"
+#: How many ignored names one note shows before "and N more".
+IGNORED_SHOWN = 8
+
+_FORMS = (
+    "zk[+MANAGER]://HOST:PORT[;HOST:PORT...]/LEDGERS_ROOT "
+    "or metadata-store:zk:HOST:PORT[,...][/CHROOT]"
+)
+_BOOKKEEPER_URI = re.compile(r"(?P<scheme>[a-z]+)(?:\+(?P<type>[a-z]+))?://(?P<rest>.*)", re.DOTALL)
+_STORE_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
+_HOST_PORT = re.compile(
+    r"(?P<host>\[[0-9A-Za-z:.%]+\]|[^\s:/\[\]?#@]+)(?::(?P<port>[0-9]{1,5}))?", re.ASCII
+)
+_JAVA_INT = re.compile(r"[+-]?[0-9]{1,10}", re.ASCII)
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+#: Characters ZooKeeper's PathUtils refuses in a path (Java strings: every character
+#: outside the Basic Multilingual Plane is a surrogate pair, refused with the rest).
+_BAD_PATH_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\uf8ff\ufff0-\U0010ffff]")
+
+
+def parse_metadata_service_uri(
+    uri: str, *, label: str = "metadataServiceUri"
+) -> MetadataServiceUri:
+    """Parses a `metadataServiceUri`; a ConfigError names `label` and the URI, bounded.
+
+    `label` is how the caller's user set it (`--metadata-service-uri`,
+    `daemon.metadata_service_uri`).
+    """
+    text = uri.strip()
+    where = f"{label} {shown_name(text)}"
+    if not text:
+        raise ConfigError(f"{label} is empty: give {_FORMS}")
+    if text.startswith(METADATA_STORE_SCHEME):
+        return _parse_metadata_store(text[len(METADATA_STORE_SCHEME) :], where)
+    return _parse_bookkeeper(text, where)
+
+
+def describe_ignored(names: tuple[str, ...]) -> str:
+    """One line naming the ignored query parameters, each bounded, at most IGNORED_SHOWN."""
+    shown = ", ".join(shown_name(n) for n in names[:IGNORED_SHOWN])
+    more = len(names) - IGNORED_SHOWN
+    if more > 0:
+        shown += f" and {more} more"
+    return f"ignoring metadataServiceUri parameters {shown}: they tune the Java client only"
+
+
+# --- BookKeeper's driver ---------------------------------------------------------------
+
+
+def _parse_bookkeeper(text: str, where: str) -> MetadataServiceUri:
+    m = _BOOKKEEPER_URI.fullmatch(text)
+    if m is None:
+        raise ConfigError(f"{where}: not a metadata service URI; give {_FORMS}")
+    scheme = m["scheme"]
+    if scheme == "etcd":
+        raise ConfigError(f"{where}: the etcd metadata store is not supported ({NOT_ZOOKEEPER})")
+    if scheme != "zk":
+        raise ConfigError(
+            f"{where}: unsupported metadata service scheme {shown_name(scheme)}; give {_FORMS}"
+        )
+    manager: LedgerManager | None = None
+    if m["type"] and m["type"] != "null":
+        try:
+            manager = LedgerManager(m["type"])
+        except ValueError:
+            raise ConfigError(
+                f"{where}: unsupported ledger manager type {shown_name(m['type'])} "
+                f"(flat, legacyhierarchical, hierarchical, longhierarchical)"
+            ) from None
+    # java.net.URI: the authority ends at the first '/', '?' or '#'; the query and the
+    # fragment are not part of the path BookKeeper takes as the ledgers root.
+    rest, _, query = m["rest"].partition("?")
+    rest = rest.partition("#")[0]
+    authority, slash, path = rest.partition("/")
+    hosts = _hosts(authority, where)
+    root = ("/" + path).rstrip("/") if slash else ""
+    root = root or DEFAULT_LEDGERS_ROOT
+    _check_path(root, "ledgers root", where)
+    ignored = tuple(dict.fromkeys(_query_key(p) for p in query.partition("#")[0].split("&") if p))
+    return MetadataServiceUri(hosts, root, manager, MetadataDriver.BOOKKEEPER, None, ignored)
+
+
+# --- Pulsar's driver -------------------------------------------------------------------
+
+
+def _parse_metadata_store(body: str, where: str) -> MetadataServiceUri:
+    url, _, query = body.partition("?")
+    url = url.replace(";", ",")
+    for prefix, name in REFUSED_STORES.items():
+        if url.startswith(prefix):
+            raise ConfigError(
+                f"{where}: the {name} metadata store is not supported ({NOT_ZOOKEEPER})"
+            )
+    if url.startswith(ZK_STORE_PREFIX):
+        url = url[len(ZK_STORE_PREFIX) :]
+        if url.startswith("//"):
+            raise ConfigError(
+                f"{where}: Pulsar does not accept 'zk://' (ZooKeeper would read '//...' as "
+                "a chroot and find no host); write metadata-store:zk:HOST:PORT[,...][/CHROOT]"
+            )
+    else:
+        other = _STORE_SCHEME.match(url)
+        if other is not None:
+            raise ConfigError(
+                f"{where}: unknown metadata store {shown_name(other['scheme'])} "
+                f"({NOT_ZOOKEEPER}: metadata-store:zk:HOST:PORT[,...][/CHROOT])"
+            )
+    session_timeout, ignored = _pulsar_query(query, where)
+    # ZooKeeper's ConnectStringParser: the chroot starts at the first '/'; a lone '/'
+    # is no chroot.
+    connect, slash, chroot = url.partition("/")
+    hosts = _hosts(connect, where)
+    if slash and chroot:
+        _check_path("/" + chroot, "chroot", where)
+        hosts += "/" + chroot
+    return MetadataServiceUri(
+        hosts, DEFAULT_LEDGERS_ROOT, None, MetadataDriver.PULSAR, session_timeout, ignored
+    )
+
+
+def _pulsar_query(query: str, where: str) -> tuple[int | None, tuple[str, ...]]:
+    """`sessionTimeoutMillis`, and the names of the other parameters, as Pulsar reads them."""
+    session_timeout: int | None = None
+    ignored: dict[str, None] = {}
+    for param in query.split("&"):
+        if not param:
+            continue
+        sep = param.find("=")
+        key = _decode(param[:sep] if sep > 0 else param, param, where)
+        rule = PULSAR_QUERY_KEYS.get(key)
+        if rule is None:
+            ignored[key] = None
+            continue
+        if sep <= 0:
+            raise ConfigError(
+                f"{where}: query parameter {shown_name(key)} needs a value (key=value)"
+            )
+        value = _check_value(key, rule, _decode(param[sep + 1 :], param, where), where)
+        if key == SESSION_TIMEOUT_KEY:
+            session_timeout = value
+            ignored.pop(key, None)
+        else:
+            ignored[key] = None
+    return session_timeout, tuple(ignored)
+
+
+def _decode(text: str, param: str, where: str) -> str:
+    """`URLDecoder.decode(text, UTF_8)`: '+' is a space; a broken %-escape is an error."""
+    if _BAD_ESCAPE.search(text):
+        raise ConfigError(f"{where}: query parameter {shown_name(param)} has a broken %-escape")
+    return unquote_plus(text, errors="replace")
+
+
+def _check_value(key: str, rule: str, value: str, where: str) -> int | None:
+    """Pulsar's rule for `key`; the integer of an integer key."""
+    got = shown_name(value)
+    if rule == _STRING:
+        return None
+    if rule == _BOOLEAN:
+        if value.isascii() and value.lower() in ("true", "false"):
+            return None
+        raise ConfigError(f"{where}: query parameter {key!r} must be true or false, got {got}")
+    number = int(value) if _JAVA_INT.fullmatch(value) else None
+    if number is None or not -(2**31) <= number < 2**31:
+        raise ConfigError(f"{where}: query parameter {key!r} must be an integer, got {got}")
+    if rule == _POSITIVE and number <= 0:
+        raise ConfigError(f"{where}: query parameter {key!r} must be greater than 0, got {got}")
+    if rule == _NON_NEGATIVE and number < 0:
+        raise ConfigError(f"{where}: query parameter {key!r} must be >= 0, got {got}")
+    return number
+
+
+def _query_key(param: str) -> str:
+    sep = param.find("=")
+    return unquote_plus(param[:sep] if sep > 0 else param, errors="replace")
+
+
+# --- what both share -------------------------------------------------------------------
+
+
+def _hosts(connect: str, where: str) -> str:
+    """A ZooKeeper host list as kazoo takes it: HOST[:PORT] items joined by ','.
+
+    Items are trimmed and empty ones skipped, as ZooKeeper's connect string parser
+    does; BookKeeper's `;` separator is accepted too.
+    """
+    names = [h.strip() for h in re.split(r"[;,]", connect)]
+    names = [h for h in names if h]
+    if not names:
+        raise ConfigError(f"{where}: no ZooKeeper host (give HOST:PORT[,HOST:PORT...])")
+    for name in names:
+        m = _HOST_PORT.fullmatch(name)
+        port = m["port"] if m is not None else None
+        if m is None or (port is not None and not 0 < int(port) < 65536):
+            raise ConfigError(
+                f"{where}: ZooKeeper host {shown_name(name)} is not HOST[:PORT] "
+                "with a port 1..65535"
+            )
+    return ",".join(names)
+
+
+def _check_path(path: str, what: str, where: str) -> None:
+    """ZooKeeper's `PathUtils.validatePath`, for a chroot or a ledgers root."""
+    problem = ""
+    if path == "/":
+        return
+    if path.endswith("/"):
+        problem = "it ends with '/'"
+    elif "//" in path:
+        problem = "it has an empty name"
+    elif any(part in (".", "..") for part in path.split("/")):
+        problem = "it has a relative name ('.' or '..')"
+    elif _BAD_PATH_CHAR.search(path):
+        problem = "it has a character ZooKeeper refuses"
+    if problem:
+        raise ConfigError(f"{where}: {what} {shown_name(path)} is not a ZooKeeper path: {problem}")

@@ -31,7 +31,7 @@ from auditor.config import load_config
 from auditor.config.properties import parse_properties
 from auditor.daemon.config import load_daemon_config
 from auditor.errors import AuditorError, ConfigError
-from auditor.metadata.layout import LayoutError, parse_layout, parse_metadata_service_uri
+from auditor.metadata.layout import LayoutError, parse_layout
 from auditor.metadata.records import (
     CheckKind,
     RecordFormatError,
@@ -40,6 +40,7 @@ from auditor.metadata.records import (
     decode_cookie,
 )
 from auditor.metadata.serde import HEADER_PREFIX, LedgerMetadataFormatError, decode_ledger_metadata
+from auditor.metadata.service_uri import parse_metadata_service_uri
 from auditor.metadata.textformat import TextFormatError, from_text
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 from auditor.proto.data_formats_pb2 import LedgerMetadataFormat

@@ -12,7 +12,6 @@ from auditor.metadata.layout import (
     LayoutError,
     LedgerManager,
     parse_layout,
-    parse_metadata_service_uri,
 )
 from auditor.metadata.paths import (
     LONG_MAX,
@@ -22,6 +21,7 @@ from auditor.metadata.paths import (
     ledger_id_from_path,
     ledger_path,
 )
+from auditor.metadata.service_uri import parse_metadata_service_uri
 
 H = LedgerManager.HIERARCHICAL
 
@@ -157,9 +157,6 @@ def test_metadata_service_uris() -> None:
 
 
 def test_metadata_service_uri_host_lists() -> None:
-    from auditor.errors import ConfigError
-    from auditor.metadata.layout import parse_metadata_service_uri
-
     uri = parse_metadata_service_uri("zk+hierarchical://h1:2181;h2:2181,h3:2181/ledgers")
     assert uri.hosts == "h1:2181,h2:2181,h3:2181"
     for bad in ("zk://,", "zk://;/ledgers", "zk:// ; /x"):

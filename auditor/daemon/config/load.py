@@ -8,7 +8,9 @@ Two rules make the daemon differ from a plain merge:
   The one-shot `check` command keeps BookKeeper's defaults (`load_config`).
 * BookKeeper's `metadataServiceUri` beats `zkServers`/`zkLedgersRootPath`, as
   in BookKeeper; across layers the higher layer wins, and within one layer the
-  URI wins.
+  URI wins. A Pulsar `metadata-store:` URI's `sessionTimeoutMillis` sets
+  `daemon.zk_session_timeout` by the same rule (and beats `zkTimeout`, as in
+  Pulsar); its driver and ledger manager hold whichever layer gives `zk`.
 
 It is pure apart from reading the named files, so the daemon calls it again
 on SIGHUP and compares with `DaemonConfig.changed`.
@@ -54,7 +56,11 @@ from auditor.daemon.config.sections import (
     SelfTestSection,
 )
 from auditor.errors import ConfigError
-from auditor.metadata.layout import LedgerManager, parse_metadata_service_uri
+from auditor.metadata.service_uri import (
+    MetadataDriver,
+    MetadataServiceUri,
+    parse_metadata_service_uri,
+)
 from auditor.scan.options import parse_spark_conf
 
 #: Our intervals for the BP-34 checks when no layer sets them (seconds).
@@ -109,17 +115,17 @@ def _require_engine(daemon: DaemonSection, origins: Mapping[str, str]) -> None:
 
 def _resolve_cluster(
     daemon: DaemonSection, rank: Mapping[str, int], origins: dict[str, str]
-) -> tuple[dict[str, Any], LedgerManager | None]:
-    """`zk` and `ledgers_root`, from a metadata service URI where it ranks high enough."""
+) -> tuple[dict[str, Any], MetadataServiceUri | None]:
+    """`zk`, `ledgers_root` (and a session timeout) from a metadata service URI where it
+    ranks high enough; the parsed URI, if any."""
     changes: dict[str, Any] = {"zk": daemon.zk, "ledgers_root": daemon.ledgers_root}
-    manager: LedgerManager | None = None
+    uri: MetadataServiceUri | None = None
     if daemon.metadata_service_uri:
         where = origins["daemon.metadata_service_uri"]
         try:
             uri = parse_metadata_service_uri(daemon.metadata_service_uri)
         except ConfigError as exc:
             raise ConfigError(f"daemon.metadata_service_uri: {exc} (from {where})") from None
-        manager = uri.manager
         uri_rank = rank["daemon.metadata_service_uri"]
         # The higher layer wins; within one layer the URI does, as in BookKeeper.
         if uri_rank >= rank.get("daemon.zk", -1):
@@ -128,6 +134,10 @@ def _resolve_cluster(
         if uri_rank >= rank.get("daemon.ledgers_root", -1):
             changes["ledgers_root"] = uri.ledgers_root
             origins["daemon.ledgers_root"] = where
+        timeout_ms = uri.session_timeout_ms
+        if timeout_ms is not None and uri_rank >= rank.get("daemon.zk_session_timeout", -1):
+            changes["zk_session_timeout"] = timeout_ms / 1000.0
+            origins["daemon.zk_session_timeout"] = where
     changes["zk"] = ",".join(h.strip() for h in str(changes["zk"]).split(",") if h.strip())
     if not changes["zk"]:
         raise ConfigError(
@@ -135,7 +145,7 @@ def _resolve_cluster(
             "(BK_AUDITOR_DAEMON_ZK, or metadataServiceUri / zkServers in --bk-conf)"
         )
     changes["ledgers_root"] = str(changes["ledgers_root"]).rstrip("/") or "/"
-    return changes, manager
+    return changes, uri
 
 
 def load_daemon_config(
@@ -149,8 +159,9 @@ def load_daemon_config(
 ) -> DaemonConfig:
     """Merges the layers, validates every value, and fills in what is derived.
 
-    Derived values: `daemon.zk_session_timeout` from `bookkeeper.zkTimeout`;
-    `daemon.zk`/`ledgers_root` from a metadata service URI; `daemon.identity`
+    Derived values: `daemon.zk_session_timeout` from a `metadata-store:` URI's
+    `sessionTimeoutMillis`, else `bookkeeper.zkTimeout`; `daemon.zk`/`ledgers_root`,
+    the ledger manager and the driver from a metadata service URI; `daemon.identity`
     by BookKeeper's rule when there is BookKeeper configuration (`--bk-conf`, or
     Pulsar's `PULSAR_PREFIX_` variables: what a Java AutoRecovery there would vote
     with; `host` answers its look-ups), else `<hostname>:<api.port>`.
@@ -188,8 +199,8 @@ def load_daemon_config(
     log_cfg = LoggingConfig(format=log_cfg.format.lower(), level=log_cfg.level.lower())
 
     daemon: DaemonSection = built["daemon"]
-    changes, manager = _resolve_cluster(daemon, rank, origins)
-    if "zk_session_timeout" not in merged["daemon"]:
+    changes, uri = _resolve_cluster(daemon, rank, origins)
+    if "zk_session_timeout" not in changes and "zk_session_timeout" not in merged["daemon"]:
         changes["zk_session_timeout"] = bk.zkTimeout / 1000.0
         origins["daemon.zk_session_timeout"] = origins.get("bookkeeper.zkTimeout", "default")
     explicit = daemon.identity if "identity" in merged["daemon"] else None
@@ -231,7 +242,9 @@ def load_daemon_config(
         scan=scan,
         selftest=selftest,
         risk=built["risk"],
-        ledger_manager=manager,
+        ledger_manager=uri.manager if uri is not None else None,
+        metadata_driver=uri.driver if uri is not None else MetadataDriver.BOOKKEEPER,
+        uri_ignored=uri.ignored if uri is not None else (),
         origins=origins,
         files=tuple(files),
         zk_security=zk_security,

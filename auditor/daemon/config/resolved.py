@@ -25,6 +25,7 @@ from auditor.daemon.config.sections import (
     SelfTestSection,
 )
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.service_uri import MetadataDriver
 from auditor.scan.options import redact_spark_conf
 from auditor.zk.security import ZkSecurity
 
@@ -41,6 +42,10 @@ class DaemonConfig:
     risk: RiskSection = field(default_factory=RiskSection)
     #: From `metadataServiceUri` (`zk+hierarchical://...`); None: read the LAYOUT znode.
     ledger_manager: LedgerManager | None = None
+    #: Whose driver the Java nodes run, from the URI (`metadata-store:`: Pulsar's).
+    metadata_driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    #: The URI's query parameters that mean nothing to us, for one startup log line.
+    uri_ignored: tuple[str, ...] = field(default=(), compare=False)
     #: "section.key" -> where its value came from, for every key some layer set.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: The files read, lowest precedence first.
@@ -101,7 +106,10 @@ class DaemonConfig:
             for f in fields(section):
                 if getattr(section, f.name) != getattr(theirs[name], f.name):
                     out.append(f"{name}.{f.name}")
-        if self.ledger_manager != other.ledger_manager:
+        if (self.ledger_manager, self.metadata_driver) != (
+            other.ledger_manager,
+            other.metadata_driver,
+        ):
             out.append("daemon.metadata_service_uri")
         return sorted(set(out))
 
