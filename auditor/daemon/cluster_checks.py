@@ -28,7 +28,7 @@ from structlog.typing import FilteringBoundLogger
 
 from auditor.checks.findings import Check
 from auditor.config import BookKeeperConfig
-from auditor.daemon.contained import shown
+from auditor.daemon.contained import CTIME_CORRUPT, shown
 from auditor.daemon.scheduler import CTIME_KIND, intervals
 from auditor.daemon.state import DaemonState
 from auditor.metadata.records import CheckKind, RecordFormatError, decode_check_ctime
@@ -110,7 +110,7 @@ def record_ctime(
         state.cluster_check_completed(watch.check, None)
         if state.znode_invalid(znode, shown(data), USING_ABSENT, time.time()):
             log.warning(
-                "check time znode is corrupt; treating it as absent",
+                CTIME_CORRUPT,
                 znode=znode,
                 value=shown(data),
                 path=watch.path,

@@ -50,6 +50,11 @@ MAX_DELAY = MAX_DELAY_SECONDS
 parse_delay = parse_lost_bookie_recovery_delay
 
 
+#: The one warning for a corrupt check-ctime znode, whichever read (leader or follower,
+#: `daemon/cluster_checks.py`) meets it first: the same value is never warned twice.
+CTIME_CORRUPT = "check time znode is corrupt; treating it as absent, the check runs"
+
+
 class ContainedReads:
     """Reads for one leader term; what was found bad is remembered in `state`."""
 
@@ -88,7 +93,7 @@ class ContainedReads:
                 kind.znode,
                 data,
                 "absent: the check runs as if it never ran",
-                "check time znode is corrupt; treating it as absent, the check runs",
+                CTIME_CORRUPT,
                 path=path,
                 error=str(exc),
             )

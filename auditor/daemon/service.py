@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from auditor.analysis.risk import RiskReport
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check
+from auditor.daemon.cluster_checks import follow_cluster_checks
 from auditor.daemon.config import DaemonConfig
 from auditor.daemon.contained import ContainedReads
 from auditor.daemon.election import (
@@ -98,6 +99,7 @@ from auditor.logs import get_logger
 from auditor.metadata.elections import ElectionHolder
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.registry import watch_bookies
+from auditor.metadata.service_uri import describe_ignored
 from auditor.metadata.underreplication import (
     CorruptMark,
     UnderreplicatedLedger,
@@ -835,6 +837,11 @@ class Daemon:
             side = [
                 asyncio.ensure_future(self._heartbeat(notify)),
                 asyncio.ensure_future(self._follow_leader(zk)),
+                asyncio.ensure_future(
+                    follow_cluster_checks(
+                        zk, self.root, self.state, self.log, lambda: self.config.auditor.bookkeeper
+                    )
+                ),
             ]
             if notify is not None:
                 notify.ready()
@@ -844,7 +851,11 @@ class Daemon:
                 ledgers_root=self.root,
                 engine=d.engine,
                 election=str(self.driver),
+                identity_from=self.config.origin("daemon.identity"),
+                zk_tls=tls.describe() if (tls := self.config.zk_security.tls) else "off",
             )
+            if self.config.uri_ignored:
+                self.log.warning(describe_ignored(self.config.uri_ignored))
             watch = asyncio.ensure_future(self._watch_bookies(zk))
             election = self.election = asyncio.ensure_future(self._elect(zk))
             supervised = {

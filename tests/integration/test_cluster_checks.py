@@ -162,7 +162,7 @@ async def test_a_corrupt_ctime_counts_as_absent_with_one_warning(
         warnings = [e for e in info_logs if e["log_level"] == "warning"]
         assert warnings == [
             {
-                "event": "check time znode is corrupt; treating it as absent",
+                "event": "check time znode is corrupt; treating it as absent, the check runs",
                 "log_level": "warning",
                 "znode": "replicascheckctime",
                 "value": repr(CORRUPT),
@@ -184,7 +184,7 @@ async def test_a_corrupt_ctime_counts_as_absent_with_one_warning(
         assert "replicascheckctime" not in f.state.invalid_znodes
         assert f.sample("bookkeeper_auditor_znode_invalid", znode="replicascheckctime") == 0.0
         assert [e["event"] for e in info_logs if e.get("znode") == "replicascheckctime"] == [
-            "check time znode is corrupt; treating it as absent",
+            "check time znode is corrupt; treating it as absent, the check runs",
             "znode holds a usable value again",
         ]
 
