@@ -1,30 +1,59 @@
-# Multi-stage image: build a wheel, install it into a slim runtime as a non-root user.
-#   docker build -t bk-auditor .
-#   docker run -e BK_AUDITOR_DAEMON_ZK=zk1:2181 -p 9876:9876 -p 9877:9877 bk-auditor
-# Pin the base images by digest in your own builds (FROM python:3.11-slim@sha256:...).
-FROM python:3.11-slim AS build
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY auditor ./auditor
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# Multi-stage image: build the wheel, install it with constraints.txt into a slim runtime,
+# run it as a non-root user. From the repository root:
+#
+#   docker build -t bk-auditor:0.1.0 .
+#   docker run -e BK_AUDITOR_DAEMON_ZK=zk1:2181 -p 9876:9876 -p 9877:9877 bk-auditor:0.1.0
+#
+# The tag is the project's version (pyproject.toml; deploy/k8s runs bk-auditor:0.1.0). A
+# build whose VERSION differs from pyproject.toml's fails (tests/unit/test_version.py too).
+#
+# The base image is pinned to an exact Python release and Debian release. For builds that
+# must be reproducible to the byte, pin its digest as well, resolved where you build:
+#   docker buildx imagetools inspect python:3.11.14-slim-bookworm   (the "Digest:" line)
+#   docker build --build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:<digest> ...
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+COPY pyproject.toml README.md MANIFEST.in constraints.txt ./
+COPY proto ./proto
+COPY auditor ./auditor
+# The same wheel `make dist` builds (setuptools in an isolated build environment).
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="bk-auditor" \
+      org.opencontainers.image.description="An auditor for Apache BookKeeper clusters" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     PROMETHEUS_DISABLE_CREATED_SERIES=true \
     BK_AUDITOR_LOGGING_FORMAT=json
-RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin auditor
+RUN groupadd --system --gid 10001 auditor \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent \
+        --shell /usr/sbin/nologin auditor
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY constraints.txt /tmp/constraints.txt
+# The wheel with its dependencies pinned by constraints.txt; then the installed version must
+# be VERSION, and the detector self-test (no cluster needed) must pass.
+RUN pip install --no-cache-dir -c /tmp/constraints.txt "/wheels/bookkeeper_auditor-${VERSION}-py3-none-any.whl" \
+    && rm -rf /wheels /tmp/constraints.txt \
+    && test "$(bk-auditor --version)" = "bk-auditor ${VERSION}" \
+    && bk-auditor selftest >/dev/null
 # The documented example config: set ZooKeeper by environment (BK_AUDITOR_DAEMON_ZK) or
 # mount your own file over it.
 COPY deploy/auditor.toml /etc/bk-auditor/auditor.toml
-USER 10001
+USER 10001:10001
 # gRPC API (and grpc.health.v1), Prometheus metrics.
 EXPOSE 9876 9877
 # grpc.health.v1 "auditor-liveness": SERVING while the event loop turns. The port follows
 # BK_AUDITOR_API_PORT. With TLS on the API, override it (docker run --health-cmd ...) to
-# add --tls/--tls-ca (and --tls-cert/--tls-key for mTLS).
+# add --tls/--tls-ca (and --tls-cert/--tls-key for mTLS). The shell form expands the port.
+# hadolint ignore=DL3025
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD bk-auditor health --target "127.0.0.1:${BK_AUDITOR_API_PORT:-9876}" \
         --service auditor-liveness --timeout 3 || exit 1

@@ -10,6 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
 .PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check unit bench soak clean system venv fuzz
+.PHONY: dist wheel-check constraints
 
 all: test
 
@@ -49,7 +50,7 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 demo: $(STAMP_PY)
 	@$(VENV)/bin/bk-auditor demo $(if $(DURATION),--duration $(DURATION))
 
-test: $(STAMP_PY) lint typecheck layers proto-check promtool-check unit
+test: $(STAMP_PY) lint typecheck layers proto-check promtool-check unit wheel-check
 
 lint: $(STAMP_PY)
 	@$(VENV)/bin/ruff check auditor tests bench
@@ -78,6 +79,30 @@ promtool-check: promtool
 
 unit: $(STAMP_PY)
 	@$(PY) -m pytest -q
+
+# --- release ------------------------------------------------------------------------
+# pyproject.toml's `version` (the one source of truth) names the artefacts.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+WHEEL := dist/bookkeeper_auditor-$(VERSION)-py3-none-any.whl
+DIST_SRC := pyproject.toml README.md MANIFEST.in constraints.txt \
+	$(shell find auditor proto -type f ! -path '*/__pycache__/*' 2>/dev/null)
+
+# dist/: the sdist, and the wheel built from that sdist (so the sdist is known to build).
+dist: $(WHEEL)
+$(WHEEL): $(STAMP_PY) $(DIST_SRC)
+	@rm -f dist/bookkeeper_auditor-*
+	@$(PY) -m build -q --outdir dist . >$(VENV)/build.log 2>&1 || { cat $(VENV)/build.log; exit 1; }
+	@echo "dist: $$(cd dist && echo bookkeeper_auditor-$(VERSION)*)"
+
+# The wheel as the docs install it: a fresh virtualenv, the wheel with -c constraints.txt,
+# then `bk-auditor --version` and `bk-auditor selftest` from it (scripts/check_wheel.sh).
+wheel-check: dist
+	@PYTHON=$(PYTHON) scripts/check_wheel.sh $(WHEEL)
+
+# Re-pins constraints.txt: the wheel's dependencies and its extras' (all but dev and spark),
+# resolved afresh in a new virtualenv. Run it after changing dependencies in pyproject.toml.
+constraints: dist
+	@PYTHON=$(PYTHON) scripts/check_wheel.sh --freeze constraints.txt $(WHEEL)
 
 # One JSON line per figure on stdout, progress on stderr; see bench/README.md.
 # BENCH_N=100000 (ledgers), BENCH_ONLY=scrutiny,memory,... (figures), BENCH_PROFILE=DIR (py-spy).
@@ -111,3 +136,4 @@ fuzz: $(STAMP_PY)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf dist build bookkeeper_auditor.egg-info

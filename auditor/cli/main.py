@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import os
 import re
@@ -27,6 +28,17 @@ from auditor.metadata.cluster import ClusterTarget
 from auditor.scan.options import ENGINES
 
 EXIT_INTERNAL = 70
+
+#: The distribution whose metadata holds the version (pyproject.toml's `version`).
+DISTRIBUTION = "bookkeeper-auditor"
+
+
+def package_version() -> str:
+    """The installed version: pyproject.toml's `version`, the one source of truth."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 #: A quoted token in argparse's message ('...'), which can be a whole argument.
@@ -100,6 +112,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bk-auditor", description="Audits an Apache BookKeeper cluster.")
+    parser.add_argument("--version", action="version", version=f"bk-auditor {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, help_text in [
         ("ledgers", "list ledgers with state, quorum sizes and ensembles"),
