@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from auditor.daemon.config import DaemonConfig, load_daemon_config
@@ -70,3 +71,22 @@ async def running(
                 await run
         if failed is not None:
             raise RuntimeError(f"the daemon ended by itself: {failed}") from failed
+
+
+async def until(
+    event: asyncio.Event, done: Callable[[], bool], what: str, within: float = 60
+) -> None:
+    """Waits on `event` (which the daemon sets at each change) until `done()` holds.
+
+    The event is cleared before each look, so a change between the look and the wait
+    is never missed; an AssertionError names `what` when `within` seconds pass.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        event.clear()
+        if done():
+            return
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"not within {within}s: {what}"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), remaining)

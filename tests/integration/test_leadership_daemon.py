@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import grpc
@@ -40,7 +40,7 @@ from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter
-from auditor.testing.inprocess import fast_config, running
+from auditor.testing.inprocess import fast_config, running, until
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
@@ -49,21 +49,6 @@ VOTES = election_path(ROOT)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 Logs = list[MutableMapping[str, Any]]
-
-
-async def until(
-    event: asyncio.Event, done: Callable[[], bool], what: str, within: float = 60
-) -> None:
-    """Waits on `event` (set by the daemon at each change) until `done()` holds."""
-    deadline = time.monotonic() + within
-    while True:
-        event.clear()
-        if done():
-            return
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"not within {within}s: {what}"
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), remaining)
 
 
 async def first_round(daemon: Daemon, *, but: tuple[Check, ...] = ()) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import grpc
@@ -34,7 +34,7 @@ from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter
-from auditor.testing.inprocess import fast_config, running
+from auditor.testing.inprocess import fast_config, running, until
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
@@ -45,21 +45,6 @@ JAVA_ID = "10.0.0.9:3181"
 #: The daemons' ZooKeeper session timeout (s): the take-over bound is this + 2 s.
 SESSION = 6.0
 Logs = list[MutableMapping[str, Any]]
-
-
-async def until(
-    event: asyncio.Event, done: Callable[[], bool], what: str, within: float = 30
-) -> None:
-    """Waits on `event` (set by the daemon at each change) until `done()` holds."""
-    deadline = time.monotonic() + within
-    while True:
-        event.clear()
-        if done():
-            return
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"not within {within}s: {what}"
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), remaining)
 
 
 def pulsar_config(hosts: str, identity: str) -> Any:
