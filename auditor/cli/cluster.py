@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from auditor.daemon.config.zookeeper import cli_zk_tls
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget
 from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT
@@ -40,15 +41,25 @@ CLI_HINT = (
 
 
 def security_from_args(
-    auth_file: str | None, enable_security: bool, env: Mapping[str, str] = os.environ
+    auth_file: str | None,
+    enable_security: bool,
+    env: Mapping[str, str] = os.environ,
+    tls_config: str | None = None,
 ) -> ZkSecurity:
-    """`--zk-auth-file` over BK_AUDITOR_ZK_AUTH; with `zkEnableSecurity` one is required."""
+    """`--zk-auth-file` over BK_AUDITOR_ZK_AUTH; with `zkEnableSecurity` one is required.
+
+    TLS from ZooKeeper's Java client properties: `-D` options in PULSAR_EXTRA_OPTS (and
+    the like) < BK_AUDITOR_ZOOKEEPER_* < `--zk-tls-config FILE` (`cli_zk_tls`).
+    """
+    tls = cli_zk_tls(tls_config, env)
+    if tls is not None and tls.ignored:
+        print(f"bk-auditor: note: ignored: {', '.join(tls.ignored)}", file=sys.stderr)
     creds = ZkCredentials()
     if auth_file:
         creds = read_zk_auth_file(auth_file, f"--zk-auth-file {auth_file}")
     elif env.get(ZK_AUTH_ENV, "").strip():
         creds = parse_zk_auth(env[ZK_AUTH_ENV], f"environment {ZK_AUTH_ENV}")
-    return ZkSecurity(creds, enable_security, hint=CLI_HINT)
+    return ZkSecurity(creds, enable_security, hint=CLI_HINT, tls=tls)
 
 
 def target_from_args(
@@ -82,7 +93,7 @@ def _root(ledgers_root: str) -> str:
 def target_of_args(args: argparse.Namespace, config: AuditorConfig | None = None) -> ClusterTarget:
     """The cluster, with credentials; `--config`'s zkEnableSecurity counts as the flag does."""
     secure = args.zk_enable_security or (config is not None and config.bookkeeper.zkEnableSecurity)
-    security = security_from_args(args.zk_auth_file, secure)
+    security = security_from_args(args.zk_auth_file, secure, tls_config=args.zk_tls_config)
     return target_from_args(
         args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
     )

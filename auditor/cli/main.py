@@ -71,6 +71,13 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         help="ZooKeeper credentials, e.g. digest:USER:PASSWORD (or set BK_AUDITOR_ZK_AUTH)",
     )
     p.add_argument(
+        "--zk-tls-config",
+        metavar="FILE",
+        help="ZooKeeper client properties (zookeeper.client.secure=true, zookeeper.ssl.*), "
+        "as -Dzookeeper.client.config takes; also read from BK_AUDITOR_ZOOKEEPER_* and "
+        "-D options in PULSAR_EXTRA_OPTS, BOOKIE_EXTRA_OPTS, JAVA_TOOL_OPTIONS",
+    )
+    p.add_argument(
         "--zk-enable-security",
         action="store_true",
         help="create znodes with creator-only ACLs, as BookKeeper's zkEnableSecurity "

@@ -15,6 +15,7 @@ from auditor.zk.client import (
     ZkError,
     ZkStat,
     ZkTimeoutError,
+    ZkTlsError,
     ZkUnavailableError,
 )
 from auditor.zk.security import (
@@ -24,6 +25,7 @@ from auditor.zk.security import (
     parse_zk_auth,
     read_zk_auth_file,
 )
+from auditor.zk.tls import ZkTls, zk_tls_from_properties
 
 __all__ = [
     "BadVersionError",
@@ -41,7 +43,10 @@ __all__ = [
     "ZkSecurity",
     "ZkStat",
     "ZkTimeoutError",
+    "ZkTls",
+    "ZkTlsError",
     "ZkUnavailableError",
     "parse_zk_auth",
     "read_zk_auth_file",
+    "zk_tls_from_properties",
 ]

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import copy
 import socket
+import ssl
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -54,6 +55,7 @@ from kazoo.retry import KazooRetry
 from auditor.errors import AuditorError, ServiceUnavailableError
 from auditor.zk.persistent import Event, Gap, PersistentWatches
 from auditor.zk.security import ZkSecurity
+from auditor.zk.tls import TlsFailure, TlsHandler
 
 ZkStat = ZnodeStat
 ZkError = ZookeeperError
@@ -86,6 +88,11 @@ class ZkAuthError(AuditorError):
     """
 
     exit_code = 2
+
+
+class ZkTlsError(ZkUnavailableError):
+    """No TLS connection to ZooKeeper could be made: the handshake failed (an untrusted
+    certificate, a refused client certificate, no TLS on that port)."""
 
 
 class FencedOutError(ZkUnavailableError):
@@ -132,9 +139,12 @@ class _Handshake:
     def __init__(self) -> None:
         #: A server took the connection and left a handshake read unanswered.
         self.unanswered = False
+        #: TLS failures, of the handshake or (TLS 1.3: a refused client certificate)
+        #: of the first read after it.
+        self.tls = TlsFailure()
 
 
-def _bound_handshake(kazoo: KazooClient, limit: float) -> _Handshake:
+def _bound_handshake(kazoo: KazooClient, limit: float, seen: _Handshake) -> None:
     """Makes a reconnect give up on an unanswered handshake after `limit` seconds, and
     any handshake give up at once when the client is stopped.
 
@@ -159,7 +169,6 @@ def _bound_handshake(kazoo: KazooClient, limit: float) -> _Handshake:
     invoke = connection._invoke
     read = connection._read
     handshaking = threading.local()
-    seen = _Handshake()
 
     def bounded(timeout: float, request: Any, xid: int | None = None) -> Any:
         if isinstance(request, Connect):
@@ -173,11 +182,15 @@ def _bound_handshake(kazoo: KazooClient, limit: float) -> _Handshake:
     def interruptible(length: int, timeout: float) -> Any:
         if getattr(handshaking, "active", False):
             _await_answer(kazoo, timeout, seen)
-        return read(length, timeout)
+        try:
+            return read(length, timeout)
+        except ConnectionDropped as exc:
+            if isinstance(exc.__context__, ssl.SSLError):
+                seen.tls.record(seen.tls.address or kazoo.hosts[0][0], exc.__context__)
+            raise
 
     connection._invoke = bounded
     connection._read = interruptible
-    return seen
 
 
 def _await_answer(kazoo: KazooClient, timeout: float, seen: _Handshake) -> None:
@@ -222,6 +235,10 @@ class ZkClient:
         self.hosts = hosts
         self.timeout = timeout
         self.security = security or ZkSecurity()
+        self._handshake = _Handshake()
+        tls = self.security.tls
+        limit = session_timeout * HANDSHAKE_SHARE
+        handler = None if tls is None else TlsHandler(tls, self._handshake.tls, limit)
         # Fail fast while connecting (as Patroni does) instead of retrying forever
         # inside kazoo: our own deadlines decide how long to wait.
         self._kazoo = KazooClient(
@@ -233,8 +250,14 @@ class ZkClient:
             auth_data=self.security.auth_data,
             sasl_options=self.security.sasl_options(),
             default_acl=self.security.default_acl,
+            # kazoo's own TLS trusts the system's CAs besides ours and reads only PEM
+            # files; the handler builds our context (auditor.zk.tls).
+            use_ssl=tls is not None,
+            handler=handler,
         )
-        self._handshake = _bound_handshake(self._kazoo, session_timeout * HANDSHAKE_SHARE)
+        if handler is not None:
+            handler.stopping = self._kazoo._stopped.is_set
+        _bound_handshake(self._kazoo, limit, self._handshake)
         if self.security.credentials.sasl is not None:
             _end_session_on_sasl_refusal(self._kazoo)
         self._listeners: list[asyncio.Queue[KazooState]] = []
@@ -280,7 +303,12 @@ class ZkClient:
         except (TimeoutError, KazooTimeoutError, *_CONNECTION_ERRORS) as exc:
             await asyncio.to_thread(self._stop_quietly)
             within = f"cannot connect to ZooKeeper at {self.hosts} within {self.timeout:g}s"
-            if self._handshake.unanswered:
+            tls = self._handshake.tls
+            if tls.message:
+                raise ZkTlsError(
+                    f"TLS handshake with ZooKeeper at {tls.address} failed: {tls.message}"
+                ) from exc
+            if self._handshake.unanswered or tls.unanswered:
                 raise ZkTimeoutError(
                     f"{within}: a server took the connection and did not answer"
                 ) from exc

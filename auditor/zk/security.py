@@ -35,6 +35,7 @@ from typing import Any
 from kazoo.security import CREATOR_ALL_ACL, make_digest_acl_credential
 
 from auditor.errors import ConfigError
+from auditor.zk.tls import ZkTls
 
 SASL_MECHANISMS = ("GSSAPI", "DIGEST-MD5")
 _SASL_KEYS = ("service", "principal", "username", "password")
@@ -100,12 +101,14 @@ class ZkSecurity:
 
     `enable_security` is BookKeeper's `zkEnableSecurity`. `hint` says how
     credentials are given where this session is configured (a flag, a config
-    key), for the error an operator sees when ZooKeeper wants some.
+    key), for the error an operator sees when ZooKeeper wants some. `tls`:
+    connections over TLS (`zookeeper.client.secure`, `auditor.zk.tls`); None: plain.
     """
 
     credentials: ZkCredentials = field(default_factory=ZkCredentials)
     enable_security: bool = False
     hint: str = DEFAULT_HINT
+    tls: ZkTls | None = None
 
     def __post_init__(self) -> None:
         if self.enable_security and not self.credentials:

@@ -211,6 +211,8 @@ def toml_layer(path: str) -> Layer:
     data = read_toml(path)
     layer = empty_layer()
     for table, values in data.items():
+        if table == "zookeeper":  # Java's client properties: auditor.daemon.config.zookeeper
+            continue
         if table not in SECTIONS:
             raise ConfigError(f"unknown config table [{table}] (in {path})")
         if not isinstance(values, dict):

@@ -33,6 +33,7 @@ from auditor.config import (
     field_names,
     unknown_key,
 )
+from auditor.daemon.config import zookeeper
 from auditor.daemon.config.credentials import resolve_api, resolve_zk_security
 from auditor.daemon.config.identity import HostFacts, resolve_identity
 from auditor.daemon.config.layers import (
@@ -177,7 +178,7 @@ def load_daemon_config(
         layers.append(toml_layer(path))
         files.append(str(path))
     layers.append(env_layer(env))
-    layers.append(set_layer(overrides))
+    layers.append(set_layer([o for o in overrides if not zookeeper.is_override(o)]))
     merged, rank, origins = merge(layers)
 
     bk_values = merged["bookkeeper"]
@@ -208,6 +209,9 @@ def load_daemon_config(
     daemon = replace(daemon, **changes)
     _require_engine(daemon, origins)
     zk_security = resolve_zk_security(daemon, bk, origins)
+    zk_tls = zookeeper.resolve_zk_tls(path, overrides, env, bk_conf)
+    if zk_tls is not None:
+        zk_security = replace(zk_security, tls=zk_tls)
     try:
         bookie_tls(bk)  # unusable TLS files refuse the start (or the reload), naming the key
     except ConfigError as exc:
