@@ -348,8 +348,15 @@ def _versions(props: Mapping[str, Prop]) -> tuple[ssl.TLSVersion | None, ssl.TLS
         raise ConfigError(
             f"{label} takes {', '.join(_VERSIONS)}, got {value[:48]!r}{_where(origin)}"
         )
-    chosen = sorted(_VERSIONS[n] for n in names)
-    return chosen[0], chosen[-1]
+    order = list(_VERSIONS)
+    picked = sorted({order.index(n) for n in names})
+    if picked[-1] - picked[0] + 1 != len(picked):
+        # OpenSSL takes a range: a set with a gap is refused rather than widened.
+        raise ConfigError(
+            f"{label} must be consecutive versions (OpenSSL takes a range), got "
+            f"{value[:48]!r}{_where(origin)}"
+        )
+    return _VERSIONS[order[picked[0]]], _VERSIONS[order[picked[-1]]]
 
 
 def zk_tls_from_properties(props: Mapping[str, Prop]) -> ZkTls | None:

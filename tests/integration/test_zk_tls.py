@@ -11,6 +11,7 @@ passwords fail before connecting with exit 2.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -107,6 +108,30 @@ async def test_pkcs12_trust_store_made_by_keytool_connects(
     tls = tls_of(ssl_trustStore_location=material.trust_p12, ssl_trustStore_password=STORE_PASSWORD)
     assert tls.trust_store is not None and tls.trust_store.type == "PKCS12"
     assert await read_back(tls_server.secure_hosts, tls) == b"over tls"
+
+
+async def test_the_session_survives_a_server_restart_over_tls(
+    tls_server: ZooKeeperServer, material: ZkTlsMaterial
+) -> None:
+    """Each reconnect makes a new TLS connection (files read again) and resumes the session."""
+    tls = tls_of(ssl_trustStore_location=material.ca.cert)
+    path = f"/eph-{uuid.uuid4().hex[:12]}"
+    zk = ZkClient(
+        tls_server.secure_hosts, timeout=TIMEOUT, session_timeout=15.0, security=ZkSecurity(tls=tls)
+    )
+    await zk.start()
+    try:
+        before = zk.client_id
+        await zk.create(path, b"mine", ephemeral=True)
+        states = zk.states()
+        tls_server.restart()
+        async with asyncio.timeout(15):
+            while str(await anext(states)) != "CONNECTED":
+                pass
+        assert zk.client_id == before
+        assert (await zk.get(path))[0] == b"mine"
+    finally:
+        await zk.close()
 
 
 async def test_wrong_ca_fails_in_one_line_within_the_timeout(

@@ -274,6 +274,15 @@ def test_ignored_properties_are_named(pki: tuple[Issued, Path]) -> None:
             "environment BK_AUDITOR_ZOOKEEPER_SSL_KEYSTORE_PASSWORDPATH)",
         ),
         (
+            {
+                "BK_AUDITOR_ZOOKEEPER_CLIENT_SECURE": "true",
+                "BK_AUDITOR_ZOOKEEPER_SSL_ENABLEDPROTOCOLS": "TLSv1.1,TLSv1.3",
+            },
+            "zookeeper.ssl.enabledProtocols must be consecutive versions (OpenSSL takes a "
+            "range), got 'TLSv1.1,TLSv1.3' (from environment "
+            "BK_AUDITOR_ZOOKEEPER_SSL_ENABLEDPROTOCOLS)",
+        ),
+        (
             {"PULSAR_EXTRA_OPTS": "-Dzookeeper.client.secure='true"},
             "environment PULSAR_EXTRA_OPTS does not parse as options: No closing quotation",
         ),
