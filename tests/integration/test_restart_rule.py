@@ -22,9 +22,9 @@ from auditor.checks.findings import Check, CheckReport
 from auditor.daemon.service import Daemon
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.harness import TestCluster, test_cluster
-from auditor.testing.inprocess import fast_config, running
+from auditor.testing.inprocess import fast_config, running, until
 from auditor.zk import ZkClient
-from tests.integration.test_leadership_daemon import events, until
+from tests.integration.test_leadership_daemon import events
 
 pytestmark = pytest.mark.slow
 
