@@ -303,16 +303,22 @@ class BookieClient:
         body: bytes,
         *,
         password: bytes = b"",
+        recovery: bool = False,
         request_timeout: float | None = None,
     ) -> Outcome[int]:
         """Stores one entry body (see `encode_entry_body`); Ok carries the entry id.
 
-        For test clusters only: the auditor itself never writes to bookies.
+        The master key is derived from `password`. With `recovery` the add carries the
+        RECOVERY_ADD flag: the replication worker's copies (the body as read from
+        another replica, unchanged) and ledger recovery's re-adds; plain adds are for
+        test clusters, the auditor never writes as a ledger's writer. Like every call
+        it waits for a slot under the bookie's in-flight cap, then `request_timeout`
+        (default: the client's) from the moment it is sent.
         """
         key = master_key(password)
         resp = await self._exchange(
             bookie_id,
-            add_entry_request(0, ledger_id, entry_id, key, body),
+            add_entry_request(0, ledger_id, entry_id, key, body, recovery=recovery),
             request_timeout,
         )
         if isinstance(resp, NoAnswer | ErrorStatus):

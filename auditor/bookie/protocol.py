@@ -308,18 +308,29 @@ def get_list_of_entries_request(txn_id: int, ledger_id: int) -> pb.Request:
 
 
 def add_entry_request(
-    txn_id: int, ledger_id: int, entry_id: int, master_key: bytes, body: bytes
+    txn_id: int,
+    ledger_id: int,
+    entry_id: int,
+    master_key: bytes,
+    body: bytes,
+    *,
+    recovery: bool = False,
 ) -> pb.Request:
-    """A plain ADD_ENTRY (no recovery flag, no write flags); `body` is the full entry body."""
-    return pb.Request(
-        header=request_header(Operation.ADD_ENTRY, txn_id),
-        addRequest=pb.AddRequest(
-            ledgerId=_check_i64("ledgerId", ledger_id),
-            entryId=_check_i64("entryId", entry_id),
-            masterKey=master_key,
-            body=body,
-        ),
+    """An ADD_ENTRY with no write flags and no priority; `body` is the full entry body.
+
+    With `recovery` it carries `flag = RECOVERY_ADD`, as the Java replicator and ledger
+    recovery send it: the bookie accepts it on a fenced ledger (still checking the
+    master key), and a read-only bookie refuses it (no priority, so not high priority).
+    """
+    add = pb.AddRequest(
+        ledgerId=_check_i64("ledgerId", ledger_id),
+        entryId=_check_i64("entryId", entry_id),
+        masterKey=master_key,
+        body=body,
     )
+    if recovery:
+        add.flag = pb.AddRequest.RECOVERY_ADD
+    return pb.Request(header=request_header(Operation.ADD_ENTRY, txn_id), addRequest=add)
 
 
 def auth_request(

@@ -123,6 +123,9 @@ async def test_stats_count_list_requests_per_ledger(
         "list_requests": 4,
         "ledgers_listed": 3,
         "lists_per_ledger": {"1": 2, "2": 1},
+        "adds": 0,
+        "recovery_adds": 0,
+        "recovery_adds_repeated": 0,
     }
     assert json.loads(json.dumps(stats)) == stats
     emulator.reset_stats()

@@ -176,6 +176,29 @@ def test_builders_set_every_required_field() -> None:
     assert not add.HasField("flag") and not add.HasField("writeFlags")
 
 
+def test_recovery_add_request_bytes() -> None:
+    """RECOVERY_ADD: flag 1 in field 100 of AddRequest, the 20-byte master key, no write
+    flags, no priority (hand-encoded from the proto's field numbers, wire spec 1.5-1.6)."""
+    key = bytes(range(20))
+    frame = encode_message(add_entry_request(1, 5, 0, key, b"body", recovery=True))
+    assert frame == bytes.fromhex(
+        "0000002e"  # payload length 46
+        "0a06080310021801"  # header: VERSION_THREE, ADD_ENTRY, txnId 1, no priority
+        "aa0623"  # field 101 addRequest, 35 bytes
+        "08051000"  # ledgerId 5, entryId 0
+        "1a14000102030405060708090a0b0c0d0e0f10111213"  # masterKey, 20 bytes
+        "2204626f6479"  # body
+        "a00601"  # field 100 flag = RECOVERY_ADD
+    )
+    plain = encode_message(add_entry_request(1, 5, 0, key, b"body"))
+    assert plain == bytes.fromhex("0000002b0a06080310021801aa0620") + frame[15:-3]
+    req = decode_request(decode_frame(frame))
+    assert req.addRequest.flag == pb.AddRequest.RECOVERY_ADD
+    assert not req.addRequest.HasField("writeFlags") and not req.header.HasField("priority")
+    assert len(master_key(b"secret")) == 20
+    assert master_key(b"secret") == hashlib.sha1(b"ledgersecret").digest()
+
+
 def test_builders_reject_values_outside_the_wire_types() -> None:
     with pytest.raises(ValueError):
         read_entry_request(-1, 1, 0)

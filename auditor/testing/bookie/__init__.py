@@ -17,7 +17,8 @@ It also has to build big clusters cheaply and break on demand:
   with connections left open), add latency, answer with a chosen status,
   crash (close everything, unregister) and restart with the same id and data.
 * Counters (requests received per operation, requests in flight and their
-  maximum, connections accepted, list requests per ledger) let tests assert
+  maximum, connections accepted, list requests per ledger, plain and recovery
+  adds per ledger) let tests assert
   what the client did; `stats()` is all of them as one JSON-able dict.
 * A bookie in a process of its own (`run_emulator`, benchmarks) is seeded
   from a compact file (`write_seed_file`) rather than over the wire, and

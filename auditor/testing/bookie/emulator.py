@@ -112,6 +112,11 @@ class BookieEmulator:
         self.connections_accepted = 0
         #: GET_LIST_OF_ENTRIES_OF_LEDGER requests received, per ledger id.
         self.list_requests: Counter[int] = Counter()
+        #: ADD_ENTRY requests received, per ledger id: plain ones, and RECOVERY_ADDs
+        #: (also per (ledger id, entry id), so a test can tell "each entry copied once").
+        self.add_requests: Counter[int] = Counter()
+        self.recovery_add_requests: Counter[int] = Counter()
+        self.recovery_adds_per_entry: Counter[tuple[int, int]] = Counter()
 
     # --- identity and lifecycle ------------------------------------------------------
 
@@ -327,6 +332,11 @@ class BookieEmulator:
         ledger = self._ledgers.get(ledger_id)
         return None if ledger is None else ledger.body(ledger_id, entry_id)
 
+    def ledger_master_key(self, ledger_id: int) -> bytes | None:
+        """The master key the ledger holds (set by its first add or `password`), if any."""
+        ledger = self._ledgers.get(ledger_id)
+        return None if ledger is None else ledger.master_key
+
     def availability(self, ledger_id: int) -> Availability | None:
         ledger = self._ledgers.get(ledger_id)
         return None if ledger is None else ledger.availability()
@@ -339,6 +349,9 @@ class BookieEmulator:
         self.max_in_flight = self.in_flight
         self.connections_accepted = 0
         self.list_requests.clear()
+        self.add_requests.clear()
+        self.recovery_add_requests.clear()
+        self.recovery_adds_per_entry.clear()
 
     def stats(self) -> dict[str, Any]:
         """Every counter as plain JSON values (for a process that reports to another).
@@ -348,6 +361,8 @@ class BookieEmulator:
         In flight means received and not yet answered: a request is answered
         as soon as it is read unless latency or a pause defers it, so without
         those the maximum stays near 1 however many the client has sent.
+        `recovery_adds_repeated` counts the entries that got more than one
+        RECOVERY_ADD (0 when every entry was copied here at most once).
         """
         per_ledger = Counter(self.list_requests.values())
         return {
@@ -361,6 +376,11 @@ class BookieEmulator:
             "list_requests": self.list_requests.total(),
             "ledgers_listed": len(self.list_requests),
             "lists_per_ledger": {str(k): v for k, v in sorted(per_ledger.items())},
+            "adds": self.add_requests.total(),
+            "recovery_adds": self.recovery_add_requests.total(),
+            "recovery_adds_repeated": sum(
+                1 for n in self.recovery_adds_per_entry.values() if n > 1
+            ),
         }
 
     def write_stats(self, path: str | Path) -> None:
@@ -420,6 +440,13 @@ class BookieEmulator:
         self.received[op] += 1
         if op is Operation.GET_LIST_OF_ENTRIES_OF_LEDGER:
             self.list_requests[request.getListOfEntriesOfLedgerRequest.ledgerId] += 1
+        elif op is Operation.ADD_ENTRY and request.HasField("addRequest"):
+            ar = request.addRequest
+            if ar.HasField("flag") and ar.flag == pb.AddRequest.RECOVERY_ADD:
+                self.recovery_add_requests[ar.ledgerId] += 1
+                self.recovery_adds_per_entry[ar.ledgerId, ar.entryId] += 1
+            else:
+                self.add_requests[ar.ledgerId] += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         if self._count_waiters:

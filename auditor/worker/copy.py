@@ -1,0 +1,497 @@
+"""Copying one position of one segment to a new bookie: read, verify, write unchanged.
+
+This is the data half of a repair (upstream `LedgerFragmentReplicator`); the metadata
+change comes after it, and only when the result is `complete`. Where it differs from
+upstream, it is on purpose:
+
+* **Only the entries the position stores.** Under round robin (WIRE §8) the bookie at
+  index i of an E/W segment holds runs of W entries every E; upstream copies every
+  entry between the first and last of them, so with E > W a target receives entries it
+  is never asked for. Here only the entries of the given ranges that the position
+  stores are copied.
+* **Byte for byte.** Each entry is read with a plain READ_ENTRY (never fencing) from a
+  bookie of its write set, its digest checked with the ledger's digest type and
+  password, and the body written to the target exactly as read, with RECOVERY_ADD and
+  the ledger's master key. Upstream re-packages the payload with the handle's LAC, so
+  its copy differs from the surviving ones; ours is identical, and a repeated copy
+  (after a crash) writes the same bytes again.
+* **Every unreadable entry in one run.** An entry that no source serves (error, no
+  answer, a digest or id that does not match) is listed in `unreadable` and the copy
+  goes on, so one attempt names every range with no copy left (upstream stops at the
+  first one and learns the rest attempt by attempt). The target failing (EUA,
+  EREADONLY, no answer) stops the copy: nothing written after that could be used.
+* **A sliding window.** At most `batch` (`rereplicationEntryBatchSize`) entries are in
+  flight, each from its read to its write; a new one starts as soon as one ends.
+  Upstream's batch-then-wait idles on the slowest entry of every batch; the window
+  keeps the same bound on bookie memory (apache/bookkeeper#3408) without the stall.
+  Per-bookie request caps and timeouts are the bookie client's.
+* **Sources that stop answering go last.** Within one copy, a source that did not
+  answer is tried after the others for the following entries (until it answers
+  again), so a stalled replica costs one timeout, not one per entry (upstream's
+  `reorderReadSequence` does the same with its slow-bookie tracking).
+
+The byte-rate limit (`replicationRateByBytes`) is a token bucket on bytes read,
+written here rather than taken from a library: it must charge what an entry *turns out*
+to weigh (known only after the read), which rate-limiter packages, counting permits
+asked for up front, do not do. Like Guava's limiter upstream, a read reserves the
+running average entry size before it is sent (so `batch` concurrent reads cannot all
+slip through at once) and the difference to the real size is settled when the body
+arrives, so over a copy the bytes read per second converge on the limit exactly. The
+bucket starts empty and stores at most one second of idle credit.
+
+Before any I/O the task is checked: a target in the segment's ensemble is refused
+(`TargetInEnsembleError`: writing there would put a second copy of entries on a bookie
+that already counts as a replica), and so are entries outside the segment. For a ledger
+that is not closed the last segment has no known end, so its entries are refused too:
+the tail of an open ledger is copied only after recovery has closed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from auditor.bookie.client import BookieClient
+from auditor.bookie.protocol import BookieProtocolError, verify_entry_body
+from auditor.bookie.results import NoAnswer, Ok
+from auditor.errors import AuditorError
+from auditor.metadata.model import DigestType, LedgerMetadata, SegmentRange
+from auditor.metadata.schedule import first_stored, write_set
+
+__all__ = [
+    "ByteRate",
+    "CopyEvent",
+    "CopyPlan",
+    "CopyResult",
+    "CopyTask",
+    "FragmentCopier",
+    "InvalidCopyTaskError",
+    "TargetInEnsembleError",
+    "as_ranges",
+    "stored_entries",
+]
+
+#: Upstream's first guess of an entry's size for the byte-rate limit (bytes).
+INITIAL_ENTRY_ESTIMATE = 1024.0
+
+
+class InvalidCopyTaskError(AuditorError):
+    """A copy task that cannot be carried out as given; refused before any request."""
+
+
+class TargetInEnsembleError(InvalidCopyTaskError):
+    """The target bookie is already in the segment's ensemble."""
+
+
+@dataclass(frozen=True, slots=True)
+class CopyTask:
+    """One ensemble position of one segment, to be copied to `target`."""
+
+    ledger_id: int
+    #: The ledger's metadata as read (digest type and password come from it).
+    metadata: LedgerMetadata
+    #: Which segment of `metadata.segments`.
+    segment_index: int
+    #: The ensemble position being replaced.
+    bookie_index: int
+    #: The new bookie; never a member of the segment's ensemble.
+    target: str
+    #: Inclusive entry ranges to copy; within them only the entries the position stores
+    #: (round robin) are copied, so the whole segment range may be given.
+    entries: tuple[tuple[int, int], ...]
+    #: Bookies that may serve copies; each entry is read only from those of them in its
+    #: write set, in write-set order.
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyResult:
+    """What a copy achieved. `entries_copied` entries were acknowledged by the target."""
+
+    entries_copied: int
+    #: Bytes of the verified bodies read (whole bodies: header, digest and payload).
+    bytes_read: int
+    #: Bytes of the bodies the target acknowledged.
+    bytes_written: int
+    #: Inclusive ranges of consecutive entry ids with no copy that reads and verifies
+    #: anywhere (complete only when `failure` is None: a stopped copy tried fewer).
+    unreadable: tuple[tuple[int, int], ...]
+    #: Why the copy stopped (the target refused or did not answer); None when every
+    #: entry that could be read is on the target.
+    failure: str | None
+
+    @property
+    def complete(self) -> bool:
+        """The target acknowledged every entry the position must hold."""
+        return self.failure is None and not self.unreadable
+
+
+@dataclass(frozen=True, slots=True)
+class CopyEvent:
+    """One step of a copy, for counting: a read, a failed read attempt, a write, an
+    entry found unreadable. Fields that do not apply are 0."""
+
+    ledger_id: int
+    entry_id: int
+    #: The bookie read from or written to (None for `entries_unreadable`).
+    bookie: str | None = None
+    entries_read: int = 0
+    bytes_read: int = 0
+    entries_written: int = 0
+    bytes_written: int = 0
+    #: One source that could not serve the entry (error, no answer, bad digest or ids).
+    read_failures: int = 0
+    #: The entry could be read from no source.
+    entries_unreadable: int = 0
+    #: Seconds from sending the request to its successful answer (reads and writes).
+    latency: float = 0.0
+    #: Why a read attempt failed.
+    detail: str = ""
+
+
+def stored_entries(
+    first: int, last: int, ensemble_size: int, write_quorum: int, index: int
+) -> Iterator[int]:
+    """The entries of `[first, last]` that the bookie at `index` stores, ascending."""
+    e = first_stored(first, last, ensemble_size, write_quorum, index)
+    while e is not None:
+        yield e
+        e = first_stored(e + 1, last, ensemble_size, write_quorum, index)
+
+
+def as_ranges(entry_ids: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Entry ids as sorted inclusive ranges of consecutive ids."""
+    out: list[tuple[int, int]] = []
+    for e in sorted(set(entry_ids)):
+        if out and out[-1][1] == e - 1:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((e, e))
+    return tuple(out)
+
+
+class ByteRate:
+    """A token bucket in bytes per second that settles each charge once its size is known.
+
+    `reserve(estimate)` takes tokens for a read about to be sent and says how long to
+    wait first (the bucket may go into debt; later reservations wait for it);
+    `settle(estimate, actual)` corrects the charge once the body has arrived.
+    """
+
+    __slots__ = ("_clock", "_last", "_tokens", "burst", "rate")
+
+    def __init__(
+        self,
+        rate: float,
+        *,
+        burst_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be > 0, got {rate}")
+        self.rate = rate
+        self.burst = rate * burst_seconds
+        self._clock = clock
+        self._tokens = 0.0
+        self._last = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+
+    def reserve(self, size: float) -> float:
+        """Charges `size` bytes now; returns the seconds to wait before using them."""
+        self._refill()
+        self._tokens -= size
+        return max(0.0, -self._tokens / self.rate)
+
+    def settle(self, reserved: float, actual: float) -> None:
+        """Replaces a charge of `reserved` bytes by `actual` bytes."""
+        self._refill()
+        self._tokens = min(self.burst, self._tokens + reserved - actual)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyPlan:
+    """A checked task: the segment, its schedule, the merged ranges, digest and password."""
+
+    segment: SegmentRange
+    ensemble_size: int
+    write_quorum: int
+    ranges: tuple[tuple[int, int], ...]
+    digest_type: DigestType
+    password: bytes
+
+    def entries(self, index: int) -> Iterator[int]:
+        for first, last in self.ranges:
+            yield from stored_entries(first, last, self.ensemble_size, self.write_quorum, index)
+
+
+class FragmentCopier:
+    """Copies fragments through one bookie client; one instance per worker.
+
+    `batch` entries at most are in flight per copy (read to write); `bytes_per_second`
+    > 0 limits the bytes read by all copies of this copier together (0 or less: no
+    limit). `read_timeout` and `add_timeout` bound each request once sent (default: the
+    client's `request_timeout`). A ledger whose metadata names no digest type or
+    password is read with `fallback_digest_type` and `fallback_password` (upstream's
+    `digestType` and `passwd`, CRC32 and empty by default). `observer` is called with
+    a `CopyEvent` for every read, failed read attempt, write and unreadable entry.
+    """
+
+    def __init__(
+        self,
+        client: BookieClient,
+        *,
+        batch: int = 10,
+        bytes_per_second: float = 0.0,
+        read_timeout: float | None = None,
+        add_timeout: float | None = None,
+        fallback_digest_type: DigestType = DigestType.CRC32,
+        fallback_password: bytes = b"",
+        observer: Callable[[CopyEvent], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.client = client
+        self.batch = batch
+        self.limit = ByteRate(bytes_per_second, clock=clock) if bytes_per_second > 0 else None
+        self.read_timeout = read_timeout
+        self.add_timeout = add_timeout
+        self.fallback_digest_type = fallback_digest_type
+        self.fallback_password = fallback_password
+        self.observer = observer
+        self.clock = clock
+        #: Running average of the bodies read (what a read reserves from the limit).
+        self.estimate = INITIAL_ENTRY_ESTIMATE
+
+    def plan(self, task: CopyTask) -> CopyPlan:
+        """Checks the task against its metadata; raises `InvalidCopyTaskError`."""
+        md = task.metadata
+        lid = task.ledger_id
+        if md.ledger_id != lid:
+            raise InvalidCopyTaskError(
+                f"copy task for ledger {lid} carries the metadata of ledger {md.ledger_id}"
+            )
+        ranges = list(md.segment_ranges())
+        if not 0 <= task.segment_index < len(ranges):
+            raise InvalidCopyTaskError(
+                f"ledger {lid} has {len(ranges)} segments, no segment {task.segment_index}"
+            )
+        seg = ranges[task.segment_index]
+        e, w = md.ensemble_size, md.write_quorum
+        if len(seg.bookies) != e or not 1 <= w <= e:
+            raise InvalidCopyTaskError(
+                f"ledger {lid} segment {task.segment_index} has {len(seg.bookies)} bookies "
+                f"for ensemble size {e} and write quorum {w}"
+            )
+        if not 0 <= task.bookie_index < e:
+            raise InvalidCopyTaskError(
+                f"ledger {lid} segment {task.segment_index} has no position {task.bookie_index}"
+            )
+        if task.target in seg.bookies:
+            raise TargetInEnsembleError(
+                f"refusing to copy ledger {lid} segment {task.segment_index} position "
+                f"{task.bookie_index} to {task.target}: it is already in the segment's "
+                f"ensemble {list(seg.bookies)}"
+            )
+        for first, last in task.entries:
+            if first > last or first < seg.first or last > seg.last:
+                where = (
+                    f"[{seg.first}, {seg.last}]"
+                    if not seg.empty
+                    else "no entries (empty, or the open tail of a ledger not closed)"
+                )
+                raise InvalidCopyTaskError(
+                    f"entries [{first}, {last}] are not in ledger {lid} segment "
+                    f"{task.segment_index}, which has {where}"
+                )
+        merged = _merge(task.entries)
+        return CopyPlan(
+            seg,
+            e,
+            w,
+            merged,
+            md.digest_type if md.digest_type is not None else self.fallback_digest_type,
+            md.password if md.password is not None else self.fallback_password,
+        )
+
+    async def copy(self, task: CopyTask) -> CopyResult:
+        """Copies the task's entries to its target; raises only `InvalidCopyTaskError`
+        (before any request) and cancellation."""
+        run = _Run(self, task, self.plan(task))
+        return await run.go()
+
+    def _emit(self, event: CopyEvent) -> None:
+        if self.observer is not None:
+            self.observer(event)
+
+
+def _merge(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Inclusive ranges sorted, overlapping and adjacent ones merged."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(ranges):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return tuple(out)
+
+
+class _Run:
+    """The state of one copy."""
+
+    def __init__(self, copier: FragmentCopier, task: CopyTask, plan: CopyPlan) -> None:
+        self.copier = copier
+        self.client = copier.client
+        self.task = task
+        self.plan = plan
+        self.sources = frozenset(task.sources)
+        self.copied = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.unreadable: list[int] = []
+        self.failure: str | None = None
+        #: Sources that did not answer in this copy (tried after the others).
+        self.suspect: set[str] = set()
+
+    async def go(self) -> CopyResult:
+        entries = self.plan.entries(self.task.bookie_index)
+        workers = [asyncio.ensure_future(self._worker(entries)) for _ in range(self.copier.batch)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        return CopyResult(
+            self.copied,
+            self.bytes_read,
+            self.bytes_written,
+            as_ranges(self.unreadable),
+            self.failure,
+        )
+
+    async def _worker(self, entries: Iterator[int]) -> None:
+        # The iterator is shared: each worker takes the next entry when it is free, so
+        # `batch` workers make a sliding window of `batch` entries in flight.
+        for e in entries:
+            if self.failure is not None:
+                return
+            body = await self._read(e)
+            if body is None:
+                self.unreadable.append(e)
+                self.copier._emit(CopyEvent(self.task.ledger_id, e, entries_unreadable=1))
+                continue
+            if self.failure is not None:
+                return
+            await self._write(e, body)
+
+    def _candidates(self, entry_id: int) -> list[str]:
+        seg = self.plan.segment
+        members = [
+            seg.bookies[i]
+            for i in write_set(entry_id, self.plan.ensemble_size, self.plan.write_quorum)
+            if seg.bookies[i] in self.sources
+        ]
+        return [b for b in members if b not in self.suspect] + [
+            b for b in members if b in self.suspect
+        ]
+
+    async def _read(self, entry_id: int) -> bytes | None:
+        """A verified body of the entry from the first source that serves one, or None."""
+        copier = self.copier
+        lid = self.task.ledger_id
+        for source in self._candidates(entry_id):
+            limit = copier.limit
+            reserved = copier.estimate
+            if limit is not None:
+                wait = limit.reserve(reserved)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            started = copier.clock()
+            out = await self.client.read_entry(
+                source, lid, entry_id, request_timeout=copier.read_timeout
+            )
+            body = out.value.body if isinstance(out, Ok) else None
+            if limit is not None:
+                limit.settle(reserved, 0 if body is None else len(body))
+            if body is None:
+                if isinstance(out, NoAnswer):
+                    self.suspect.add(source)
+                self._read_failed(entry_id, source, str(out))
+                continue
+            copier.estimate = 0.8 * copier.estimate + 0.2 * len(body)
+            self.suspect.discard(source)
+            try:
+                entry = verify_entry_body(body, self.plan.digest_type, self.plan.password)
+            except BookieProtocolError as exc:
+                self._read_failed(entry_id, source, str(exc))
+                continue
+            if (entry.ledger_id, entry.entry_id) != (lid, entry_id):
+                self._read_failed(
+                    entry_id,
+                    source,
+                    f"body of ledger {entry.ledger_id} entry {entry.entry_id} returned",
+                )
+                continue
+            self.bytes_read += len(body)
+            copier._emit(
+                CopyEvent(
+                    lid,
+                    entry_id,
+                    source,
+                    entries_read=1,
+                    bytes_read=len(body),
+                    latency=copier.clock() - started,
+                )
+            )
+            return body
+        return None
+
+    def _read_failed(self, entry_id: int, source: str, detail: str) -> None:
+        self.copier._emit(
+            CopyEvent(self.task.ledger_id, entry_id, source, read_failures=1, detail=detail)
+        )
+
+    async def _write(self, entry_id: int, body: bytes) -> None:
+        copier = self.copier
+        task = self.task
+        started = copier.clock()
+        out = await self.client.add_entry(
+            task.target,
+            task.ledger_id,
+            entry_id,
+            body,
+            password=self.plan.password,
+            recovery=True,
+            request_timeout=copier.add_timeout,
+        )
+        if isinstance(out, Ok) and out.value == entry_id:
+            self.copied += 1
+            self.bytes_written += len(body)
+            copier._emit(
+                CopyEvent(
+                    task.ledger_id,
+                    entry_id,
+                    task.target,
+                    entries_written=1,
+                    bytes_written=len(body),
+                    latency=copier.clock() - started,
+                )
+            )
+            return
+        if self.failure is None:
+            if isinstance(out, Ok):
+                why = f"acknowledged entry {out.value} instead"
+            elif isinstance(out, NoAnswer):
+                why = f"did not acknowledge it ({out})"
+            else:
+                why = f"refused it with {out}"
+            self.failure = (
+                f"target {task.target}, entry {entry_id} of ledger {task.ledger_id}: {why}"
+            )
