@@ -163,6 +163,12 @@ def _mark_name_problem(base: str, path: str, name: str) -> tuple[int | None, str
     return ledger_id, None
 
 
+def mark_problem(base: str, path: str, name: str) -> tuple[int | None, str | None]:
+    """(the ledger the mark `name` at `path` spells, or None; what is wrong with it, or
+    None): the rule that makes a mark corrupt, for the worker that must not take one."""
+    return _mark_name_problem(base, path, name)
+
+
 def encode_mark(replicas: Sequence[str], ctime: int | None) -> bytes:
     stored = None if ctime is None or ctime == UNASSIGNED_CTIME else ctime
     return encode_underreplicated_ledger(UnderreplicatedLedgerRecord(tuple(replicas), stored))

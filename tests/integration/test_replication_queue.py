@@ -1,0 +1,499 @@
+"""The replication worker's queue on a real ZooKeeper: taking, waiting, unmarking, releasing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from auditor.metadata.replication import (
+    POLL_WITHOUT_WATCH,
+    RateLimiter,
+    ReplicationQueue,
+    TakenLedger,
+)
+from auditor.metadata.underreplication import (
+    MarkOutcome,
+    UnderreplicationManager,
+    ur_ledger_path,
+    ur_lock_path,
+)
+from auditor.testing.zkserver import expire_session
+from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
+
+ROOT = "/ledgers"
+BASE = f"{ROOT}/underreplication"
+LEDGERS = f"{BASE}/ledgers"
+LOCKS = f"{BASE}/locks"
+CTIME = 1700000000000
+
+
+async def _layout(zk: ZkClient) -> UnderreplicationManager:
+    urm = UnderreplicationManager(zk, ROOT)
+    await urm.check_layout()
+    return urm
+
+
+async def _tree(zk: ZkClient, path: str) -> set[str]:
+    """Every znode below `path` (not `path` itself)."""
+    found: set[str] = set()
+    for child in await zk.get_children(path):
+        found.add(f"{path}/{child}")
+        found |= await _tree(zk, f"{path}/{child}")
+    return found
+
+
+def _spread_ids(count: int, seed: int) -> list[int]:
+    """Ledger ids spread over every hex level, some sharing directories."""
+    rng = random.Random(seed)
+    ids: set[int] = set()
+    while len(ids) < count:
+        kind = rng.randrange(3)
+        if kind == 0:
+            ids.add(rng.randrange(0, 2**63))
+        elif kind == 1:
+            ids.add(rng.randrange(0, 2**20))
+        else:
+            ids.add(0x0000_0007_0000_0000 + rng.randrange(0, 8))
+    return sorted(ids)
+
+
+@pytest.fixture
+async def other(zk_hosts: str) -> AsyncIterator[ZkClient]:
+    client = ZkClient(zk_hosts, timeout=10.0, session_timeout=10.0)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def _take_all(queue: ReplicationQueue) -> list[TakenLedger]:
+    taken: list[TakenLedger] = []
+    while (t := await queue.take()) is not None:
+        taken.append(t)
+    return taken
+
+
+# --- taking -----------------------------------------------------------------------
+
+
+async def test_two_workers_racing_take_each_ledger_exactly_once(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    urm = await _layout(zk)
+    ids = _spread_ids(200, seed=16)
+    for lid in ids:
+        await urm.mark_underreplicated(lid, [f"bookie-{lid % 5}:3181"], now_ms=CTIME)
+    a = ReplicationQueue(zk, ROOT, "worker-a", rng=random.Random(1))
+    b = ReplicationQueue(other, ROOT, "worker-b", rng=random.Random(2))
+    try:
+        # Two takers in each worker, all four at once.
+        results = await asyncio.gather(_take_all(a), _take_all(a), _take_all(b), _take_all(b))
+        by_a = [t for r in results[:2] for t in r]
+        by_b = [t for r in results[2:] for t in r]
+        taken_ids = [t.ledger_id for t in by_a + by_b]
+        assert sorted(taken_ids) == ids  # each exactly once
+        assert by_a and by_b  # both took some
+        for t in by_a + by_b:
+            assert t.mark_path == ur_ledger_path(BASE, t.ledger_id)
+            assert t.lock_path == ur_lock_path(BASE, t.ledger_id)
+            assert t.mark_version == 0
+            assert t.lock_version == 0
+            assert t.missing_replicas == (f"bookie-{t.ledger_id % 5}:3181",)
+        assert sorted(await zk.get_children(LOCKS)) == sorted(f"urL{lid:010d}" for lid in ids)
+        for queue, client, holder, mine in (
+            (a, zk, "worker-a", by_a),
+            (b, other, "worker-b", by_b),
+        ):
+            assert sorted(queue.held(), key=lambda t: t.ledger_id) == sorted(
+                mine, key=lambda t: t.ledger_id
+            )
+            cid = client.client_id
+            assert cid is not None
+            for t in mine:
+                data, stat = await zk.get(t.lock_path)
+                assert data == f'bookieId: "{holder}"\n'.encode()
+                assert stat.ephemeralOwner == cid[0]
+        assert await a.take() is None
+        assert await b.take() is None
+    finally:
+        await a.close()
+        await b.close()
+    # close released every lock; the marks stay.
+    assert await zk.get_children(LOCKS) == []
+    assert len((await urm.read_marks()).marks) == 200
+
+
+async def test_a_java_lock_of_another_process_is_skipped_until_it_goes(
+    zk: ZkClient, zk_hosts: str
+) -> None:
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["10.0.0.1:3181"], now_ms=CTIME)
+    await urm.mark_underreplicated(8, ["10.0.0.1:3181"], now_ms=CTIME)
+    java = ZkClient(zk_hosts, timeout=10.0, session_timeout=10.0)
+    await java.start()
+    # What Java's worker writes: LockDataFormat with its host name, ephemeral.
+    await java.create(ur_lock_path(BASE, 7), b'bookieId: "host"\n', ephemeral=True)
+    queue = ReplicationQueue(zk, ROOT, "py-worker")
+    try:
+        first = await queue.take()
+        assert first is not None and first.ledger_id == 8
+        assert await queue.take() is None
+        woken = await queue.changed()
+        assert not woken.is_set()
+        data, _ = await zk.get(ur_lock_path(BASE, 7))
+        assert data == b'bookieId: "host"\n'  # untouched
+        await java.close()  # the Java process ends: its lock goes with its session
+        await asyncio.wait_for(woken.wait(), 10)
+        second = await queue.take()
+        assert second is not None and second.ledger_id == 7
+        data, _ = await zk.get(ur_lock_path(BASE, 7))
+        assert data == b'bookieId: "py-worker"\n'
+    finally:
+        await queue.close()
+        await java.close()
+
+
+async def test_corrupt_marks_are_never_locked(zk: ZkClient) -> None:
+    await _layout(zk)
+    corrupt = [
+        f"{LEDGERS}/0000/0000/0000/002a/urL42",  # not urL%010d
+        f"{LEDGERS}/0000/0000/0000/0001/urL0000000002",  # ledger 2's mark, misplaced
+        f"{LEDGERS}/7fff/ffff/ffff/ffff/urL9223372036854775808",  # 2^63: no ledger id
+        f"{LEDGERS}/zzzz/0000/0000/0005/urL0000000005",  # under a non-hex directory
+        f"{LEDGERS}/0000/0000/0000/0006/0006/urL0000000006",  # one level too deep
+        f"{LEDGERS}/0000/0000/0000/0003/junk",
+    ]
+    for path in corrupt:
+        await zk.create(path, b'replica: "10.0.0.1:3181"\n', makepath=True)
+    # In its place, but its data is not TextFormat: taken, with no replicas known.
+    garbage = ur_ledger_path(BASE, 9)
+    await zk.create(garbage, b"\xff\x00not a mark", makepath=True)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken == TakenLedger(9, garbage, 0, ur_lock_path(BASE, 9), 0, ())
+        assert await queue.take() is None
+        assert await zk.get_children(LOCKS) == ["urL0000000009"]
+    finally:
+        await queue.close()
+
+
+async def test_the_rate_limit_spaces_takes(zk: ZkClient) -> None:
+    urm = await _layout(zk)
+    for lid in range(1, 7):
+        await urm.mark_underreplicated(lid, ["b:3181"], now_ms=CTIME)
+    queue = ReplicationQueue(zk, ROOT, "w", rate_limit=10.0)
+    try:
+        started = time.monotonic()
+        taken = [await queue.take() for _ in range(6)]
+        elapsed = time.monotonic() - started
+        assert sorted(t.ledger_id for t in taken if t is not None) == [1, 2, 3, 4, 5, 6]
+        # The first take is free, each of the next five waits 1/10 s.
+        assert elapsed >= 0.5 - 0.01
+    finally:
+        await queue.close()
+
+
+def test_rate_limiter_is_guava_smooth_bursty() -> None:
+    now = [100.0]
+    limiter = RateLimiter(2.0, clock=lambda: now[0])
+    assert [limiter.reserve() for _ in range(3)] == [0.0, 0.5, 1.0]
+    now[0] = 110.0  # idle: at most one second of permits (2) is stored
+    assert [limiter.reserve() for _ in range(4)] == [0.0, 0.0, 0.0, 0.5]
+    off = RateLimiter(0.0, clock=lambda: now[0])
+    assert [off.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+
+
+async def test_changed_fires_on_a_new_mark_and_not_on_other_changes(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    await _layout(zk)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        assert await queue.take() is None
+        woken = await queue.changed()
+        # Nothing a walk could find: a check ctime and a lock of a ledger nobody marked.
+        await other.create(f"{BASE}/replicascheckctime", b"\x08\x01")
+        await other.create(ur_lock_path(BASE, 99), b'bookieId: "x"\n', ephemeral=True)
+        await other.sync(BASE)
+        await zk.sync(BASE)
+        assert not woken.is_set()
+        await UnderreplicationManager(other, ROOT).mark_underreplicated(5, ["b:3181"])
+        await asyncio.wait_for(woken.wait(), 10)
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id == 5
+    finally:
+        await queue.close()
+
+
+async def test_a_change_between_the_walk_and_changed_is_not_lost(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    await _layout(zk)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        assert await queue.take() is None
+        await UnderreplicationManager(other, ROOT).mark_underreplicated(5, ["b:3181"])
+        await other.sync(BASE)
+        await zk.sync(BASE)
+        woken = await queue.changed()
+        await asyncio.wait_for(woken.wait(), 10)
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id == 5
+    finally:
+        await queue.close()
+
+
+async def test_wait_enabled_blocks_while_disabled(zk: ZkClient, other: ZkClient) -> None:
+    urm = await _layout(zk)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    await asyncio.wait_for(queue.wait_enabled(), 5)  # absent: at once
+    await urm.disable_replication()
+    waiting = asyncio.ensure_future(queue.wait_enabled())
+    try:
+        done, _ = await asyncio.wait({waiting}, timeout=0.5)
+        assert not done
+        await other.set(f"{BASE}/disable", b"still disabled")  # a change, not a delete
+        done, _ = await asyncio.wait({waiting}, timeout=0.5)
+        assert not done
+        await UnderreplicationManager(other, ROOT).enable_replication()
+        await asyncio.wait_for(waiting, 10)
+    finally:
+        waiting.cancel()
+        await queue.close()
+
+
+# --- unmarking and releasing -------------------------------------------------------
+
+
+async def _take_ids(queue: ReplicationQueue, count: int) -> dict[int, TakenLedger]:
+    taken: dict[int, TakenLedger] = {}
+    for _ in range(count):
+        t = await queue.take()
+        assert t is not None
+        taken[t.ledger_id] = t
+    return taken
+
+
+async def test_unmarking_deletes_the_mark_and_exactly_the_empty_parents(zk: ZkClient) -> None:
+    urm = await _layout(zk)
+    a, b, c = 0x0001_0002_0003_0004, 0x0000_0000_0005_0001, 0x0000_0000_0005_0002
+    for lid in (a, b, c):
+        await urm.mark_underreplicated(lid, ["b:3181"], now_ms=CTIME)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        taken = await _take_ids(queue, 3)
+        assert await queue.mark_replicated(taken[a]) is True
+        assert await _tree(zk, LEDGERS) == {
+            f"{LEDGERS}/0000",
+            f"{LEDGERS}/0000/0000",
+            f"{LEDGERS}/0000/0000/0005",
+            f"{LEDGERS}/0000/0000/0005/0001",
+            f"{LEDGERS}/0000/0000/0005/0001/urL{b:010d}",
+            f"{LEDGERS}/0000/0000/0005/0002",
+            f"{LEDGERS}/0000/0000/0005/0002/urL{c:010d}",
+        }
+        assert sorted(await zk.get_children(LOCKS)) == [f"urL{b:010d}", f"urL{c:010d}"]
+        assert await queue.mark_replicated(taken[b]) is True
+        assert await _tree(zk, LEDGERS) == {
+            f"{LEDGERS}/0000",
+            f"{LEDGERS}/0000/0000",
+            f"{LEDGERS}/0000/0000/0005",
+            f"{LEDGERS}/0000/0000/0005/0002",
+            f"{LEDGERS}/0000/0000/0005/0002/urL{c:010d}",
+        }
+        assert await queue.mark_replicated(taken[c]) is True
+        assert await _tree(zk, LEDGERS) == set()  # `ledgers` itself stays
+        assert await zk.exists(LEDGERS) is not None
+        assert await zk.get_children(LOCKS) == []
+        assert queue.held() == []
+    finally:
+        await queue.close()
+
+
+async def test_a_mark_changed_after_the_take_is_kept(zk: ZkClient) -> None:
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None and taken.missing_replicas == ("a:3181",)
+        # The auditor finds another bookie missing while we work.
+        assert await urm.mark_underreplicated(7, ["b:3181"], now_ms=CTIME + 1) is (
+            MarkOutcome.MERGED
+        )
+        assert await queue.mark_replicated(taken) is False
+        data, stat = await zk.get(ur_ledger_path(BASE, 7))
+        assert data == b'replica: "a:3181"\nreplica: "b:3181"\nctime: 1700000000001\n'
+        assert stat.version == 1
+        assert await zk.get_children(LOCKS) == []  # released all the same
+        again = await queue.take()
+        assert again is not None
+        assert (again.mark_version, again.missing_replicas) == (1, ("a:3181", "b:3181"))
+        assert await queue.mark_replicated(again) is True
+        assert await _tree(zk, LEDGERS) == set()
+        assert await zk.get_children(LOCKS) == []
+    finally:
+        await queue.close()
+
+
+async def test_a_mark_removed_by_someone_else_is_fine(zk: ZkClient) -> None:
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None
+        await zk.delete(taken.mark_path)
+        assert await queue.mark_replicated(taken) is False
+        assert await zk.get_children(LOCKS) == []
+        # The empty directories it leaves are tolerated by the next walk.
+        assert await queue.take() is None
+    finally:
+        await queue.close()
+
+
+async def test_a_lock_deleted_under_us_refuses_the_unmark(zk: ZkClient, other: ZkClient) -> None:
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None
+        assert await queue.still_held(taken) is True
+        await other.delete(taken.lock_path)  # an operator, say
+        assert await queue.still_held(taken) is False
+        with pytest.raises(FencedOutError):
+            await queue.mark_replicated(taken)
+        data, stat = await zk.get(taken.mark_path)
+        assert (data, stat.version) == (b'replica: "a:3181"\nctime: 1700000000000\n', 0)
+        assert queue.held() == []
+    finally:
+        await queue.close()
+
+
+async def test_release_deletes_only_our_own_lock(zk: ZkClient, other: ZkClient) -> None:
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None
+        await other.delete(taken.lock_path)
+        await other.create(taken.lock_path, b'bookieId: "host"\n', ephemeral=True)
+        await queue.release(taken)  # the lock at that path is not ours any more
+        data, stat = await zk.get(taken.lock_path)
+        other_id = other.client_id
+        assert other_id is not None
+        assert (data, stat.ephemeralOwner) == (b'bookieId: "host"\n', other_id[0])
+        assert queue.held() == []
+        await queue.release(taken)  # twice: nothing
+    finally:
+        await queue.close()
+    assert await zk.exists(ur_lock_path(BASE, 7)) is not None
+
+
+async def test_after_our_session_expired_nothing_is_unmarked(zk: ZkClient, zk_hosts: str) -> None:
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    worker = ZkClient(zk_hosts, timeout=5, session_timeout=4)
+    await worker.start()
+    states = worker.states()
+    queue = ReplicationQueue(worker, ROOT, "w")
+    rival = ReplicationQueue(zk, ROOT, "rival")
+    try:
+        taken = await queue.take()
+        assert taken is not None
+        woken = await queue.changed()
+        cid = worker.client_id
+        assert cid is not None
+        await asyncio.to_thread(expire_session, zk_hosts, cid)
+        await asyncio.wait_for(woken.wait(), 15)  # the watch is gone: walk again
+        # Whatever state kazoo is in now, the unmark must not happen.
+        with pytest.raises((FencedOutError, ZkUnavailableError)):
+            await queue.mark_replicated(taken)
+        assert (await zk.get(taken.mark_path))[1].version == 0
+        # Another worker takes the ledger; its lock has version 0, as ours had.
+        theirs = await rival.take()
+        assert theirs is not None and theirs.ledger_id == 7 and theirs.lock_version == 0
+        # Again once kazoo runs a new session: the rival's lock passes a version check,
+        # so it is the session that refuses.
+        seen: list[KazooState] = []
+        while not (KazooState.LOST in seen and seen[-1] == KazooState.CONNECTED):
+            seen.append(await asyncio.wait_for(states.__anext__(), 15))
+        stale = TakenLedger(7, taken.mark_path, 0, taken.lock_path, 0, ("a:3181",))
+        assert await queue.still_held(stale) is False
+        with pytest.raises(FencedOutError):
+            queue.fenced(stale)
+        with pytest.raises(FencedOutError):
+            await queue.mark_replicated(stale)
+        data, stat = await zk.get(taken.mark_path)
+        assert (data, stat.version) == (b'replica: "a:3181"\nctime: 1700000000000\n', 0)
+        data, _ = await zk.get(taken.lock_path)
+        assert data == b'bookieId: "rival"\n'  # the rival's lock is untouched
+        assert await rival.still_held(theirs) is True
+        assert await rival.mark_replicated(theirs) is True
+        # The queue works on in the new session: a new watch, a new mark, taken.
+        assert await queue.take() is None
+        woken = await queue.changed()
+        await urm.mark_underreplicated(8, ["a:3181"], now_ms=CTIME)
+        await asyncio.wait_for(woken.wait(), 10)
+        again = await queue.take()
+        assert again is not None and again.ledger_id == 8
+        assert await queue.still_held(again) is True
+        assert await queue.mark_replicated(again) is True
+    finally:
+        await states.aclose()
+        await queue.close()
+        await rival.close()
+        await worker.close()
+
+
+async def test_a_take_cancelled_at_any_point_leaves_no_lock_of_ours_behind(zk: ZkClient) -> None:
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        for steps in range(60):
+            attempt = asyncio.ensure_future(queue.take())
+            await asyncio.sleep(steps * 0.0001)  # a point somewhere in the take
+            attempt.cancel()
+            try:
+                done = await attempt
+            except asyncio.CancelledError:
+                done = None
+            if done is not None:
+                await queue.release(done)
+            # Whatever the cancel interrupted (the create, or the read after it), the
+            # next take finds the ledger free.
+            taken = await queue.take()
+            assert taken is not None and taken.ledger_id == 7, steps
+            await queue.release(taken)
+            assert await zk.get_children(LOCKS) == []
+    finally:
+        await queue.close()
+
+
+async def test_without_persistent_watches_a_walk_every_second(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    await _layout(zk)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    queue._watch_supported = False  # as on a ZooKeeper older than 3.6
+    try:
+        assert await queue.take() is None
+        started = time.monotonic()
+        woken = await queue.changed()
+        await UnderreplicationManager(other, ROOT).mark_underreplicated(5, ["b:3181"])
+        await asyncio.wait_for(woken.wait(), 5)
+        assert time.monotonic() - started >= POLL_WITHOUT_WATCH - 0.01
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id == 5
+        assert await queue.mark_replicated(taken) is True
+    finally:
+        await queue.close()
