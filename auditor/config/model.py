@@ -68,6 +68,13 @@ class BookKeeperConfig:
     auditorPeriodicCheckInterval: int = 604800  # s
     auditorPeriodicPlacementPolicyCheckInterval: int = 0  # s
     auditorReplicasCheckInterval: int = 0  # s
+    # The replication worker's keys (BookKeeper's ReplicationWorker and its replicator).
+    rereplicationEntryBatchSize: int = 10  # entries in flight per copy; <= 0: 1
+    openLedgerRereplicationGracePeriod: int = 30000  # ms
+    lockReleaseOfFailedLedgerGracePeriod: int = 300000  # ms
+    rwRereplicateBackoffMs: int = 5000  # ms
+    zkReplicationTaskRateLimit: float = 0.0  # ledgers taken per second; <= 0: no limit
+    replicationRateByBytes: int = -1  # bytes/s read for copies; <= 0: no limit
     # Bookie TLS (`auditor.bookie.tls`): on when tlsProviderFactoryClass is set; PEM only.
     tlsProviderFactoryClass: str = ""
     tlsClientAuthentication: bool = False
@@ -110,6 +117,9 @@ BK_RULES: Rules = {
     "auditorPeriodicPlacementPolicyCheckInterval": (_any, "seconds"),
     "auditorReplicasCheckInterval": (_any, "seconds"),
     "startTLSTimeoutSecs": (_pos, "a positive number of seconds"),
+    "openLedgerRereplicationGracePeriod": (_nonneg, "milliseconds >= 0"),
+    "lockReleaseOfFailedLedgerGracePeriod": (_nonneg, "milliseconds >= 0"),
+    "rwRereplicateBackoffMs": (_nonneg, "milliseconds >= 0"),
 }
 
 

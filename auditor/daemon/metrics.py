@@ -36,6 +36,7 @@ from auditor.daemon.leadership import Reason
 from auditor.daemon.metrics_http import MetricsServer
 from auditor.daemon.state import DaemonState
 from auditor.daemon.tallies import BOOKIE_OPS, DURATION_BUCKETS, OUTCOMES
+from auditor.worker.state import Failure
 
 __all__ = ["BOOKIE_OPS", "DURATION_BUCKETS", "OUTCOMES", "ZNODES", "Metrics", "bookie_status"]
 
@@ -93,6 +94,65 @@ def _labelled(
         else:
             family.add_metric(list(values), value)
     return family
+
+
+def _worker_series(state: DaemonState, created: float | None) -> Iterator[Metric]:
+    """The replication worker's series (BookKeeper's `replication_worker_*` scope)."""
+    w = state.worker
+    yield _gauge(
+        "worker_running", "1 while this daemon's replication worker runs, else 0.", int(w.running)
+    )
+    for name, doc, value in [
+        (
+            "worker_ledgers_replicated",
+            "Ledgers this worker re-replicated and unmarked.",
+            w.ledgers_replicated,
+        ),
+        (
+            "worker_ledgers_found_healthy",
+            "Marked ledgers this worker found with every copy (nothing to copy) and unmarked.",
+            w.ledgers_found_healthy,
+        ),
+        (
+            "worker_fragments_replicated",
+            "Fragments (segment positions) copied and committed to metadata.",
+            w.fragments_replicated,
+        ),
+        ("worker_entries_read", "Entries read (and verified) for copies.", w.entries_read),
+        ("worker_entries_written", "Entries acknowledged by target bookies.", w.entries_written),
+        ("worker_bytes_read", "Entry bytes read for copies.", w.bytes_read),
+        ("worker_bytes_written", "Entry bytes acknowledged by target bookies.", w.bytes_written),
+        (
+            "worker_lock_held_seconds",
+            "Seconds replication locks were held, summed.",
+            w.lock_seconds,
+        ),
+        ("worker_locks_released", "Replication locks released.", w.locks_released),
+    ]:
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value, created=created)
+    yield _labelled(
+        CounterMetricFamily,
+        "worker_failures",
+        "Ledgers whose repair did not finish, by reason (no_target, target_failed, "
+        "unrecoverable, unknown_bookies, metadata_conflict, verify_failed, lock_lost, "
+        "open_ledger, error).",
+        ["reason"],
+        (((str(f),), w.failures[f]) for f in Failure),
+        created,
+    )
+    yield _gauge(
+        "worker_unrecoverable_ledgers",
+        "Ledgers with entries no bookie can serve, as this worker last found them (marks kept).",
+        len(w.unrecoverable),
+    )
+    yield _gauge(
+        "worker_ledgers_in_hand",
+        "Ledgers whose replication lock this worker holds (copying, or deferred).",
+        len(w.in_hand),
+    )
+    yield _gauge(
+        "worker_copies_in_flight", "Ledgers this worker is copying now.", w.copies_in_flight
+    )
 
 
 class _StateCollector(Collector):
@@ -351,6 +411,7 @@ class _StateCollector(Collector):
                 if e != state.election
             ],
         )
+        yield from _worker_series(state, created)
         names = dict.fromkeys((*ZNODES, *sorted(state.invalid_znodes)))
         yield _labelled(
             GaugeMetricFamily,

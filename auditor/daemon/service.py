@@ -107,6 +107,7 @@ from auditor.metadata.underreplication import (
 )
 from auditor.schedule.bookie_sightings import BookieSightings
 from auditor.selftest.harness import SelfTestResult
+from auditor.worker.loop import ReplicationWorker, WorkerConnection, default_lock_holder
 from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
 
 #: `run`'s exit code when a supervised task ended (EX_TEMPFAIL: a restart is the remedy).
@@ -183,11 +184,15 @@ class Daemon:
         self.manager: LedgerManager | None = None
         self.api: ApiHandle | None = None
         self.work: LeaderWork | None = None
+        #: The replication worker, once running (`worker.enabled`).
+        self.worker: ReplicationWorker | None = None
         #: The supervised election task, once running.
         self.election: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._stop_why = "stop()"
         self._connected = asyncio.Event()
+        #: Set while the session is suspended or lost: the replication worker stops writing.
+        self._disconnected = asyncio.Event()
         self._suspension_timer: asyncio.TimerHandle | None = None
         self._restart_work = asyncio.Event()
         #: Resolved with the decision that ends the current leader term.
@@ -342,17 +347,20 @@ class Daemon:
         async for st in zk.states():
             if st == KazooState.CONNECTED:
                 self.state.zk_connected = True
+                self._disconnected.clear()
                 self._connected.set()
                 self._disarm_suspension_limit()
                 self._decide(Connected())
             elif st == KazooState.SUSPENDED:
                 self.state.zk_connected = False
                 self._connected.clear()
+                self._disconnected.set()
                 if self._decide(Suspended()).action is Action.PAUSE:
                     self._arm_suspension_limit()
             elif st == KazooState.LOST:
                 self.state.zk_connected = False
                 self._connected.clear()
+                self._disconnected.set()
                 self._disarm_suspension_limit()
                 self._decide(SessionLost())
             self._readiness()
@@ -769,6 +777,24 @@ class Daemon:
             finally:
                 await stream.aclose()
 
+    async def _replicate(self, zk: ZkClient) -> None:
+        """The replication worker, on every daemon (leader or not), until stopped."""
+        assert self.manager is not None
+        w = self.config.worker
+        async with open_context(zk, self.root, self.manager, self.config.auditor) as ctx:
+            ctx.log = ctx.log.bind(identity=self.state.identity, component="worker")
+            worker = ReplicationWorker(
+                ctx,
+                WorkerConnection(self._connected, self._disconnected),
+                self.state.worker,
+                holder=w.lock_holder or default_lock_holder(),
+                ledgers_in_parallel=w.ledgers_in_parallel,
+                unrecoverable_retry=w.unrecoverable_retry,
+                log=ctx.log,
+            )
+            self.worker = worker
+            await worker.run()
+
     async def _follow_leader(self, zk: ZkClient) -> None:
         """Who leads and whether auto-recovery is on, for status and metrics.
 
@@ -863,6 +889,8 @@ class Daemon:
                 follow: "connection follower",
                 watch: "bookie watch",
             }
+            if self.config.worker.enabled:
+                supervised[asyncio.ensure_future(self._replicate(zk))] = "replication worker"
             stopping = asyncio.ensure_future(self._stop.wait())
             await asyncio.wait([stopping, *supervised], return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()

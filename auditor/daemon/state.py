@@ -23,6 +23,7 @@ from auditor.checks.findings import ALL_CHECKS, Check, CheckReport
 from auditor.daemon.leadership import Decision, Phase, Reason
 from auditor.daemon.tallies import Tallies
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
+from auditor.worker.state import WorkerState
 
 if TYPE_CHECKING:
     from auditor.selftest.harness import SelfTestResult
@@ -170,6 +171,8 @@ class DaemonState:
     cluster_checks: dict[Check, float] = field(default_factory=dict)
     #: What the metrics read beyond the fields above.
     tallies: Tallies = field(default_factory=Tallies)
+    #: The replication worker's counts and the ledgers in its hands.
+    worker: WorkerState = field(default_factory=WorkerState)
 
     # --- leadership ---------------------------------------------------------------------
 

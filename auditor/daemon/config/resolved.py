@@ -23,6 +23,7 @@ from auditor.daemon.config.sections import (
     RiskSection,
     ScanSection,
     SelfTestSection,
+    WorkerSection,
 )
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.service_uri import MetadataDriver
@@ -40,6 +41,7 @@ class DaemonConfig:
     scan: ScanSection = field(default_factory=ScanSection)
     selftest: SelfTestSection = field(default_factory=SelfTestSection)
     risk: RiskSection = field(default_factory=RiskSection)
+    worker: WorkerSection = field(default_factory=WorkerSection)
     #: From `metadataServiceUri` (`zk+hierarchical://...`); None: read the LAYOUT znode.
     ledger_manager: LedgerManager | None = None
     #: Whose driver the Java nodes run, from the URI (`metadata-store:`: Pulsar's).
@@ -96,6 +98,7 @@ class DaemonConfig:
             "scan": self.scan,
             "selftest": self.selftest,
             "risk": self.risk,
+            "worker": self.worker,
         }
 
     def changed(self, other: DaemonConfig) -> list[str]:

@@ -141,6 +141,23 @@ class RiskSection:
     top: int = 10
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSection:
+    """The replication worker every daemon runs (BookKeeper's keys are in `[bookkeeper]`)."""
+
+    #: Off until the worker is complete (issue 16: open-ledger recovery, `recover`,
+    #: `decommission`); then every daemon runs one by default, as AutoRecovery does.
+    enabled: bool = False
+    #: Ledgers one worker repairs at once (Java: one).
+    ledgers_in_parallel: int = 1
+    #: What the worker's locks name as their holder (Java: the host's canonical name);
+    #: empty: this host's fully qualified name.
+    lock_holder: str = ""
+    #: Seconds before a ledger found unrecoverable (an entry with no readable copy) is
+    #: tried again; its mark stays for an operator meanwhile.
+    unrecoverable_retry: float = 3600.0
+
+
 SECTIONS: dict[str, type] = {
     "bookkeeper": BookKeeperConfig,
     "checks": ChecksConfig,
@@ -151,6 +168,7 @@ SECTIONS: dict[str, type] = {
     "scan": ScanSection,
     "selftest": SelfTestSection,
     "risk": RiskSection,
+    "worker": WorkerSection,
 }
 # The one-shot commands read the shared tables of the same file; `[scan]` is the daemon's.
 assert set(TOML_TABLES) <= set(SECTIONS)
@@ -193,6 +211,10 @@ _RISK_RULES: Rules = {
     "interval": (lambda v: v >= 0, "seconds >= 0 (0: off)"),
     "top": (lambda v: v >= 1, "a count >= 1"),
 }
+_WORKER_RULES: Rules = {
+    "ledgers_in_parallel": (lambda v: v >= 1, "a count >= 1"),
+    "unrecoverable_retry": (lambda v: v > 0, "positive seconds"),
+}
 RULES: dict[str, Rules] = {
     "bookkeeper": BK_RULES,
     "checks": CHECKS_RULES,
@@ -203,4 +225,5 @@ RULES: dict[str, Rules] = {
     "scan": SCAN_RULES,
     "selftest": _SELFTEST_RULES,
     "risk": _RISK_RULES,
+    "worker": _WORKER_RULES,
 }
