@@ -1,6 +1,7 @@
-"""The replication worker's loop: take a marked ledger, repair it, commit, verify, unmark.
+"""The replication worker's loop: take a marked ledger, repair it, decide the lock's fate.
 
-BookKeeper's `ReplicationWorker` step by step, with the changes the issue asks for:
+BookKeeper's `ReplicationWorker` step by step, with the changes the issue asks for (the
+per-ledger steps are in `worker/repair.py`, shared with `recover`):
 
 * **Take** a ledger as Java does (`ReplicationQueue`: shuffled walk, the ephemeral
   `locks/urL%010d` lock), so Java workers and ours never hold one ledger at once.
@@ -41,73 +42,34 @@ import contextlib
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from auditor.bookie.client import BookieClient
 from auditor.checks.context import CheckContext
-from auditor.checks.placement_run import placement_policy
-from auditor.checks.replicas_run import bookie_answers
-from auditor.config import AuditorConfig
-from auditor.errors import AuditorError
 from auditor.logs import get_logger
-from auditor.metadata.ledger_update import (
-    ConcurrentUpdateError,
-    EnsembleConflictError,
-    LedgerDeletedError,
-    replace_bookies,
-    update_ledger,
-)
-from auditor.metadata.model import LedgerMetadata
-from auditor.metadata.paths import ledger_path
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
-from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
-from auditor.topology.racks import open_rack_resolver
-from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
-from auditor.worker.plan import LedgerPlan, Repair, plan_ledger
+from auditor.worker.repair import (
+    Connection,
+    Disconnected,
+    LedgerRepairer,
+    Outcome,
+    WorkerConnection,
+)
 from auditor.worker.state import Failure, InHand, Unrecoverable, WorkerState
-from auditor.worker.targets import NoTargetError, choose_targets
-from auditor.zk import FencedOutError, NoNodeError, ZkClient, ZkUnavailableError
+from auditor.zk import FencedOutError, ZkClient, ZkUnavailableError
+
+__all__ = [
+    "Connection",
+    "ReplicationWorker",
+    "WorkerConnection",
+    "default_lock_holder",
+    "failed_delay",
+]
 
 #: A safety walk of the marks when no watch fired for this long (s).
 IDLE_REWALK = 60.0
 #: Upstream's exponential steps before the failed-ledger delay reaches its cap.
 BACKOFF_STEPS = 5
-
-
-class Connection(Protocol):
-    """The daemon's view of its ZooKeeper session."""
-
-    @property
-    def connected(self) -> asyncio.Event:
-        """Set while connected."""
-
-    @property
-    def disconnected(self) -> asyncio.Event:
-        """Set while suspended or lost (cleared on reconnecting)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConnection:
-    """A `Connection` from the daemon's two events."""
-
-    connected: asyncio.Event
-    disconnected: asyncio.Event
-
-
-class Disconnected(AuditorError):
-    """The ZooKeeper connection was suspended mid-repair: the worker stopped writing."""
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one taken ledger ended; `hold` > 0 keeps the lock that long before releasing."""
-
-    done: bool
-    failure: Failure | None = None
-    detail: str = ""
-    hold: float = 0.0
 
 
 def default_lock_holder() -> str:
@@ -121,10 +83,6 @@ def failed_delay(grace_ms: int, failures: int) -> float:
     if failures < BACKOFF_STEPS:
         return float(base * 2**failures)
     return grace_ms / 1000.0
-
-
-def ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 class ReplicationWorker:
@@ -145,7 +103,7 @@ class ReplicationWorker:
     ) -> None:
         self.ctx = ctx
         self.zk: ZkClient = ctx.zk
-        self.config: AuditorConfig = ctx.config
+        self.config = ctx.config
         self.conn = conn
         self.state = state
         self.holder = holder
@@ -158,23 +116,14 @@ class ReplicationWorker:
         self.queue = ReplicationQueue(
             self.zk, ctx.root, holder, rng=self.rng, rate_limit=bk.zkReplicationTaskRateLimit
         )
-        self.copier = FragmentCopier(
-            ctx.bookies,
-            batch=max(1, bk.rereplicationEntryBatchSize),
-            bytes_per_second=float(max(bk.replicationRateByBytes, 0)),
-            read_timeout=float(bk.readEntryTimeout),
-            add_timeout=float(bk.readEntryTimeout),
-            observer=self._counted,
+        self.repairer = LedgerRepairer(
+            ctx, self.queue, conn, state, rng=self.rng, clock=clock, log=self.log
         )
         #: Consecutive failures per ledger in this process (upstream's count, for the delay).
         self._failures: dict[int, int] = {}
         self._holds: set[asyncio.Task[None]] = set()
-        #: Set when a lock is released here (a slot for another ledger may be free).
+        #: Set each time a ledger's lock is released here (tests and slots wait on it).
         self.released = asyncio.Event()
-
-    @property
-    def bookies(self) -> BookieClient:
-        return self.ctx.bookies
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -204,8 +153,9 @@ class ReplicationWorker:
             for t in (*active, *self._holds):
                 t.cancel()
             await asyncio.gather(*active, *self._holds, return_exceptions=True)
-            for taken_id in list(self.state.in_hand):
-                self.state.in_hand.pop(taken_id, None)
+            self.state.in_hand.clear()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.queue.close(), self.zk.timeout)
 
     async def _next(self) -> TakenLedger:
         """Waits until a marked ledger is free, replication enabled and ZooKeeper connected."""
@@ -241,6 +191,8 @@ class ReplicationWorker:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
 
+    # --- one taken ledger --------------------------------------------------------------------
+
     async def _handle(self, taken: TakenLedger) -> None:
         """One ledger, start to end: its outcome decides the lock's fate."""
         start = self.clock()
@@ -248,7 +200,7 @@ class ReplicationWorker:
         self.state.in_hand[lid] = InHand(lid, start, "planning")
         self.log.info("ledger taken for re-replication", ledger=lid, missing=taken.missing_replicas)
         try:
-            outcome = await self._repair(taken)
+            outcome = await self.repairer.repair(taken)
         except asyncio.CancelledError:
             self.state.in_hand.pop(lid, None)
             with contextlib.suppress(Exception):
@@ -262,11 +214,13 @@ class ReplicationWorker:
             outcome = Outcome(False, Failure.ERROR, f"{type(exc).__name__}: {exc}")
         if outcome.done:
             self._failures.pop(lid, None)
+            self.state.unrecoverable.pop(lid, None)
             self.state.in_hand.pop(lid, None)
             self.state.released(self.clock() - start)
             self.released.set()
             return
         assert outcome.failure is not None
+        hold = self._hold_for(lid, outcome)
         self.state.failures[outcome.failure] += 1
         level = "error" if outcome.failure is Failure.UNRECOVERABLE else "warning"
         getattr(self.log, level)(
@@ -274,21 +228,43 @@ class ReplicationWorker:
             ledger=lid,
             reason=str(outcome.failure),
             detail=outcome.detail,
-            lock_held_for_s=round(outcome.hold, 3),
+            fragments_committed=outcome.committed,
+            lock_held_for_s=round(hold, 3),
         )
-        if outcome.hold <= 0 or outcome.failure is Failure.LOCK_LOST:
+        if hold <= 0:
             self.state.in_hand.pop(lid, None)
             await self._release(taken, start)
             return
         # Hold the lock (so no worker takes the ledger before its time), then release it.
-        until = self.clock() + outcome.hold
         held = self.state.in_hand.get(lid)
         self.state.in_hand[lid] = InHand(
-            lid, start, "deferred", held.fragments if held else (), until
+            lid, start, "deferred", held.fragments if held else (), self.clock() + hold
         )
-        hold = asyncio.ensure_future(self._hold_then_release(taken, start, outcome.hold))
-        self._holds.add(hold)
-        hold.add_done_callback(self._holds.discard)
+        task = asyncio.ensure_future(self._hold_then_release(taken, start, hold))
+        self._holds.add(task)
+        task.add_done_callback(self._holds.discard)
+
+    def _hold_for(self, lid: int, outcome: Outcome) -> float:
+        """Seconds to keep the lock after a failed attempt (0: release at once)."""
+        bk = self.config.bookkeeper
+        match outcome.failure:
+            case Failure.LOCK_LOST:
+                return 0.0
+            case Failure.UNRECOVERABLE:
+                now = self.clock()
+                before = self.state.unrecoverable.get(lid)
+                self.state.unrecoverable[lid] = Unrecoverable(
+                    lid,
+                    outcome.unreadable,
+                    before.since if before is not None else now,
+                    now + self.unrecoverable_retry,
+                )
+                return self.unrecoverable_retry
+            case Failure.OPEN_LEDGER:
+                return bk.openLedgerRereplicationGracePeriod / 1000.0
+        n = self._failures.get(lid, 0)
+        self._failures[lid] = n + 1
+        return failed_delay(bk.lockReleaseOfFailedLedgerGracePeriod, n)
 
     async def _hold_then_release(self, taken: TakenLedger, start: float, seconds: float) -> None:
         try:
@@ -303,240 +279,8 @@ class ReplicationWorker:
             await self.queue.release(taken)
         except ZkUnavailableError as exc:
             # The lock is ephemeral: it goes with the session if the delete could not.
-            self.log.warning("could not release a replication lock", ledger=taken.ledger_id,
-                             error=str(exc))
+            self.log.warning(
+                "could not release a replication lock", ledger=taken.ledger_id, error=str(exc)
+            )
         self.state.released(self.clock() - start)
         self.released.set()
-
-    # --- one ledger ----------------------------------------------------------------------------
-
-    def _step(self, lid: int, step: str, fragments: tuple[str, ...] | None = None) -> None:
-        held = self.state.in_hand.get(lid)
-        if held is not None:
-            self.state.in_hand[lid] = InHand(
-                lid, held.since, step, held.fragments if fragments is None else fragments
-            )
-
-    def _path(self, lid: int) -> str:
-        return ledger_path(self.ctx.manager, self.ctx.root, lid)
-
-    async def _read(self, lid: int) -> LedgerMetadata | None:
-        try:
-            data, stat = await self.zk.get(self._path(lid))
-        except NoNodeError:
-            return None
-        return decode_ledger_metadata(data, lid, int(stat.ctime))
-
-    async def _plan(self, md: LedgerMetadata, taken: TakenLedger) -> LedgerPlan:
-        registered = await self.ctx.registered()
-        answers = await bookie_answers(self.ctx, md)
-        return plan_ledger(
-            md,
-            registered=registered.available,
-            answers=answers,
-            mark_replicas=taken.missing_replicas,
-        )
-
-    def _failed(self, lid: int, failure: Failure, detail: str) -> Outcome:
-        n = self._failures.get(lid, 0)
-        self._failures[lid] = n + 1
-        grace = self.config.bookkeeper.lockReleaseOfFailedLedgerGracePeriod
-        return Outcome(False, failure, detail, failed_delay(grace, n))
-
-    async def _repair(self, taken: TakenLedger) -> Outcome:
-        lid = taken.ledger_id
-        try:
-            md = await self._read(lid)
-        except LedgerMetadataFormatError as exc:
-            return self._failed(lid, Failure.ERROR, f"metadata does not decode: {exc}")
-        if md is None:  # deleted: nothing to repair, the mark goes (upstream §1.4)
-            await self.queue.mark_replicated(taken)
-            self.log.info("marked ledger no longer exists; mark removed", ledger=lid)
-            return Outcome(True)
-        plan = await self._plan(md, taken)
-        if plan.skipped is not None and not plan.repairs and not plan.open_tail:
-            return self._failed(lid, Failure.ERROR, f"cannot be planned: {plan.skipped}")
-        if not plan.repairs and not plan.open_tail:
-            if plan.unknown:
-                return self._failed(
-                    lid, Failure.UNKNOWN_BOOKIES, f"no answer from {', '.join(plan.unknown)}"
-                )
-            unmarked = await self.queue.mark_replicated(taken)
-            self.state.ledgers_found_healthy += 1
-            self.log.info(
-                "marked ledger has every copy; mark removed" if unmarked else
-                "marked ledger has every copy; its mark changed meanwhile and stays",
-                ledger=lid,
-            )
-            return Outcome(True)
-        copied, outcome = await self._repair_segments(taken, md, plan.repairs)
-        if outcome is not None:
-            return outcome
-        if plan.open_tail:
-            # Never copied unfenced; the writer may still replace the bookie itself.
-            grace = self.config.bookkeeper.openLedgerRereplicationGracePeriod / 1000.0
-            tail = "; ".join(_describe(r) for r in plan.open_tail)
-            return Outcome(
-                False,
-                Failure.OPEN_LEDGER,
-                f"open ledger: its last segment is under-replicated ({tail}); kept marked, "
-                "lock held for openLedgerRereplicationGracePeriod (recovery not built yet)",
-                grace,
-            )
-        return await self._verify(taken, copied)
-
-    async def _repair_segments(
-        self, taken: TakenLedger, md: LedgerMetadata, repairs: tuple[Repair, ...]
-    ) -> tuple[int, Outcome | None]:
-        """Copies and commits segment by segment; (fragments committed, a failure or None)."""
-        lid = taken.ledger_id
-        registered = await self.ctx.registered()
-        writable = registered.writable
-        resolver = await open_rack_resolver(self.zk, self.ctx.root, self.config, log=self.log)
-        known = frozenset(registered.available) | frozenset(
-            b for s in md.segments for b in s.bookies
-        )
-        locations = await resolver.locations(sorted(known | writable))
-        policy = placement_policy(self.config.bookkeeper, frozenset(known | writable), locations)
-        by_segment: dict[int, list[Repair]] = {}
-        for r in repairs:
-            by_segment.setdefault(r.segment_index, []).append(r)
-        committed = 0
-        unreadable: list[tuple[int, int]] = []
-        for seg_index, seg_repairs in sorted(by_segment.items()):
-            try:
-                targets = choose_targets(
-                    md,
-                    seg_index,
-                    [r.bookie_index for r in seg_repairs],
-                    writable=writable,
-                    policy=policy,
-                    locations=locations,
-                    rng=self.rng,
-                )
-            except NoTargetError as exc:
-                return committed, self._failed(lid, Failure.NO_TARGET, str(exc))
-            lines = tuple(
-                f"{_describe(r)} -> {targets[r.bookie_index]}" for r in seg_repairs
-            )
-            self._step(lid, "copying", lines)
-            self.log.info("copying fragments", ledger=lid, fragments=list(lines))
-            results = [
-                await self._copy(
-                    CopyTask(
-                        ledger_id=lid,
-                        metadata=md,
-                        segment_index=seg_index,
-                        bookie_index=r.bookie_index,
-                        target=targets[r.bookie_index],
-                        entries=r.entries,
-                        sources=r.sources,
-                    )
-                )
-                for r in seg_repairs
-            ]
-            for r, res in zip(seg_repairs, results, strict=True):
-                unreadable.extend(res.unreadable)
-                if res.failure is not None:
-                    return committed, self._failed(
-                        lid, Failure.TARGET_FAILED,
-                        f"{_describe(r)} -> {targets[r.bookie_index]}: {res.failure}",
-                    )
-            if any(res.unreadable for res in results):
-                continue  # never commit a copy that lacks entries
-            self._step(lid, "committing")
-            first = md.segments[seg_index].first_entry_id
-            replacements = {r.old: targets[r.bookie_index] for r in seg_repairs}
-            try:
-                result = await update_ledger(
-                    self.queue.fenced(taken),
-                    self.zk,
-                    self._path(lid),
-                    lid,
-                    replace_bookies(first, replacements),
-                )
-            except LedgerDeletedError:
-                await self.queue.mark_replicated(taken)
-                return committed, Outcome(True)
-            except (ConcurrentUpdateError, EnsembleConflictError) as exc:
-                # The metadata moved under us (a writer's ensemble change, another
-                # repair): nothing is written; the next attempt plans on what is there.
-                return committed, self._failed(lid, Failure.METADATA_CONFLICT, str(exc))
-            if result.written:
-                committed += len(seg_repairs)
-                self.state.fragments_replicated += len(seg_repairs)
-                self.log.info(
-                    "fragments committed", ledger=lid, segment_first_entry=first,
-                    replaced=replacements, metadata_version=result.version,
-                )
-            md = result.metadata
-        if unreadable:
-            now = self.clock()
-            merged = tuple(sorted(set(unreadable)))
-            self.state.unrecoverable[lid] = Unrecoverable(
-                lid, merged, self.state.unrecoverable.get(lid, Unrecoverable(
-                    lid, merged, now, 0.0)).since, now + self.unrecoverable_retry
-            )
-            return committed, Outcome(
-                False,
-                Failure.UNRECOVERABLE,
-                f"entries with no readable copy anywhere: {ranges_text(merged)}; kept marked "
-                "for an operator",
-                self.unrecoverable_retry,
-            )
-        self.state.unrecoverable.pop(lid, None)
-        return committed, None
-
-    async def _copy(self, task: CopyTask) -> CopyResult:
-        """The copy, stopped the moment the ZooKeeper connection is suspended."""
-        if self.conn.disconnected.is_set():
-            raise Disconnected("ZooKeeper connection suspended before the copy")
-        copy = asyncio.ensure_future(self.copier.copy(task))
-        lost = asyncio.ensure_future(self.conn.disconnected.wait())
-        try:
-            await asyncio.wait([copy, lost], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-            if not copy.done():
-                copy.cancel()
-            await asyncio.gather(copy, lost, return_exceptions=True)
-        if copy.cancelled():
-            raise Disconnected("ZooKeeper connection suspended: copy stopped")
-        return copy.result()
-
-    async def _verify(self, taken: TakenLedger, committed: int) -> Outcome:
-        """Plans again from fresh metadata and answers; unmarks only an empty plan."""
-        lid = taken.ledger_id
-        self._step(lid, "verifying")
-        md = await self._read(lid)
-        if md is None:
-            await self.queue.mark_replicated(taken)
-            return Outcome(True)
-        plan = await self._plan(md, taken)
-        if plan.repairs or plan.open_tail or plan.unknown:
-            left = "; ".join(_describe(r) for r in (*plan.repairs, *plan.open_tail))
-            unknown = f"; no answer from {', '.join(plan.unknown)}" if plan.unknown else ""
-            return self._failed(lid, Failure.VERIFY_FAILED, f"still to repair: {left}{unknown}")
-        unmarked = await self.queue.mark_replicated(taken)
-        self.state.ledgers_replicated += 1
-        self.log.info(
-            "ledger re-replicated",
-            ledger=lid,
-            fragments=committed,
-            mark_removed=unmarked,
-        )
-        return Outcome(True)
-
-    def _counted(self, event: Any) -> None:
-        """The copier's counts, into the state the metrics read."""
-        self.state.entries_read += getattr(event, "entries_read", 0)
-        self.state.entries_written += getattr(event, "entries_written", 0)
-        self.state.bytes_read += getattr(event, "bytes_read", 0)
-        self.state.bytes_written += getattr(event, "bytes_written", 0)
-
-
-def _describe(r: Repair) -> str:
-    return (
-        f"segment {r.segment_index} [{r.first_entry}-{r.last_entry}] position {r.bookie_index} "
-        f"{r.old} ({r.why})"
-    )

@@ -1,0 +1,350 @@
+"""One ledger's repair, once its lock is held: plan, copy, commit, verify, unmark.
+
+The worker's loop (`worker/loop.py`) and the `recover` command share it: the loop
+takes marked ledgers and decides how long to hold a lock after a failure; `recover`
+locks the ledgers of the bookies it is told to empty and moves them (`replace`).
+
+* **Plan** with the replicas check's own analysis (`worker/plan.py`): a position is
+  bad when its bookie is lost or lacks entries it must hold (or is to be replaced); a
+  registered bookie that did not answer is unknown, not bad, and the ledger waits.
+* **Copy** only what the bad position must hold, verified, unchanged, to a target the
+  placement policy allows (`worker/targets.py`, `worker/copy.py`). The copy stops the
+  moment the ZooKeeper connection is suspended: a worker that may have lost its lock
+  writes nothing more.
+* **Commit** the ensemble change only once the target acknowledged every entry, with a
+  version check, fenced on the lock (`metadata/ledger_update.py`): a process whose
+  session is gone cannot change metadata. One write per segment; a segment with an
+  unreadable entry is never committed.
+* **Verify** by planning again from fresh metadata and fresh bookie answers; only an
+  empty plan unmarks (versioned: a mark changed since the lock was taken stays).
+* The under-replicated tail of a ledger that is not closed is never copied: its
+  closed segments are repaired and the outcome says `open_ledger`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterable, Set
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from auditor.checks.context import CheckContext
+from auditor.checks.placement_run import placement_policy
+from auditor.checks.replicas_run import bookie_answers
+from auditor.errors import AuditorError
+from auditor.metadata.ledger_update import (
+    ConcurrentUpdateError,
+    EnsembleConflictError,
+    LedgerDeletedError,
+    replace_bookies,
+    update_ledger,
+)
+from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.paths import ledger_path
+from auditor.metadata.replication import ReplicationQueue, TakenLedger
+from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
+from auditor.topology.racks import open_rack_resolver
+from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
+from auditor.worker.plan import LedgerPlan, Repair, plan_ledger
+from auditor.worker.state import Failure, InHand, WorkerState
+from auditor.worker.targets import NoTargetError, choose_targets
+from auditor.zk import NoNodeError
+
+
+class Connection(Protocol):
+    """The owner's view of its ZooKeeper session."""
+
+    @property
+    def connected(self) -> asyncio.Event:
+        """Set while connected."""
+
+    @property
+    def disconnected(self) -> asyncio.Event:
+        """Set while suspended or lost (cleared on reconnecting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConnection:
+    """A `Connection` from two events kept by the owner (the daemon, the CLI)."""
+
+    connected: asyncio.Event
+    disconnected: asyncio.Event
+
+
+class Disconnected(AuditorError):
+    """The ZooKeeper connection was suspended mid-repair: nothing more was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one locked ledger's repair ended."""
+
+    done: bool
+    failure: Failure | None = None
+    detail: str = ""
+    #: Fragments (segment positions) committed to metadata on this attempt.
+    committed: int = 0
+    #: Entry ranges no bookie could serve (UNRECOVERABLE).
+    unreadable: tuple[tuple[int, int], ...] = ()
+    #: Whether the mark was removed (a done repair of a marked ledger).
+    unmarked: bool = False
+
+
+def ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def describe(r: Repair) -> str:
+    return (
+        f"segment {r.segment_index} [{r.first_entry}-{r.last_entry}] position {r.bookie_index} "
+        f"{r.old} ({r.why})"
+    )
+
+
+class LedgerRepairer:
+    """Repairs ledgers whose locks `queue` holds, through `ctx`'s ZooKeeper and bookies."""
+
+    def __init__(
+        self,
+        ctx: CheckContext,
+        queue: ReplicationQueue,
+        conn: Connection,
+        state: WorkerState,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+        log: Any,
+    ) -> None:
+        self.ctx = ctx
+        self.zk = ctx.zk
+        self.config = ctx.config
+        self.queue = queue
+        self.conn = conn
+        self.state = state
+        self.rng = rng if rng is not None else random.Random()
+        self.clock = clock
+        self.log = log
+        bk = self.config.bookkeeper
+        self.copier = FragmentCopier(
+            ctx.bookies,
+            batch=max(1, bk.rereplicationEntryBatchSize),
+            bytes_per_second=float(max(bk.replicationRateByBytes, 0)),
+            read_timeout=float(bk.readEntryTimeout),
+            add_timeout=float(bk.readEntryTimeout),
+            observer=self._counted,
+        )
+
+    # --- small steps ---------------------------------------------------------------------------
+
+    def step(self, lid: int, step: str, fragments: tuple[str, ...] | None = None) -> None:
+        held = self.state.in_hand.get(lid)
+        if held is not None:
+            self.state.in_hand[lid] = InHand(
+                lid, held.since, step, held.fragments if fragments is None else fragments
+            )
+
+    def path(self, lid: int) -> str:
+        return ledger_path(self.ctx.manager, self.ctx.root, lid)
+
+    async def read(self, lid: int) -> LedgerMetadata | None:
+        try:
+            data, stat = await self.zk.get(self.path(lid))
+        except NoNodeError:
+            return None
+        return decode_ledger_metadata(data, lid, int(stat.ctime))
+
+    async def plan(
+        self, md: LedgerMetadata, taken: TakenLedger, replace: Set[str] = frozenset()
+    ) -> LedgerPlan:
+        registered = await self.ctx.registered()
+        answers = await bookie_answers(self.ctx, md)
+        return plan_ledger(
+            md,
+            registered=registered.available,
+            answers=answers,
+            mark_replicas=taken.missing_replicas,
+            replace=replace,
+        )
+
+    def _counted(self, event: Any) -> None:
+        """The copier's counts, into the state the metrics read."""
+        self.state.entries_read += event.entries_read
+        self.state.entries_written += event.entries_written
+        self.state.bytes_read += event.bytes_read
+        self.state.bytes_written += event.bytes_written
+
+    # --- the repair ----------------------------------------------------------------------------
+
+    async def repair(self, taken: TakenLedger, replace: Set[str] = frozenset()) -> Outcome:
+        """Plans, copies, commits and verifies one ledger; unmarks it when it is whole."""
+        lid = taken.ledger_id
+        try:
+            md = await self.read(lid)
+        except LedgerMetadataFormatError as exc:
+            return Outcome(False, Failure.ERROR, f"metadata does not decode: {exc}")
+        if md is None:  # deleted: nothing to repair, the mark goes (upstream §1.4)
+            unmarked = await self.queue.mark_replicated(taken)
+            self.log.info("ledger no longer exists; its mark goes", ledger=lid)
+            return Outcome(True, unmarked=unmarked)
+        plan = await self.plan(md, taken, replace)
+        if plan.skipped is not None and not plan.repairs and not plan.open_tail:
+            return Outcome(False, Failure.ERROR, f"cannot be planned: {plan.skipped}")
+        if not plan.repairs and not plan.open_tail:
+            if plan.unknown:
+                return Outcome(
+                    False, Failure.UNKNOWN_BOOKIES, f"no answer from {', '.join(plan.unknown)}"
+                )
+            unmarked = await self.queue.mark_replicated(taken)
+            self.state.ledgers_found_healthy += 1
+            self.log.info("ledger has every copy; nothing to copy", ledger=lid, unmarked=unmarked)
+            return Outcome(True, unmarked=unmarked)
+        committed, failed = await self._repair_segments(taken, md, plan.repairs)
+        if failed is not None:
+            return failed
+        if plan.open_tail:
+            tail = "; ".join(describe(r) for r in plan.open_tail)
+            return Outcome(
+                False,
+                Failure.OPEN_LEDGER,
+                f"open ledger: its last segment is under-replicated ({tail})",
+                committed,
+            )
+        return await self.verify(taken, committed, replace)
+
+    async def _targets_context(self, md: LedgerMetadata) -> tuple[Set[str], Any, dict[str, str]]:
+        registered = await self.ctx.registered()
+        writable = registered.writable
+        resolver = await open_rack_resolver(self.zk, self.ctx.root, self.config, log=self.log)
+        known = frozenset(registered.available) | frozenset(
+            b for s in md.segments for b in s.bookies
+        )
+        locations = await resolver.locations(sorted(known | writable))
+        policy = placement_policy(self.config.bookkeeper, frozenset(known | writable), locations)
+        return writable, policy, locations
+
+    async def _repair_segments(
+        self, taken: TakenLedger, md: LedgerMetadata, repairs: tuple[Repair, ...]
+    ) -> tuple[int, Outcome | None]:
+        """Copies and commits segment by segment; (fragments committed, a failure or None)."""
+        lid = taken.ledger_id
+        writable, policy, locations = await self._targets_context(md)
+        by_segment: dict[int, list[Repair]] = {}
+        for r in repairs:
+            by_segment.setdefault(r.segment_index, []).append(r)
+        committed = 0
+        unreadable: list[tuple[int, int]] = []
+        for seg_index, seg_repairs in sorted(by_segment.items()):
+            try:
+                targets = choose_targets(
+                    md,
+                    seg_index,
+                    [r.bookie_index for r in seg_repairs],
+                    writable=writable,
+                    policy=policy,
+                    locations=locations,
+                    rng=self.rng,
+                )
+            except NoTargetError as exc:
+                return committed, Outcome(False, Failure.NO_TARGET, str(exc), committed)
+            lines = tuple(f"{describe(r)} -> {targets[r.bookie_index]}" for r in seg_repairs)
+            self.step(lid, "copying", lines)
+            self.log.info("copying fragments", ledger=lid, fragments=list(lines))
+            results: list[CopyResult] = []
+            for r in seg_repairs:
+                task = CopyTask(
+                    ledger_id=lid,
+                    metadata=md,
+                    segment_index=seg_index,
+                    bookie_index=r.bookie_index,
+                    target=targets[r.bookie_index],
+                    entries=r.entries,
+                    sources=r.sources,
+                )
+                res = await self._copy(task)
+                results.append(res)
+                unreadable.extend(res.unreadable)
+                if res.failure is not None:
+                    detail = f"{describe(r)} -> {targets[r.bookie_index]}: {res.failure}"
+                    return committed, Outcome(False, Failure.TARGET_FAILED, detail, committed)
+            if any(res.unreadable for res in results):
+                continue  # never commit a copy that lacks entries
+            self.step(lid, "committing")
+            first = md.segments[seg_index].first_entry_id
+            replacements = {r.old: targets[r.bookie_index] for r in seg_repairs}
+            try:
+                result = await update_ledger(
+                    self.queue.fenced(taken),
+                    self.zk,
+                    self.path(lid),
+                    lid,
+                    replace_bookies(first, replacements),
+                )
+            except LedgerDeletedError:
+                unmarked = await self.queue.mark_replicated(taken)
+                return committed, Outcome(True, committed=committed, unmarked=unmarked)
+            except (ConcurrentUpdateError, EnsembleConflictError) as exc:
+                # The metadata moved under us (a writer's ensemble change, another
+                # repair): nothing is written; the next attempt plans on what is there.
+                return committed, Outcome(False, Failure.METADATA_CONFLICT, str(exc), committed)
+            if result.written:
+                committed += len(seg_repairs)
+                self.state.fragments_replicated += len(seg_repairs)
+                self.log.info(
+                    "fragments committed",
+                    ledger=lid,
+                    segment_first_entry=first,
+                    replaced=replacements,
+                    metadata_version=result.version,
+                )
+            md = result.metadata
+        if unreadable:
+            merged = tuple(sorted(set(unreadable)))
+            detail = (
+                f"entries with no readable copy anywhere: {ranges_text(merged)}; "
+                "kept marked for an operator"
+            )
+            return committed, Outcome(False, Failure.UNRECOVERABLE, detail, committed, merged)
+        return committed, None
+
+    async def _copy(self, task: CopyTask) -> CopyResult:
+        """The copy, stopped the moment the ZooKeeper connection is suspended."""
+        if self.conn.disconnected.is_set():
+            raise Disconnected("ZooKeeper connection suspended before the copy")
+        copy = asyncio.ensure_future(self.copier.copy(task))
+        lost = asyncio.ensure_future(self.conn.disconnected.wait())
+        try:
+            await asyncio.wait([copy, lost], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not copy.done():
+                copy.cancel()
+            await asyncio.gather(copy, lost, return_exceptions=True)
+        if copy.cancelled():
+            raise Disconnected("ZooKeeper connection suspended: copy stopped")
+        return copy.result()
+
+    async def verify(
+        self, taken: TakenLedger, committed: int, replace: Set[str] = frozenset()
+    ) -> Outcome:
+        """Plans again from fresh metadata and answers; unmarks only an empty plan."""
+        lid = taken.ledger_id
+        self.step(lid, "verifying")
+        md = await self.read(lid)
+        if md is None:
+            unmarked = await self.queue.mark_replicated(taken)
+            return Outcome(True, committed=committed, unmarked=unmarked)
+        plan = await self.plan(md, taken, replace)
+        if plan.repairs or plan.open_tail or plan.unknown:
+            left = "; ".join(describe(r) for r in (*plan.repairs, *plan.open_tail))
+            unknown = f"; no answer from {', '.join(plan.unknown)}" if plan.unknown else ""
+            return Outcome(
+                False, Failure.VERIFY_FAILED, f"still to repair: {left}{unknown}", committed
+            )
+        unmarked = await self.queue.mark_replicated(taken)
+        self.state.ledgers_replicated += 1
+        self.log.info(
+            "ledger re-replicated", ledger=lid, fragments=committed, mark_removed=unmarked
+        )
+        return Outcome(True, committed=committed, unmarked=unmarked)
