@@ -70,7 +70,12 @@ from auditor.metadata.records import (
     decode_underreplicated_ledger,
     encode_lock_data,
 )
-from auditor.metadata.underreplication import mark_name, mark_problem, ur_lock_path
+from auditor.metadata.underreplication import (
+    mark_name,
+    mark_problem,
+    ur_ledger_path,
+    ur_lock_path,
+)
 from auditor.zk import (
     BadVersionError,
     EventType,
@@ -98,7 +103,9 @@ class TakenLedger:
     ledger_id: int
     mark_path: str
     #: The mark's version read before the lock was created: unmarking deletes only that.
-    mark_version: int
+    #: None for a lock taken with `acquire` (Java's acquireUnderreplicatedLedger): no
+    #: version was read, so unmarking leaves any mark alone.
+    mark_version: int | None
     lock_path: str
     lock_version: int
     #: The mark's `replica` lines; () when the mark is empty or its data does not decode.
@@ -307,6 +314,50 @@ class ReplicationQueue:
             self._listings[path] = children
         return children
 
+    async def acquire(self, ledger_id: int) -> TakenLedger | None:
+        """Locks one ledger, marked or not (Java's `acquireUnderreplicatedLedger`); None
+        when someone else holds its lock.
+
+        `recover` locks the ledgers it moves this way, so that no worker (Java's or
+        ours) and no bookie's garbage collector works on them meanwhile. No mark
+        version is recorded, so `mark_replicated` leaves any mark alone (as Java's):
+        a mark is the auditor's finding, and a worker that takes it later judges the
+        ledger afresh. The mark's replicas, if it has one, are read for the plan."""
+        lock_path = ur_lock_path(self.base, ledger_id)
+        mark_path = ur_ledger_path(self.base, ledger_id)
+        session = self._session()
+        try:
+            if not await self._create_lock(lock_path):
+                return None
+            lock = await self.zk.exists(lock_path)
+        except BaseException:
+            if session is not None:
+                self._orphans[lock_path] = session
+            raise
+        session = self._session()
+        if lock is None or session is None or lock.ephemeralOwner != session:
+            return None
+        replicas: tuple[str, ...] = ()
+        try:
+            data, _ = await self.zk.get(mark_path)
+            replicas = tuple(decode_underreplicated_ledger(data).replicas)
+        except (NoNodeError, RecordFormatError):
+            pass
+        except BaseException:
+            self._orphans[lock_path] = session
+            raise
+        taken = TakenLedger(
+            ledger_id=ledger_id,
+            mark_path=mark_path,
+            mark_version=None,
+            lock_path=lock_path,
+            lock_version=int(lock.version),
+            missing_replicas=replicas,
+        )
+        self._held[lock_path] = _Hold(taken, session)
+        self._orphans.pop(lock_path, None)
+        return taken
+
     # --- waiting ------------------------------------------------------------------
 
     async def changed(self) -> asyncio.Event:
@@ -411,6 +462,8 @@ class ReplicationQueue:
 
     async def _unmark(self, taken: TakenLedger) -> bool:
         fenced = self.fenced(taken)
+        if taken.mark_version is None:
+            return False  # locked with `acquire`: no mark version to delete
         try:
             await fenced.delete(taken.mark_path, taken.mark_version)
         except (BadVersionError, NoNodeError):

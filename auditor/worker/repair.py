@@ -200,7 +200,7 @@ class LedgerRepairer:
             self.state.ledgers_found_healthy += 1
             self.log.info("ledger has every copy; nothing to copy", ledger=lid, unmarked=unmarked)
             return Outcome(True, unmarked=unmarked)
-        committed, failed = await self._repair_segments(taken, md, plan.repairs)
+        committed, failed = await self._repair_segments(taken, md, plan.repairs, replace)
         if failed is not None:
             return failed
         if plan.open_tail:
@@ -213,9 +213,13 @@ class LedgerRepairer:
             )
         return await self.verify(taken, committed, replace)
 
-    async def _targets_context(self, md: LedgerMetadata) -> tuple[Set[str], Any, dict[str, str]]:
+    async def _targets_context(
+        self, md: LedgerMetadata, replace: Set[str] = frozenset()
+    ) -> tuple[Set[str], Any, dict[str, str]]:
         registered = await self.ctx.registered()
-        writable = registered.writable
+        # A bookie being emptied (`recover A,B`) is never a target: moving A's copy to B
+        # would leave B to empty again (upstream excludes every source bookie too).
+        writable = registered.writable - replace
         resolver = await open_rack_resolver(self.zk, self.ctx.root, self.config, log=self.log)
         known = frozenset(registered.available) | frozenset(
             b for s in md.segments for b in s.bookies
@@ -225,11 +229,15 @@ class LedgerRepairer:
         return writable, policy, locations
 
     async def _repair_segments(
-        self, taken: TakenLedger, md: LedgerMetadata, repairs: tuple[Repair, ...]
+        self,
+        taken: TakenLedger,
+        md: LedgerMetadata,
+        repairs: tuple[Repair, ...],
+        replace: Set[str] = frozenset(),
     ) -> tuple[int, Outcome | None]:
         """Copies and commits segment by segment; (fragments committed, a failure or None)."""
         lid = taken.ledger_id
-        writable, policy, locations = await self._targets_context(md)
+        writable, policy, locations = await self._targets_context(md, replace)
         by_segment: dict[int, list[Repair]] = {}
         for r in repairs:
             by_segment.setdefault(r.segment_index, []).append(r)
