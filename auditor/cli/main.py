@@ -193,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     from auditor.cli import selftest
 
     selftest.add_parser(sub)
+    from auditor.cli import autorecovery_status, decommission, recover
+
+    recover.add_parser(sub, _cluster_args, _config_args)
+    decommission.add_parser(sub, _cluster_args, _config_args)
+    autorecovery_status.add_parser(sub, _cluster_args)
     return parser
 
 
@@ -239,6 +244,18 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await cmd_run(args.config, args.overrides, args.bk_conf, args.zk)
     if args.command in ("risk", "what-if"):
         return await _failing_is_2(_risk(args))
+    if args.command == "recover":
+        from auditor.cli import recover
+
+        return await recover.dispatch(args)
+    if args.command == "decommission":
+        from auditor.cli import decommission
+
+        return await decommission.dispatch(args)
+    if args.command == "autorecovery-status":
+        from auditor.cli.autorecovery_status import cmd_autorecovery_status
+
+        return await cmd_autorecovery_status(target_of_args(args), args.json)
     if args.command in admin.COMMANDS:
         return await admin.dispatch(args)
     if args.command == "demo":
