@@ -243,11 +243,23 @@ class BookieClient:
     # --- operations -----------------------------------------------------------------------
 
     async def read_entry(
-        self, bookie_id: str, ledger_id: int, entry_id: int, *, request_timeout: float | None = None
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence: bool = False,
+        password: bytes = b"",
+        request_timeout: float | None = None,
     ) -> Outcome[EntryRead]:
-        """Reads one entry as stored (never fencing); entry_id -1 asks for the last one."""
+        """Reads one entry as stored; entry_id -1 asks for the last one.
+
+        Never fencing unless `fence`: then the read carries FENCE_LEDGER and the master
+        key derived from `password` (ledger recovery's fencing and recovery reads only).
+        """
+        key = master_key(password) if fence else None
         resp = await self._exchange(
-            bookie_id, read_entry_request(0, ledger_id, entry_id), request_timeout
+            bookie_id, read_entry_request(0, ledger_id, entry_id, fence_key=key), request_timeout
         )
         if isinstance(resp, NoAnswer | ErrorStatus):
             return resp

@@ -273,15 +273,23 @@ def response_header(operation: Operation | int, txn_id: int) -> pb.BKPacketHeade
     )
 
 
-def read_entry_request(txn_id: int, ledger_id: int, entry_id: int) -> pb.Request:
-    """A plain READ_ENTRY: never fencing, never piggyback, never long-poll."""
-    return pb.Request(
-        header=request_header(Operation.READ_ENTRY, txn_id),
-        readRequest=pb.ReadRequest(
-            ledgerId=_check_i64("ledgerId", ledger_id),
-            entryId=_check_i64("entryId", entry_id),
-        ),
+def read_entry_request(
+    txn_id: int, ledger_id: int, entry_id: int, *, fence_key: bytes | None = None
+) -> pb.Request:
+    """A READ_ENTRY, never piggyback, never long-poll; fencing only with `fence_key`.
+
+    With `fence_key` (the ledger's master key) it carries `flag = FENCE_LEDGER`, as
+    ledger recovery sends it: the bookie fences the ledger (plain adds get EFENCED from
+    then on) before it answers.
+    """
+    read = pb.ReadRequest(
+        ledgerId=_check_i64("ledgerId", ledger_id),
+        entryId=_check_i64("entryId", entry_id),
     )
+    if fence_key is not None:
+        read.flag = pb.ReadRequest.FENCE_LEDGER
+        read.masterKey = fence_key
+    return pb.Request(header=request_header(Operation.READ_ENTRY, txn_id), readRequest=read)
 
 
 def read_lac_request(txn_id: int, ledger_id: int) -> pb.Request:

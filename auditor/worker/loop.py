@@ -17,11 +17,18 @@ per-ledger steps are in `worker/repair.py`, shared with `recover`):
   session is gone cannot change metadata. One write per segment.
 * **Verify** by planning again from fresh metadata and fresh bookie answers; only an
   empty plan unmarks (versioned: a mark changed since the lock was taken stays).
-* **Open ledgers**: the under-replicated tail of a ledger that is not closed is never
-  copied. Its closed segments are repaired; the lock is held for
-  `openLedgerRereplicationGracePeriod` (the writer may replace the bookie itself) and
-  then released with the mark kept. Fencing and recovering such a ledger is not built
-  yet (issue 16, item 5): until it is, such a ledger waits for its writer.
+* **Open ledgers** (spec §1.9): the under-replicated tail of a ledger that is not
+  closed is never copied unfenced. Its closed segments are repaired; the lock is held
+  for `openLedgerRereplicationGracePeriod` (the writer may replace the bookie or close
+  the ledger itself), then, the lock still held, the metadata is read again: a ledger
+  still open with a bad position in its last segment is fenced, recovered and closed
+  as BookKeeper's client does (`worker/recovery.py`, fenced on the lock). Then the
+  lock is released with the mark kept, whatever happened, and the next take repairs
+  the closed ledger like any other. The lock is released, as upstream does, rather
+  than the ledger repaired at once under it: the copy then runs in a slot of
+  `ledgers_in_parallel` like every other (deferrals run outside the slots), and the
+  release wakes this worker, so the copy starts at its next take. A failed recovery
+  leaves the ledger IN_RECOVERY, which the next take defers and recovers again.
 * **Unrecoverable** ledgers (an entry with no readable copy anywhere) are reported once
   with their ranges, kept marked for an operator, and tried again only after
   `worker.unrecoverable_retry`; the lock is held meanwhile, so no other worker (ours)
@@ -231,7 +238,8 @@ class ReplicationWorker:
             fragments_committed=outcome.committed,
             lock_held_for_s=round(hold, 3),
         )
-        if hold <= 0:
+        open_tail = outcome.failure is Failure.OPEN_LEDGER
+        if hold <= 0 and not open_tail:
             self.state.in_hand.pop(lid, None)
             await self._release(taken, start)
             return
@@ -240,7 +248,9 @@ class ReplicationWorker:
         self.state.in_hand[lid] = InHand(
             lid, start, "deferred", held.fragments if held else (), self.clock() + hold
         )
-        task = asyncio.ensure_future(self._hold_then_release(taken, start, hold))
+        task = asyncio.ensure_future(
+            self._hold_then_release(taken, start, hold, open_tail=open_tail)
+        )
         self._holds.add(task)
         task.add_done_callback(self._holds.discard)
 
@@ -266,13 +276,37 @@ class ReplicationWorker:
         self._failures[lid] = n + 1
         return failed_delay(bk.lockReleaseOfFailedLedgerGracePeriod, n)
 
-    async def _hold_then_release(self, taken: TakenLedger, start: float, seconds: float) -> None:
+    async def _hold_then_release(
+        self, taken: TakenLedger, start: float, seconds: float, *, open_tail: bool = False
+    ) -> None:
         try:
             await asyncio.sleep(seconds)
+            if open_tail:
+                await self._recover_open(taken)
         finally:
             self.state.in_hand.pop(taken.ledger_id, None)
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._release(taken, start))
+
+    async def _recover_open(self, taken: TakenLedger) -> None:
+        """The end of an open ledger's grace period: recover it if it is still open with
+        a bad tail (the lock is released by the caller, whatever happens here)."""
+        lid = taken.ledger_id
+        held = self.state.in_hand.get(lid)
+        if held is not None:
+            self.state.in_hand[lid] = InHand(lid, held.since, "recovering", held.fragments)
+        try:
+            await self.repairer.recover_open_tail(taken)
+        except (Disconnected, FencedOutError) as exc:
+            self.log.warning(
+                "open ledger not recovered: our lock may be gone", ledger=lid, error=str(exc)
+            )
+        except Exception as exc:  # one ledger's failure never ends the worker
+            self.log.error(
+                "open ledger not recovered; its mark stays",
+                ledger=lid,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     async def _release(self, taken: TakenLedger, start: float) -> None:
         try:

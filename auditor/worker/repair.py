@@ -18,7 +18,11 @@ locks the ledgers of the bookies it is told to empty and moves them (`replace`).
 * **Verify** by planning again from fresh metadata and fresh bookie answers; only an
   empty plan unmarks (versioned: a mark changed since the lock was taken stays).
 * The under-replicated tail of a ledger that is not closed is never copied: its
-  closed segments are repaired and the outcome says `open_ledger`.
+  closed segments are repaired and the outcome says `open_ledger`. Once the caller has
+  held the lock for `openLedgerRereplicationGracePeriod`, `recover_open_tail` fences
+  and recovers the ledger if it is still open with a bad position in its last segment
+  (`worker/recovery.py`, as BookKeeper's client does), so the next take repairs a
+  closed ledger.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from auditor.checks.context import CheckContext
 from auditor.checks.placement_run import placement_policy
@@ -48,9 +52,12 @@ from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_meta
 from auditor.topology.racks import open_rack_resolver
 from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
 from auditor.worker.plan import LedgerPlan, Repair, plan_ledger
+from auditor.worker.recovery import Recovered, recover_open_ledger
 from auditor.worker.state import Failure, InHand, WorkerState
 from auditor.worker.targets import NoTargetError, choose_targets
 from auditor.zk import NoNodeError
+
+T = TypeVar("T")
 
 
 class Connection(Protocol):
@@ -332,6 +339,80 @@ class LedgerRepairer:
         if copy.cancelled():
             raise Disconnected("ZooKeeper connection suspended: copy stopped")
         return copy.result()
+
+    async def recover_open_tail(self, taken: TakenLedger) -> Recovered | None:
+        """After `openLedgerRereplicationGracePeriod`, the lock still held (spec §1.9):
+        fences, recovers and closes the ledger if it is still open and its last segment
+        still has a bad position. None when there is nothing to recover: the ledger was
+        deleted, its writer closed it, or its last segment has no bad position any more
+        (the writer replaced the bookie). The mark stays either way.
+
+        Raises RecoveryError (nothing closed), Disconnected, FencedOutError, and what
+        reading ZooKeeper raises.
+        """
+        lid = taken.ledger_id
+        self.step(lid, "recovering")
+        md = await self.read(lid)
+        if md is None or md.closed:
+            why = "deleted" if md is None else "closed by its writer"
+            self.log.info("open ledger needs no recovery", ledger=lid, why=why)
+            return None
+        plan = await self.plan(md, taken)
+        if not plan.open_tail:
+            self.log.info(
+                "open ledger needs no recovery",
+                ledger=lid,
+                why="its last segment has no bad position any more",
+            )
+            return None
+        tail = "; ".join(describe(r) for r in plan.open_tail)
+        self.log.info("recovering open ledger", ledger=lid, open_tail=tail)
+        timeout = float(self.config.bookkeeper.readEntryTimeout)
+        work = recover_open_ledger(
+            self.ctx.bookies,
+            self.queue.fenced(taken),
+            self.zk,
+            self.path(lid),
+            lid,
+            replacer=self._replacements,
+            read_timeout=timeout,
+            add_timeout=timeout,
+            log=self.log,
+        )
+        return await self._while_connected(work, "recovery")
+
+    async def _replacements(
+        self, md: LedgerMetadata, positions: Sequence[int], excluded: Set[str]
+    ) -> Mapping[int, str]:
+        """New bookies for members of the last ensemble that failed a re-add."""
+        writable, policy, locations = await self._targets_context(md)
+        return choose_targets(
+            md,
+            len(md.segments) - 1,
+            list(positions),
+            writable=frozenset(writable) - excluded,
+            policy=policy,
+            locations=locations,
+            rng=self.rng,
+        )
+
+    async def _while_connected(self, work: Coroutine[Any, Any, T], what: str) -> T:
+        """`work`, stopped the moment the ZooKeeper connection is suspended."""
+        if self.conn.disconnected.is_set():
+            work.close()
+            raise Disconnected(f"ZooKeeper connection suspended before the {what}")
+        task = asyncio.ensure_future(work)
+        lost = asyncio.ensure_future(self.conn.disconnected.wait())
+        try:
+            await asyncio.wait([task, lost], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, lost, return_exceptions=True)
+        if task.cancelled():
+            raise Disconnected(f"ZooKeeper connection suspended: {what} stopped")
+        return task.result()
 
     async def verify(
         self, taken: TakenLedger, committed: int, replace: Set[str] = frozenset()

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import ssl
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -117,6 +118,11 @@ class BookieEmulator:
         self.add_requests: Counter[int] = Counter()
         self.recovery_add_requests: Counter[int] = Counter()
         self.recovery_adds_per_entry: Counter[tuple[int, int]] = Counter()
+        #: READ_ENTRY requests with FENCE_LEDGER received, per ledger id, and when the
+        #: first of them arrived (`time.monotonic()`), so a test can tell when a ledger
+        #: was fenced, not only that it was.
+        self.fence_reads: Counter[int] = Counter()
+        self.first_fence_read_at: dict[int, float] = {}
 
     # --- identity and lifecycle ------------------------------------------------------
 
@@ -332,6 +338,11 @@ class BookieEmulator:
         ledger = self._ledgers.get(ledger_id)
         return None if ledger is None else ledger.body(ledger_id, entry_id)
 
+    def is_fenced(self, ledger_id: int) -> bool:
+        """Whether the ledger is fenced here (a plain add of it gets EFENCED)."""
+        ledger = self._ledgers.get(ledger_id)
+        return ledger is not None and ledger.fenced
+
     def ledger_master_key(self, ledger_id: int) -> bytes | None:
         """The master key the ledger holds (set by its first add or `password`), if any."""
         ledger = self._ledgers.get(ledger_id)
@@ -352,6 +363,8 @@ class BookieEmulator:
         self.add_requests.clear()
         self.recovery_add_requests.clear()
         self.recovery_adds_per_entry.clear()
+        self.fence_reads.clear()
+        self.first_fence_read_at.clear()
 
     def stats(self) -> dict[str, Any]:
         """Every counter as plain JSON values (for a process that reports to another).
@@ -447,6 +460,11 @@ class BookieEmulator:
                 self.recovery_adds_per_entry[ar.ledgerId, ar.entryId] += 1
             else:
                 self.add_requests[ar.ledgerId] += 1
+        elif op is Operation.READ_ENTRY and request.HasField("readRequest"):
+            rr = request.readRequest
+            if rr.HasField("flag") and rr.flag == pb.ReadRequest.FENCE_LEDGER:
+                self.fence_reads[rr.ledgerId] += 1
+                self.first_fence_read_at.setdefault(rr.ledgerId, time.monotonic())
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         if self._count_waiters:
