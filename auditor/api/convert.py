@@ -36,6 +36,7 @@ from auditor.errors import ConfigError, FormatError, shown_name
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.timefmt import from_iso, iso_datetime
+from auditor.worker.state import WorkerState
 
 ALL = "all"
 #: Invalid znodes `status` lists per check (the count is exact; the report lists more).
@@ -156,6 +157,39 @@ def status_response(state: DaemonState, now: float | None = None) -> pb.GetStatu
         if ran is not None:
             entry.ran_at.CopyFrom(ran)
     _leadership(state, msg)
+    msg.worker.CopyFrom(worker_status(state.worker))
+    return msg
+
+
+def worker_status(ws: WorkerState) -> pb.WorkerStatus:
+    """The replication worker now: its ledgers in hand by id, its unrecoverable ones, counts."""
+    msg = pb.WorkerStatus(
+        enabled=ws.enabled,
+        running=ws.running,
+        waiting=ws.waiting,
+        ledgers_replicated=ws.ledgers_replicated,
+        ledgers_found_healthy=ws.ledgers_found_healthy,
+        fragments_replicated=ws.fragments_replicated,
+        entries_read=ws.entries_read,
+        entries_written=ws.entries_written,
+        bytes_read=ws.bytes_read,
+        bytes_written=ws.bytes_written,
+        lock_seconds=round(ws.lock_seconds, 3),
+        locks_released=ws.locks_released,
+    )
+    msg.failures.update({str(f): n for f, n in ws.failures.items() if n})
+    for lid in sorted(ws.in_hand):
+        held = ws.in_hand[lid]
+        entry = msg.in_hand.add(ledger_id=lid, step=held.step, fragments=list(held.fragments))
+        _stamp(entry.since, held.since)
+        _stamp(entry.until, held.until)
+    for lid in sorted(ws.unrecoverable):
+        u = ws.unrecoverable[lid]
+        gone = msg.unrecoverable.add(ledger_id=lid)
+        for first, last in u.ranges:
+            gone.ranges.add(first=first, last=last)
+        _stamp(gone.since, u.since)
+        _stamp(gone.retry_at, u.retry_at)
     return msg
 
 
@@ -287,6 +321,45 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
             z.znode: {"value": z.value, "using": z.using, "since": stamp_iso(z, "since")}
             for z in msg.invalid_znodes
         },
+        "worker": worker_json(msg.worker) if msg.HasField("worker") else None,
+    }
+
+
+def worker_json(w: pb.WorkerStatus) -> dict[str, Any]:
+    """The `worker` object of `status --json`: counts, and the ledgers in hand and lost."""
+    return {
+        "enabled": w.enabled,
+        "running": w.running,
+        "waiting": w.waiting or None,
+        "ledgers_replicated": w.ledgers_replicated,
+        "ledgers_found_healthy": w.ledgers_found_healthy,
+        "fragments_replicated": w.fragments_replicated,
+        "entries_read": w.entries_read,
+        "entries_written": w.entries_written,
+        "bytes_read": w.bytes_read,
+        "bytes_written": w.bytes_written,
+        "failures": dict(sorted(w.failures.items())),
+        "lock_seconds": w.lock_seconds,
+        "locks_released": w.locks_released,
+        "in_hand": [
+            {
+                "ledger_id": h.ledger_id,
+                "step": h.step,
+                "since": stamp_iso(h, "since"),
+                "until": stamp_iso(h, "until"),
+                "fragments": list(h.fragments),
+            }
+            for h in w.in_hand
+        ],
+        "unrecoverable": [
+            {
+                "ledger_id": u.ledger_id,
+                "ranges": [[r.first, r.last] for r in u.ranges],
+                "since": stamp_iso(u, "since"),
+                "retry_at": stamp_iso(u, "retry_at"),
+            }
+            for u in w.unrecoverable
+        ],
     }
 
 

@@ -310,6 +310,7 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
         out.write(f"  self-test: {verdict} ({len(tests)} detectors, last {when})\n")
         for line in failed:
             out.write(f"    {line}\n")
+    _render_worker(doc.get("worker"), out)
 
 
 #: Leadership decisions the text status lists (`--json` has all the daemon keeps).
@@ -349,6 +350,40 @@ def _render_leadership(doc: dict[str, Any], out: TextIO) -> None:
         for d in decisions:
             detail = f" [{d['detail']}]" if d["detail"] else ""
             out.write(f"    {d['at'] or '-'}  {d['reason']:<19} {d['message']}{detail}\n")
+
+
+def _render_worker(w: dict[str, Any] | None, out: TextIO) -> None:
+    """The replication worker: what it does now (ledgers in hand, unrecoverable), its counts."""
+    if w is None:
+        return  # a daemon older than the worker
+    if not w["enabled"]:
+        out.write("  worker: off (worker.enabled)\n")
+        return
+    doing = "running" if w["running"] else "NOT RUNNING"
+    if w["waiting"]:
+        doing += f"; waiting: {w['waiting']}"
+    out.write(f"  worker: {doing}\n")
+    out.write(
+        f"    replicated {w['ledgers_replicated']} ledgers ({w['fragments_replicated']} "
+        f"fragments), {w['ledgers_found_healthy']} found whole; read {w['entries_read']} "
+        f"entries ({w['bytes_read']} bytes), wrote {w['entries_written']} entries "
+        f"({w['bytes_written']} bytes); {w['locks_released']} locks released, held "
+        f"{w['lock_seconds']:g}s in all\n"
+    )
+    if w["failures"]:
+        failures = ", ".join(f"{k}={n}" for k, n in w["failures"].items())
+        out.write(f"    failed attempts: {failures}\n")
+    for h in w["in_hand"]:
+        until = f" until {h['until']}" if h["until"] else ""
+        out.write(f"    ledger {h['ledger_id']}: {h['step']}{until} (locked since {h['since']})\n")
+        for line in h["fragments"]:
+            out.write(f"      {line}\n")
+    for u in w["unrecoverable"]:
+        ranges = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in u["ranges"])
+        out.write(
+            f"    UNRECOVERABLE ledger {u['ledger_id']}: no readable copy of entries {ranges} "
+            f"(since {u['since']}; tried again at {u['retry_at']}); kept marked\n"
+        )
 
 
 async def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -480,7 +515,9 @@ def add_parsers(sub: Any, cluster_args: Callable[[argparse.ArgumentParser], None
     )
     cluster_args(trig)
     _api_args(trig, with_common=False)
-    status = sub.add_parser("status", help="a daemon's status: leadership, checks, last counts")
+    status = sub.add_parser(
+        "status", help="a daemon's status: leadership, checks, last counts, its worker"
+    )
     _api_args(status, with_common=True)
     report = sub.add_parser("report", help="a daemon's last report of a check")
     report.add_argument("which", metavar="CHECK", choices=list(map(str, Check)))

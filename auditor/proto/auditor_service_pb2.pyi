@@ -259,6 +259,7 @@ class GetStatusResponse(_message.Message):
     OTHER_ELECTION_PATH_FIELD_NUMBER: _builtins.int
     OTHER_ELECTION_HOLDER_FIELD_NUMBER: _builtins.int
     OTHER_ELECTION_SINCE_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     is_leader: _builtins.bool
     leader: _builtins.str
@@ -320,6 +321,14 @@ class GetStatusResponse(_message.Message):
 
     @_builtins.property
     def other_election_since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def worker(self) -> Global___WorkerStatus:
+        """What this daemon's replication worker is doing now (BookKeeper's
+        queryautorecoverystatus, for one worker, in detail): the ledgers whose
+        locks it holds, the unrecoverable ledgers it keeps marked, its counts.
+        Unset from a daemon older than the worker.
+        """
+
     def __init__(
         self,
         *,
@@ -344,14 +353,217 @@ class GetStatusResponse(_message.Message):
         other_election_path: _builtins.str = ...,
         other_election_holder: _builtins.str = ...,
         other_election_since: _timestamp_pb2.Timestamp | None = ...,
+        worker: Global___WorkerStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "started_at", b"started_at", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "zk_connected", b"zk_connected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "worker", b"worker", "zk_connected", b"zk_connected"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class WorkerStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FailuresEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    LEDGERS_REPLICATED_FIELD_NUMBER: _builtins.int
+    LEDGERS_FOUND_HEALTHY_FIELD_NUMBER: _builtins.int
+    FRAGMENTS_REPLICATED_FIELD_NUMBER: _builtins.int
+    ENTRIES_READ_FIELD_NUMBER: _builtins.int
+    ENTRIES_WRITTEN_FIELD_NUMBER: _builtins.int
+    BYTES_READ_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    LOCK_SECONDS_FIELD_NUMBER: _builtins.int
+    LOCKS_RELEASED_FIELD_NUMBER: _builtins.int
+    IN_HAND_FIELD_NUMBER: _builtins.int
+    UNRECOVERABLE_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """worker.enabled"""
+    running: _builtins.bool
+    """the worker's loop runs (false while it restarts, or stopped)"""
+    waiting: _builtins.str
+    """Why it takes no ledger, when it does not: "no free marked ledger",
+    "replication disabled (underreplication/disable)", "ZooKeeper unavailable: ...".
+    """
+    ledgers_replicated: _builtins.int
+    ledgers_found_healthy: _builtins.int
+    """Ledgers unmarked with nothing to copy (their bookies came back)."""
+    fragments_replicated: _builtins.int
+    entries_read: _builtins.int
+    entries_written: _builtins.int
+    bytes_read: _builtins.int
+    bytes_written: _builtins.int
+    lock_seconds: _builtins.float
+    """Seconds locks were held, summed, and how many were released."""
+    locks_released: _builtins.int
+    @_builtins.property
+    def failures(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Attempts that did not finish, by reason (no_target, target_failed,
+        unrecoverable, unknown_bookies, metadata_conflict, verify_failed,
+        lock_lost, open_ledger, error); only reasons seen.
+        """
+
+    @_builtins.property
+    def in_hand(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerLedger]:
+        """The ledgers whose locks it holds, by ledger id."""
+
+    @_builtins.property
+    def unrecoverable(self) -> _containers.RepeatedCompositeFieldContainer[Global___UnrecoverableLedger]:
+        """Ledgers with entries no bookie can serve: kept marked for an operator."""
+
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        running: _builtins.bool = ...,
+        waiting: _builtins.str = ...,
+        ledgers_replicated: _builtins.int = ...,
+        ledgers_found_healthy: _builtins.int = ...,
+        fragments_replicated: _builtins.int = ...,
+        entries_read: _builtins.int = ...,
+        entries_written: _builtins.int = ...,
+        bytes_read: _builtins.int = ...,
+        bytes_written: _builtins.int = ...,
+        failures: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        lock_seconds: _builtins.float = ...,
+        locks_released: _builtins.int = ...,
+        in_hand: _abc.Iterable[Global___WorkerLedger] | None = ...,
+        unrecoverable: _abc.Iterable[Global___UnrecoverableLedger] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_read", b"bytes_read", "bytes_written", b"bytes_written", "enabled", b"enabled", "entries_read", b"entries_read", "entries_written", b"entries_written", "failures", b"failures", "fragments_replicated", b"fragments_replicated", "in_hand", b"in_hand", "ledgers_found_healthy", b"ledgers_found_healthy", "ledgers_replicated", b"ledgers_replicated", "lock_seconds", b"lock_seconds", "locks_released", b"locks_released", "running", b"running", "unrecoverable", b"unrecoverable", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerStatus: _TypeAlias = WorkerStatus  # noqa: Y015
+
+@_typing.final
+class WorkerLedger(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    FRAGMENTS_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    step: _builtins.str
+    """planning, copying, committing, verifying, or deferred (the lock is held
+    until `until` after a failed attempt, then released).
+    """
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """when its lock was taken"""
+
+    @_builtins.property
+    def fragments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One line per fragment being copied:
+        "segment 0 [0-99] position 1 bookie-3:3181 (lost) -> bookie-7:3181".
+        """
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        step: _builtins.str = ...,
+        fragments: _abc.Iterable[_builtins.str] | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fragments", b"fragments", "ledger_id", b"ledger_id", "since", b"since", "step", b"step", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerLedger: _TypeAlias = WorkerLedger  # noqa: Y015
+
+@_typing.final
+class EntryRange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    first: _builtins.int
+    """inclusive"""
+    last: _builtins.int
+    """inclusive"""
+    def __init__(
+        self,
+        *,
+        first: _builtins.int = ...,
+        last: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first", b"first", "last", b"last"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EntryRange: _TypeAlias = EntryRange  # noqa: Y015
+
+@_typing.final
+class UnrecoverableLedger(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    RANGES_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    RETRY_AT_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    @_builtins.property
+    def ranges(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntryRange]:
+        """the entries with no readable copy"""
+
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def retry_at(self) -> _timestamp_pb2.Timestamp:
+        """when the worker tries it again"""
+
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+        ranges: _abc.Iterable[Global___EntryRange] | None = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        retry_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_at", b"retry_at", "since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ledger_id", b"ledger_id", "ranges", b"ranges", "retry_at", b"retry_at", "since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnrecoverableLedger: _TypeAlias = UnrecoverableLedger  # noqa: Y015
 
 @_typing.final
 class LeadershipDecision(_message.Message):
