@@ -118,6 +118,12 @@ def _worker_series(state: DaemonState, created: float | None) -> Iterator[Metric
             "Fragments (segment positions) copied and committed to metadata.",
             w.fragments_replicated,
         ),
+        (
+            "worker_ledgers_recovered",
+            "Open ledgers this worker fenced, recovered and closed before copying.",
+            w.ledgers_recovered,
+        ),
+        ("worker_recoveries_failed", "Open-ledger recoveries that failed.", w.recoveries_failed),
         ("worker_entries_read", "Entries read (and verified) for copies.", w.entries_read),
         ("worker_entries_written", "Entries acknowledged by target bookies.", w.entries_written),
         ("worker_bytes_read", "Entry bytes read for copies.", w.bytes_read),

@@ -296,12 +296,16 @@ class ReplicationWorker:
         if held is not None:
             self.state.in_hand[lid] = InHand(lid, held.since, "recovering", held.fragments)
         try:
-            await self.repairer.recover_open_tail(taken)
+            recovered = await self.repairer.recover_open_tail(taken)
+            if recovered is not None:
+                self.state.ledgers_recovered += 1
         except (Disconnected, FencedOutError) as exc:
+            self.state.recoveries_failed += 1
             self.log.warning(
                 "open ledger not recovered: our lock may be gone", ledger=lid, error=str(exc)
             )
         except Exception as exc:  # one ledger's failure never ends the worker
+            self.state.recoveries_failed += 1
             self.log.error(
                 "open ledger not recovered; its mark stays",
                 ledger=lid,

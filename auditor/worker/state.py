@@ -32,7 +32,8 @@ class InHand:
 
     ledger_id: int
     since: float
-    #: "planning", "copying", "committing", "verifying", "deferred" (lock held until `until`).
+    #: "planning", "copying", "committing", "verifying", "deferred" (lock held until
+    #: `until`), "recovering" (an open ledger being fenced and closed).
     step: str
     #: One line per fragment: "segment 0 [0-99] position 1 bookie-3:3181 -> bookie-7:3181".
     fragments: tuple[str, ...] = ()
@@ -61,6 +62,9 @@ class WorkerState:
     #: Ledgers whose mark was removed with nothing to copy (their bookies came back).
     ledgers_found_healthy: int = 0
     fragments_replicated: int = 0
+    #: Open ledgers this worker fenced, recovered and closed; recoveries that failed.
+    ledgers_recovered: int = 0
+    recoveries_failed: int = 0
     entries_read: int = 0
     entries_written: int = 0
     bytes_read: int = 0
