@@ -10,6 +10,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from auditor.metadata.model import LedgerState
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.schedule import write_set
 from auditor.metadata.serde import decode_ledger_metadata
@@ -241,3 +242,62 @@ async def test_bad_and_unknown_bookies_are_refused_with_one_line(
             (2, "", f"bk-auditor: error: BOOKIE: an empty bookie id in '{tc.ids[1]},'\n"),
         ]
         assert await tree(zk) == before
+
+
+async def test_marks_are_left_for_the_workers_to_judge(
+    zk: ZkClient, zk_hosts: str, tmp_path: Path
+) -> None:
+    """`recover` locks as acquireUnderreplicatedLedger: no mark version, so a mark stays."""
+    async with test_cluster(zk, 6) as tc:
+        b = tc.ids
+        racks = racks_file(tmp_path, tc)
+        await write_ledgers(tc)
+        await tc.by_id(b[0]).crash()
+        urm = UnderreplicationManager(zk, ROOT)
+        for lid in (0, 1):
+            await urm.mark_underreplicated(lid, [b[0]], now_ms=1)
+        before = [await urm.get(lid) for lid in (0, 1)]
+        code, out, err = await bk(*cli(zk_hosts, racks, "recover", b[0]))
+        assert code == 0, err
+        assert (
+            out == f"recover {b[0]}: 4 ledgers named it; 4 moved, 0 no longer named, 0 not moved\n"
+        )
+        assert [await urm.get(lid) for lid in (0, 1)] == before
+        for lid in range(4):
+            assert b[0] not in await ensemble(zk, tc, lid)
+        assert await zk.get_children(f"{ROOT}/underreplication/locks") == []
+
+
+async def test_an_open_ledger_has_its_closed_segments_moved_and_is_reported(
+    zk: ZkClient, zk_hosts: str, tmp_path: Path
+) -> None:
+    """The last segment of an open ledger is never copied (nor fenced) by `recover`."""
+    async with test_cluster(zk, 6) as tc:
+        b = tc.ids
+        racks = racks_file(tmp_path, tc)
+        # Segment 0 (closed by the next one) and the open segment 1 both name b0.
+        await tc.writer.write_ledger(
+            7,
+            [(0, (b[0], b[1], b[2])), (6, (b[2], b[0], b[4]))],
+            write_quorum=2,
+            ack_quorum=2,
+            num_entries=ENTRIES,
+            state=LedgerState.OPEN,
+        )
+        code, out, err = await bk(*cli(zk_hosts, racks, "recover", b[0]))
+        assert code == 1, err
+        tail = f"segment 1 [6--1] position 1 {b[0]} (requested)"
+        assert err == (
+            f"[1/1] ledger 7: open_ledger: segment 0 [0-5] position 0 {b[0]} -> {b[3]} "
+            f"(open ledger: its last segment is under-replicated ({tail}))\n"
+        )
+        assert out == (
+            f"recover {b[0]}: 1 ledger named it; 0 moved, 0 no longer named, 1 not moved\n"
+            f"  not moved: ledger 7: open_ledger: segment 0 [0-5] position 0 {b[0]} -> {b[3]} "
+            f"(open ledger: its last segment is under-replicated ({tail}))\n"
+        )
+        data, _ = await zk.get(ledger_path(tc.cluster.manager, ROOT, 7))
+        md = decode_ledger_metadata(data, 7)
+        assert [s.bookies for s in md.segments] == [(b[3], b[1], b[2]), (b[2], b[0], b[4])]
+        assert md.state is LedgerState.OPEN
+        assert not any(tc.by_id(x).is_fenced(7) for x in b)
