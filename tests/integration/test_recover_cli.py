@@ -301,3 +301,32 @@ async def test_an_open_ledger_has_its_closed_segments_moved_and_is_reported(
         assert [s.bookies for s in md.segments] == [(b[3], b[1], b[2]), (b[2], b[0], b[4])]
         assert md.state is LedgerState.OPEN
         assert not any(tc.by_id(x).is_fenced(7) for x in b)
+
+
+async def test_autorecovery_status_names_what_is_wrong_with_a_lock(
+    zk: ZkClient, zk_hosts: str
+) -> None:
+    async with test_cluster(zk, 3) as tc:
+        locks = f"{ROOT}/underreplication/locks"
+        await tc.writer.write_ledger(
+            5, [(0, tuple(tc.ids))], write_quorum=2, ack_quorum=2, num_entries=3
+        )
+        await UnderreplicationManager(zk, ROOT).mark_underreplicated(5, [tc.ids[0]])
+        await zk.create(f"{locks}/urL{5:010d}", b"\xff not text", makepath=True)
+        await zk.create(f"{locks}/urL42", b'bookieId: "h"\n', ephemeral=True)
+        await UnderreplicationManager(zk, ROOT).disable_replication()
+        code, out, err = await bk("autorecovery-status", "--zk", zk_hosts)
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        assert lines[0] == "auto-recovery is DISABLED: workers take no new ledger"
+        assert lines[1].startswith("ledger 5: held by (names no holder) since ")
+        assert lines[1].endswith(
+            f"; marked (missing: {tc.ids[0]}); lock data does not decode: 1:1: expected a "
+            "field name, found byte 0xff; persistent: no session holds it, nothing will "
+            "release it"
+        )
+        assert lines[2].startswith(f"{locks}/urL42: held by h since ")
+        assert lines[2].endswith(
+            "; not marked; not a BookKeeper lock name (urL and the 10-digit ledger id)"
+        )
+        assert lines[3:] == ["2 ledgers being re-replicated"]
