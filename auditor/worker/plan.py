@@ -85,7 +85,7 @@ class Repair:
     #: Registered members of the segment that may hold some of those entries, best
     #: first: healthy, then unknown, then those that are bad themselves but still
     #: hold part of their share (only they may hold an entry another bad position
-    #: also lost). Lost bookies are never listed.
+    #: also lost). Lost bookies are never listed; a `REQUESTED` bookie comes last.
     sources: tuple[str, ...]
     #: `LOST`, `REQUESTED` or `MISSING_ENTRIES`.
     why: str
@@ -208,6 +208,10 @@ def plan_ledger(
                 rank = 2 if j in bad else 1 if other in unknown else 0
                 ranked.append((rank, j, other))
             sources = tuple(dict.fromkeys(b for _, _, b in sorted(ranked)))
+            if why == REQUESTED:
+                # A live bookie being emptied still holds its share: a source of last
+                # resort (the only one for write quorum 1).
+                sources = (*[b for b in sources if b != old], old)
             if open_segment:
                 tail.append(Repair(k, seg.first, INVALID_ENTRY_ID, i, old, (), sources, why))
             else:

@@ -330,3 +330,32 @@ async def test_autorecovery_status_names_what_is_wrong_with_a_lock(
             "; not marked; not a BookKeeper lock name (urL and the 10-digit ledger id)"
         )
         assert lines[3:] == ["2 ledgers being re-replicated"]
+
+
+async def test_a_live_bookie_with_the_only_copies_is_read_for_its_move(
+    zk: ZkClient, zk_hosts: str, tmp_path: Path
+) -> None:
+    """Write quorum 1: the bookie being emptied is the only source of its entries."""
+    async with test_cluster(zk, 6) as tc:
+        b = tc.ids
+        racks = racks_file(tmp_path, tc)
+        await tc.writer.write_ledger(
+            9, [(0, (b[0], b[1]))], write_quorum=1, ack_quorum=1, num_entries=ENTRIES
+        )
+        source = tc.by_id(b[0])
+        code, out, err = await bk(*cli(zk_hosts, racks, "recover", b[0]))
+        assert code == 0, err
+        assert (
+            out == f"recover {b[0]}: 1 ledger named it; 1 moved, 0 no longer named, 0 not moved\n"
+        )
+        [seg] = await decode_segments(zk, tc, 9)
+        target = tc.by_id(seg[0])
+        assert seg[1] == b[1] and seg[0] not in (b[0], b[1])
+        for e in range(0, ENTRIES, 2):  # position 0 holds the even entries
+            assert target.entry_body(9, e) == source.entry_body(9, e), e
+        assert not any(target.has_entry(9, e) for e in range(1, ENTRIES, 2))
+
+
+async def decode_segments(zk: ZkClient, tc: TestCluster, lid: int) -> list[tuple[str, ...]]:
+    data, _ = await zk.get(ledger_path(tc.cluster.manager, ROOT, lid))
+    return [s.bookies for s in decode_ledger_metadata(data, lid).segments]

@@ -227,10 +227,10 @@ def test_two_bad_positions_two_repairs_and_bad_sources_last() -> None:
 def test_requested_bookie_is_replaced_and_still_a_source() -> None:
     md = ledger()
     plan = plan_ledger(md, registered={A1, B1, C1}, answers=full(md, A1, B1, C1), replace={A1})
-    assert plan.repairs == (Repair(0, 0, 9, 0, A1, HOLDS_0, (B1, C1), REQUESTED),)
+    assert plan.repairs == (Repair(0, 0, 9, 0, A1, HOLDS_0, (B1, C1, A1), REQUESTED),)
     other = plan_ledger(md, registered={A1, B1, C1}, answers=full(md, A1, B1, C1), replace={B1})
-    assert other.repairs == (Repair(0, 0, 9, 1, B1, HOLDS_1, (A1, C1), REQUESTED),)
-    assert other.repairs[0].sources == (A1, C1)
+    assert other.repairs == (Repair(0, 0, 9, 1, B1, HOLDS_1, (A1, C1, B1), REQUESTED),)
+    assert other.repairs[0].sources == (A1, C1, B1)
 
 
 def test_without_answers_only_the_registry_decides() -> None:
