@@ -104,8 +104,10 @@ def ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
 
 
 def describe(r: Repair) -> str:
+    """One line per fragment for logs and `status` ("?": no entry known, e.g. an open tail)."""
+    end = str(r.last_entry) if r.last_entry >= r.first_entry else "?"
     return (
-        f"segment {r.segment_index} [{r.first_entry}-{r.last_entry}] position {r.bookie_index} "
+        f"segment {r.segment_index} [{r.first_entry}-{end}] position {r.bookie_index} "
         f"{r.old} ({r.why})"
     )
 
