@@ -206,7 +206,12 @@ async def test_canary_fails_when_the_defect_goes_undetected(
             at = next(i for i, line in enumerate(lines) if line.startswith("  self-test:"))
             detectors = len(SELFTEST_CHECKS) + len(CANARY)
             assert lines[at].startswith(f"  self-test: FAILED ({detectors} detectors, last ")
-            assert lines[at + 1 :] == [f"    {failed.summary()}"]
+            # The failed detector's line, and nothing else of the self-test block (the
+            # worker's block follows it).
+            assert lines[at + 1 : at + 3] == [
+                f"    {failed.summary()}",
+                "  worker: off (worker.enabled)",
+            ]
         errors = [e for e in info_logs if e["event"].startswith("canary failed")]
         assert [(e["check"], e["failed"]) for e in errors] == [(CANARY_REPLICAS, failed.summary())]
         assert await _ledger_ids(zk) == [1]
