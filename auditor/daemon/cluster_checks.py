@@ -32,6 +32,7 @@ from auditor.daemon.contained import CTIME_CORRUPT, shown
 from auditor.daemon.scheduler import CTIME_KIND, intervals
 from auditor.daemon.state import DaemonState
 from auditor.metadata.records import CheckKind, RecordFormatError, decode_check_ctime
+from auditor.waits import until_any
 from auditor.zk import NoNodeError, ZkClient
 
 #: Seconds between re-reads without a watch event: a watch lost with a session (or
@@ -163,13 +164,4 @@ async def follow_cluster_checks(
         last_error = None
         if passed is not None:
             passed.set()
-        waits = [asyncio.ensure_future(w.changed.wait()) for w in watches if w.changed]
-        if not waits:
-            await asyncio.sleep(safety)
-            continue
-        try:
-            await asyncio.wait(waits, timeout=safety, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in waits:
-                t.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await until_any(*(w.changed for w in watches if w.changed), within=safety)

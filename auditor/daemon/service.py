@@ -107,6 +107,7 @@ from auditor.metadata.underreplication import (
 )
 from auditor.schedule.bookie_sightings import BookieSightings
 from auditor.selftest.harness import SelfTestResult
+from auditor.waits import until_any
 from auditor.worker.loop import ReplicationWorker, WorkerConnection, default_lock_holder
 from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
 
@@ -563,13 +564,7 @@ class Daemon:
 
     async def _until(self, *events: asyncio.Event, within: float | None = None) -> None:
         """Until any of `events` (or `_stop`) is set, or `within` seconds pass."""
-        waits = [asyncio.ensure_future(e.wait()) for e in (*events, self._stop)]
-        try:
-            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await until_any(*events, self._stop, within=within)
 
     def _defer_to(self, holder: ElectionHolder) -> Decision:
         """The decision to stay out while `holder` holds the other driver's election."""

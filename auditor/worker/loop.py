@@ -55,6 +55,7 @@ from typing import Any
 from auditor.checks.context import CheckContext
 from auditor.logs import get_logger
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
+from auditor.waits import until_any
 from auditor.worker.repair import (
     Connection,
     Disconnected,
@@ -183,20 +184,10 @@ class ReplicationWorker:
                 self.state.waiting = ""
                 return taken
             self.state.waiting = "no free marked ledger"
-            await self._until(changed, self.released, within=IDLE_REWALK)
+            await until_any(changed, self.released, within=IDLE_REWALK)
 
     async def _disabled(self) -> bool:
         return await self.zk.exists(f"{self.ctx.root}/underreplication/disable") is not None
-
-    @staticmethod
-    async def _until(*events: asyncio.Event, within: float) -> None:
-        waits = [asyncio.ensure_future(e.wait()) for e in events]
-        try:
-            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
 
     # --- one taken ledger --------------------------------------------------------------------
 
