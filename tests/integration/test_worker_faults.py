@@ -638,6 +638,77 @@ async def test_kill_9_between_the_copy_and_the_commit_then_a_restart_finishes(
         await proxy.stop()
 
 
+@pytest.mark.slow
+async def test_kill_9_between_the_commit_and_the_unmark_leaves_a_mark_a_restart_removes(
+    zk: ZkClient, zk_server: ZooKeeperServer, zk_hosts: str, tmp_path: Path
+) -> None:
+    chroot = zk_hosts[len(zk_server.hosts) :]
+    link = ZkLink(zk_server.hosts)
+    await link.start()
+    try:
+        async with test_cluster(zk, 6) as tc:
+            b = tc.ids
+            racks = racks_file(tmp_path, tc)
+            await tc.writer.write_ledger(
+                LEDGER, [b[0], b[1], b[2]], write_quorum=2, ack_quorum=2, num_entries=30
+            )
+            m = await lose_and_mark(zk, tc, LEDGER, b[0])
+            lost, target = tc.by_id(b[0]), tc.by_id(b[3])
+            wanted = stored(m.md, 0, 0)
+            last = Trip(
+                target,
+                Operation.ADD_ENTRY,
+                nth_recovery_add(target, LEDGER, len(wanted)),
+                lambda _r: 0.0,
+            )
+            unmark = asyncio.Event()
+            mark, fence = m.mark_path.encode(), lock_path(LEDGER).encode()
+
+            # The fenced delete of the mark (after the copy, the commit and the
+            # verification) is kept, never delivered, and the link stalls.
+            async def interpose(chunk: bytes) -> None:
+                if last.fired.is_set() and mark in chunk and fence in chunk:
+                    link.stall()
+                    unmark.set()
+
+            link.interpose = interpose
+            daemon = DaemonProcess("w-a", link.address + chroot, racks)
+            async with processes(daemon):
+                await asyncio.wait_for(unmark.wait(), 60)
+                await daemon.kill()
+                # Committed and verified, not unmarked: the metadata names the new
+                # bookie, which holds every entry; the mark is as the auditor wrote it.
+                data, stat = await zk.get(m.path)
+                repaired = dataclasses.replace(m.md, segments=(Segment(0, (b[3], b[1], b[2])),))
+                assert (data, int(stat.version)) == (
+                    encode_ledger_metadata(repaired),
+                    m.version + 1,
+                )
+                await assert_consistent(zk, tc, LEDGER)
+                mark_data, mark_stat = await zk.get(m.mark_path)
+                assert (mark_data, int(mark_stat.version)) == (m.mark_data, m.mark_version)
+                assert daemon.events("fragments committed", ledger=LEDGER)
+                assert not daemon.events("ledger re-replicated")
+                last.clear()
+                link.interpose = None
+                link.flow()
+                # Restarted, it takes the ledger once the dead session's lock is gone,
+                # finds every copy in place and removes the mark: nothing copied again.
+                await daemon.start()
+                await until_exists(zk, m.mark_path, False, within=60)
+                done = await daemon.logged(
+                    "ledger has every copy; nothing to copy", within=10, ledger=LEDGER
+                )
+                assert (done["incarnation"], done["unmarked"]) == (2, True)
+                assert not daemon.events("copying fragments", incarnation=2)
+            assert_single_copy_per_attempt(target, LEDGER, wanted, repeated=())
+            await assert_repaired(zk, tc, m, [Segment(0, (b[3], b[1], b[2]))], commits=1)
+            for e in wanted:
+                assert target.entry_body(LEDGER, e) == lost.entry_body(LEDGER, e)
+    finally:
+        await link.stop()
+
+
 # --- the session lost during a copy -------------------------------------------------------
 
 
