@@ -64,6 +64,7 @@ class DaemonProcess:
             "underreplicatedLedgerRecoveryGracePeriod=3600",
             f"checks.racks_file={self.cluster.racks}",
             "checks.progress_interval=3600",
+            "worker.enabled=false",  # the figure is the auditor's fail-over
         ]
         args = [sys.executable, "-m", "auditor", "run", "--zk", self.cluster.hosts]
         for s in sets:

@@ -80,6 +80,7 @@ async def test_spark_leader_publishes_the_seeded_faults_and_stops_its_job_when_d
         [
             f"daemon.zk={zk.hosts}",
             "daemon.identity=spark-auditor:1",
+            "worker.enabled=false",
             "daemon.jitter=0",
             "daemon.engine=spark",
             "scan.master=local[2]",

@@ -654,6 +654,7 @@ async def test_daemon_answers_health_within_a_second_through_bookie_faults(zk: Z
             [
                 f"daemon.zk={zk.hosts}",
                 f"daemon.identity={identity}",
+                "worker.enabled=false",  # the auditor's findings are what is tested
                 "daemon.jitter=0",
                 "metrics.enabled=false",
                 "auditorPeriodicBookieCheckInterval=3600",

@@ -89,6 +89,7 @@ async def test_a_leader_whose_session_expires_while_marking_comes_back_and_finis
             [
                 f"daemon.zk={zk.hosts}",
                 "daemon.identity=expiring:1",
+                "worker.enabled=false",  # the auditor's leadership is what is tested
                 "daemon.zk_session_timeout=4",
                 "auditorPeriodicCheckInterval=0",
                 "auditorPeriodicPlacementPolicyCheckInterval=0",

@@ -80,6 +80,7 @@ async def test_passwords_appear_in_no_output(zk: ZkClient, tmp_path: Path) -> No
                 [
                     f"daemon.zk={zk.hosts}",
                     "daemon.identity=secret-test:1",
+                    "worker.enabled=false",
                     "daemon.jitter=0",
                     "metrics.host=127.0.0.1",
                     "metrics.port=0",

@@ -261,6 +261,7 @@ async def test_daemon_with_credentials_from_env_leads_with_creator_only_votes(
         None,
         [
             f"daemon.identity={identity}",
+            "worker.enabled=false",
             "daemon.zk_session_timeout=4",
             "daemon.metadata_index=false",
             "auditorPeriodicCheckInterval=0",

@@ -145,9 +145,8 @@ class RiskSection:
 class WorkerSection:
     """The replication worker every daemon runs (BookKeeper's keys are in `[bookkeeper]`)."""
 
-    #: Off until the worker is complete (issue 16: open-ledger recovery, `recover`,
-    #: `decommission`); then every daemon runs one by default, as AutoRecovery does.
-    enabled: bool = False
+    #: Every daemon runs one, as every Java AutoRecovery process does.
+    enabled: bool = True
     #: Ledgers one worker repairs at once (Java: one).
     ledgers_in_parallel: int = 1
     #: What the worker's locks name as their holder (Java: the host's canonical name);
