@@ -4,11 +4,26 @@ A throwaway ZooKeeper; eight emulated bookies speaking the real protocol, in
 three racks published in Pulsar's `/bookies` znode; a few thousand ledgers;
 one seeded fault per category; and two auditor daemons electing a leader
 through BookKeeper's own election path. It prints the leader's first report,
-the metrics URLs and the gRPC addresses, then keeps running until Ctrl-C or
-until `--duration` seconds have passed, and tears everything down.
+the metrics URLs and the gRPC addresses; then shows the whole AutoRecovery
+loop (below); then keeps running until Ctrl-C or until `--duration` seconds
+have passed, and tears everything down.
 
 The cluster and its seeded faults (one per category) are described in
 `auditor.testing.seeded`; the leader must find exactly `EXPECTED`.
+
+The whole loop comes second, with the replication workers on: a worker
+repairs what it can of the seeded faults the moment they are marked, so with
+workers running from the start the first report would depend on which came
+first, the check or the repair. `worker.enabled` is read when a daemon
+starts, so the daemons restart with it (as an operator turning the worker on
+would restart them). The silent bookie answers again (a target that never
+answers would only slow the copies down with time-outs), the workers settle
+the marks the first round left, then bookie 1 stops: the leader's lost-bookie
+audit marks its ledgers, both daemons' workers copy them (progress from
+`DaemonState.worker`), and the leader's replicas and placement checks run
+again. Bookie 1 is in `/rack-0` with bookie 0 only, and every ring of
+healthy ledgers holding it spans three racks, so the placement policy sends
+each of its copies to bookie 0.
 """
 
 from __future__ import annotations
@@ -17,22 +32,40 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
-from auditor.checks.findings import Check
+from auditor.checks.findings import Check, CheckReport
 from auditor.checks.runner import ALL_CHECKS
 from auditor.cli.check import render_text
 from auditor.daemon.config import load_daemon_config
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.logs import configure_logging
+from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.metadata.walk import LedgerWalker
 from auditor.testing.bookie import BookieEmulator
-from auditor.testing.seeded import EXPECTED, HEALTHY, ROOT, build_seeded_cluster
+from auditor.testing.seeded import EXPECTED, HEALTHY, RACKS, ROOT, build_seeded_cluster
 from auditor.testing.zkserver import ZooKeeperServer, free_port
+from auditor.worker.repair import ranges_text
 from auditor.zk import ZkClient
 
+#: The bookie the whole loop stops (see the module's docstring).
+STOPPED = 1
+#: The bookie seeded as registered but silent, which answers again for the whole loop.
+SILENT = 7
+#: Seconds the workers have to settle the first round's marks, and to copy the stopped
+#: bookie's ledgers; past them the demo says what is left and exits 1.
+SETTLE_WITHIN = 60.0
+REPAIR_WITHIN = 300.0
+#: Seconds between two progress lines while the workers copy.
+PROGRESS_EVERY = 2.0
+#: The checks the whole loop runs again once the copies are done.
+AFTER_CHECKS = (Check.REPLICAS, Check.PLACEMENT)
 
-def _daemon_config(hosts: str, name: str, api: int, metrics: int) -> Any:
+
+def _daemon_config(hosts: str, name: str, api: int, metrics: int, worker: bool) -> Any:
     return load_daemon_config(
         None,
         [
@@ -52,6 +85,11 @@ def _daemon_config(hosts: str, name: str, api: int, metrics: int) -> Any:
             "readEntryTimeout=1",
             "checks.retry_delay=1",
             "checks.retry_attempts=1",
+            f"worker.enabled={'true' if worker else 'false'}",
+            f"worker.lock_holder={name}",
+            # A failed attempt holds its lock 0.1 s doubling to 3.2 s (upstream's rule
+            # with a shorter cap than its 300 s), so a hiccup does not stall the demo.
+            "lockReleaseOfFailedLedgerGracePeriod=3200",
         ],
         env={},
     )
@@ -61,6 +99,26 @@ def _first_round_done(d: Daemon) -> bool:
     return d.state.is_leader and all(
         d.state.checks[c].last_finished is not None for c in ALL_CHECKS
     )
+
+
+def _audited(d: Daemon) -> bool:
+    return d.state.is_leader and d.state.checks[Check.BOOKIES].last_finished is not None
+
+
+def _start_daemons(configs: list[Any]) -> tuple[list[Daemon], list[asyncio.Task[int]]]:
+    daemons: list[Daemon] = []
+    runs: list[asyncio.Task[int]] = []
+    for cfg in configs:
+        d = Daemon(cfg, metrics=Metrics())
+
+        async def api_factory(control: Daemon, cfg: Any = cfg) -> Any:
+            from auditor.api.server import start_api_server
+
+            return await start_api_server(control, host=cfg.api.host, port=cfg.api.port, token=None)
+
+        daemons.append(d)
+        runs.append(asyncio.ensure_future(d.run(api_factory=api_factory, signals=False)))
+    return daemons, runs
 
 
 async def run_sandbox(duration: float | None) -> int:
@@ -83,32 +141,27 @@ async def run_sandbox(duration: float | None) -> int:
                 await b.start()
             await build_seeded_cluster(zk, bookies)
             await bookies[6].crash()
-            bookies[7].pause()
+            bookies[SILENT].pause()
             print(
                 f"Cluster: {HEALTHY} healthy ledgers and 8 seeded faults on "
                 f"ZooKeeper {server.hosts}{ROOT}",
                 flush=True,
             )
-            daemons: list[Daemon] = []
-            runs: list[asyncio.Task[int]] = []
-            for name in ("auditor-a", "auditor-b"):
-                api, metrics_port = free_port(), free_port()
-                cfg = _daemon_config(server.hosts, name, api, metrics_port)
-                d = Daemon(cfg, metrics=Metrics())
 
-                async def api_factory(control: Daemon, cfg: Any = cfg) -> Any:
-                    from auditor.api.server import start_api_server
+            def configs(worker: bool) -> list[Any]:
+                return [
+                    _daemon_config(server.hosts, name, free_port(), free_port(), worker)
+                    for name in ("auditor-a", "auditor-b")
+                ]
 
-                    return await start_api_server(
-                        control, host=cfg.api.host, port=cfg.api.port, token=None
-                    )
-
-                daemons.append(d)
-                runs.append(asyncio.ensure_future(d.run(api_factory=api_factory, signals=False)))
+            daemons, runs = _start_daemons(configs(False))
             try:
                 leader = await _wait_first_round(daemons, stop)
                 if leader is not None:
                     code = _print_round(leader, daemons)
+                    loop_code = await _whole_loop(zk, bookies, daemons, runs, configs, stop)
+                    code = code or loop_code
+                if not stop.is_set():
                     if duration is not None:
                         print(
                             f"\nRunning for {duration:g} s (Ctrl-C stops earlier) ...", flush=True
@@ -122,7 +175,7 @@ async def run_sandbox(duration: float | None) -> int:
                 for d in daemons:
                     d.stop()
                 await asyncio.gather(*runs, return_exceptions=True)
-                bookies[7].resume()
+                bookies[SILENT].resume()
                 for b in bookies:
                     if b.running:
                         await b.stop()
@@ -132,14 +185,30 @@ async def run_sandbox(duration: float | None) -> int:
     return code
 
 
-async def _wait_first_round(daemons: list[Daemon], stop: asyncio.Event) -> Daemon | None:
+async def _wait_first_round(
+    daemons: list[Daemon],
+    stop: asyncio.Event,
+    runs: list[asyncio.Task[int]] | None = None,
+    done: Callable[[Daemon], bool] = _first_round_done,
+) -> Daemon | None:
+    """The first daemon for which `done` holds; None once stopped or every daemon ended."""
     while not stop.is_set():
+        if runs and all(r.done() for r in runs):
+            print("  the daemons ended")
+            return None
         for d in daemons:
-            if _first_round_done(d):
+            if done(d):
                 return d
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
     return None
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleeps `seconds` unless stopped first; True if stopped."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
 
 
 def _print_round(leader: Daemon, daemons: list[Daemon]) -> int:
@@ -171,6 +240,224 @@ def _print_round(leader: Daemon, daemons: list[Daemon]) -> int:
         "\nEvery seeded fault was found as expected."
         if ok
         else "\nSome counts differ from the seeded faults (see above)."
+    )
+    sys.stdout.flush()
+    return 0 if ok else 1
+
+
+# --- the whole loop ------------------------------------------------------------------------
+
+
+def _total(daemons: list[Daemon], field: str) -> int:
+    return sum(int(getattr(d.state.worker, field)) for d in daemons)
+
+
+def _unrecoverable(daemons: list[Daemon]) -> dict[int, tuple[tuple[int, int], ...]]:
+    return {lid: u.ranges for d in daemons for lid, u in d.state.worker.unrecoverable.items()}
+
+
+def _busy(daemons: list[Daemon]) -> bool:
+    """Whether a worker is working on a ledger (a lock held for a back-off is not work)."""
+    return any(h.step != "deferred" for d in daemons for h in d.state.worker.in_hand.values())
+
+
+async def _marked(urm: UnderreplicationManager) -> set[int]:
+    return {m.ledger_id async for m in urm.list_underreplicated()}
+
+
+async def _settled(urm: UnderreplicationManager, daemons: list[Daemon]) -> bool:
+    """No worker busy and every mark left is one the workers found unrecoverable."""
+    if _busy(daemons):
+        return False
+    left = _unrecoverable(daemons)
+    if await urm.count_underreplicated() > len(left):
+        return False
+    return await _marked(urm) <= set(left)
+
+
+async def _naming(zk: ZkClient, leader: Daemon, bookie_id: str) -> set[int]:
+    """The ledgers whose metadata names `bookie_id` in some segment."""
+    assert leader.manager is not None
+    out: set[int] = set()
+    async for rec in LedgerWalker(zk, ROOT, leader.manager).ledgers():
+        md = rec.metadata
+        if md is not None and any(bookie_id in s.bookies for s in md.segments):
+            out.add(rec.ledger_id)
+    return out
+
+
+async def _run_check(leader: Daemon, check: Check, stop: asyncio.Event) -> CheckReport | None:
+    """Triggers one of the leader's checks and returns its report once it has run."""
+    state = leader.state.checks[check]
+    before = state.last_finished
+    await leader.trigger_check(check)
+    while state.last_finished == before:
+        if await _wait(stop, 0.2):
+            return None
+    return state.last_report
+
+
+def _unrecoverable_text(unrecoverable: dict[int, tuple[tuple[int, int], ...]]) -> str:
+    return "; ".join(
+        f"{lid} (entries {ranges_text(r)} have no copy anywhere; kept marked for an operator)"
+        for lid, r in sorted(unrecoverable.items())
+    )
+
+
+async def _whole_loop(
+    zk: ZkClient,
+    bookies: list[BookieEmulator],
+    daemons: list[Daemon],
+    runs: list[asyncio.Task[int]],
+    configs: Callable[[bool], list[Any]],
+    stop: asyncio.Event,
+) -> int:
+    """A bookie stops, its ledgers are marked, copied and checked; 0 if all came back."""
+    urm = UnderreplicationManager(zk, ROOT)
+    print(
+        "\nThe whole loop. The daemons restart with their replication workers on "
+        "(worker.enabled=true) ...",
+        flush=True,
+    )
+    for d in daemons:
+        d.stop()
+    await asyncio.gather(*runs, return_exceptions=True)
+    bookies[SILENT].resume()
+    started, starting = _start_daemons(configs(True))
+    daemons[:], runs[:] = started, starting
+    print(
+        f"  bookie {bookies[SILENT].bookie_id} answers again; {bookies[6].bookie_id} stays lost",
+        flush=True,
+    )
+    # A new leader resumes the old one's rhythm of the periodic checks (their ctimes are
+    # in ZooKeeper: not due for an hour); its start audit of lost bookies runs at once.
+    leader = await _wait_first_round(daemons, stop, runs, _audited)
+    if leader is None:
+        return 0 if stop.is_set() else 1
+    deadline = time.monotonic() + SETTLE_WITHIN
+    while not await _settled(urm, daemons):
+        if time.monotonic() > deadline:
+            print(f"  the workers did not settle the first round's marks in {SETTLE_WITHIN:g} s")
+            return 1
+        if await _wait(stop, 0.5):
+            return 0
+    unrecoverable = _unrecoverable(daemons)
+    print(
+        f"  {leader.state.identity} leads; the workers took the ledgers the first "
+        f"rounds marked: {_total(daemons, 'ledgers_replicated')} re-replicated, "
+        f"{_total(daemons, 'ledgers_found_healthy')} found whole"
+        + (f", unrecoverable: {_unrecoverable_text(unrecoverable)}" if unrecoverable else ""),
+        flush=True,
+    )
+
+    lost = bookies[STOPPED]
+    named = await _naming(zk, leader, lost.bookie_id)
+    replicated0 = _total(daemons, "ledgers_replicated")
+    entries0 = _total(daemons, "entries_written")
+    bytes0 = _total(daemons, "bytes_written")
+    per_daemon0 = [d.state.worker.ledgers_replicated for d in daemons]
+    audit = leader.state.checks[Check.BOOKIES]
+    audited = audit.last_finished
+    print(
+        f"\nBookie {lost.bookie_id} ({RACKS[STOPPED]}) stops; {len(named)} ledgers name it.",
+        flush=True,
+    )
+    t0 = time.monotonic()
+    await lost.stop()
+    while audit.last_finished == audited or audit.last_report is None:
+        if await _wait(stop, 0.2):
+            return 0
+        if time.monotonic() - t0 > REPAIR_WITHIN:
+            print("  the leader's lost-bookie audit did not run")
+            return 1
+    report = audit.last_report
+    marked = set(report.marked_underreplicated)
+    print(
+        f"  {time.monotonic() - t0:5.1f} s  the leader's lost-bookie audit found "
+        f"{report.counts().get('ledgers_on_lost_bookies', 0)} ledgers on lost bookies "
+        f"and marked {len(marked)} under-replicated",
+        flush=True,
+    )
+    last_line = 0.0
+    while True:
+        done = await _settled(urm, daemons)
+        now = time.monotonic()
+        if done or now - last_line >= PROGRESS_EVERY:
+            last_line = now
+            copied = _total(daemons, "ledgers_replicated") - replicated0
+            entries = _total(daemons, "entries_written") - entries0
+            kb = (_total(daemons, "bytes_written") - bytes0) / 1e3
+            each = ", ".join(
+                f"{d.state.identity.split(':')[0]} {d.state.worker.ledgers_replicated - n}"
+                for d, n in zip(daemons, per_daemon0, strict=True)
+            )
+            left = await urm.count_underreplicated()
+            print(
+                f"  {now - t0:5.1f} s  {copied:>5} ledgers re-replicated ({each}), "
+                f"{entries} entries ({kb:.0f} kB) copied; {left} marked",
+                flush=True,
+            )
+        if done:
+            break
+        if now - t0 > REPAIR_WITHIN:
+            print(f"  not done within {REPAIR_WITHIN:g} s")
+            break
+        if await _wait(stop, 0.25):
+            return 0
+
+    named_after = await _naming(zk, leader, lost.bookie_id)
+    marked_after = await _marked(urm)
+    reports: dict[Check, CheckReport] = {}
+    for check in AFTER_CHECKS:
+        got = await _run_check(leader, check, stop)
+        if got is None:
+            return 0
+        reports[check] = got
+    return _print_before_after(
+        leader, lost.bookie_id, named, marked, named_after, marked_after, reports, daemons
+    )
+
+
+def _print_before_after(
+    leader: Daemon,
+    bookie_id: str,
+    named: set[int],
+    marked: set[int],
+    named_after: set[int],
+    marked_after: set[int],
+    reports: dict[Check, CheckReport],
+    daemons: list[Daemon],
+) -> int:
+    """The before/after table and the verdict; 0 if the stopped bookie's ledgers are whole."""
+    print("\nBefore and after (checks before: the first round above):")
+    print(f"  {'':<46}{'before':>8}{'after':>8}")
+    print(f"  {'ledgers naming ' + bookie_id:<46}{len(named):>8}{len(named_after):>8}")
+    print(
+        f"  {'of them marked under-replicated':<46}{len(marked):>8}{len(marked_after & named):>8}"
+    )
+    print(f"  {'marked under-replicated in all':<46}{'':>8}{len(marked_after):>8}")
+    in_named: list[int] = []
+    for check, after in reports.items():
+        before_counts = EXPECTED[str(check)]
+        for category, n in after.counts().items():
+            label = f"{check} {category}"
+            print(f"  {label:<46}{before_counts.get(category, 0):>8}{n:>8}")
+        for ids in after.samples().values():
+            in_named += [lid for lid in ids if lid in named]
+        if after.ledgers_skipped:
+            skipped = ", ".join(f"{k} {v}" for k, v in sorted(after.ledgers_skipped.items()))
+            print(f"  ({check} after: {after.ledgers_checked} ledgers checked; skipped: {skipped})")
+    unrecoverable = _unrecoverable(daemons)
+    if unrecoverable:
+        print(f"  still marked: {_unrecoverable_text(unrecoverable)}")
+    ok = not named_after and not (marked_after & named) and not in_named
+    print(
+        f"\nThe stopped bookie's {len(named)} ledgers are whole again: none names it, none is "
+        "marked, and the replicas and placement checks find nothing in them."
+        if ok
+        else f"\nSome ledgers of the stopped bookie are not repaired: still naming it "
+        f"{sorted(named_after)[:10]}, marked {sorted(marked_after & named)[:10]}, "
+        f"with violations {sorted(set(in_named))[:10]}."
     )
     sys.stdout.flush()
     return 0 if ok else 1

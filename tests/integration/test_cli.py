@@ -193,8 +193,10 @@ async def test_bookie_emulator_command_registers_and_unregisters(zk: ZkClient) -
 
 def test_demo_finds_every_seeded_fault_and_stops_by_itself() -> None:
     """`make demo DURATION=...`: two daemons elect a leader whose first round finds
-    exactly the seeded faults; then everything stops on its own."""
-    proc = run("demo", "--duration", "1", timeout=240)
+    exactly the seeded faults; then the whole loop (a bookie stops, its ledgers are
+    marked, the workers copy them, the checks come back clean); then everything stops
+    on its own."""
+    proc = run("demo", "--duration", "1", timeout=480)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     for needle in [
@@ -207,6 +209,17 @@ def test_demo_finds_every_seeded_fault_and_stops_by_itself() -> None:
         "  placement_not_adhering               1",
         "  unreadable_fragments                 2",
         "Every seeded fault was found as expected.",
+        "The daemons restart with their replication workers on (worker.enabled=true)",
+        "unrecoverable: 3002 (entries 5 have no copy anywhere; kept marked for an operator)",
+        "(/rack-0) stops; 1002 ledgers name it.",
+        "the leader's lost-bookie audit found 1002 ledgers on lost bookies "
+        "and marked 1002 under-replicated",
+        "1002 ledgers re-replicated (auditor-",
+        "  of them marked under-replicated                   1002       0",
+        "  replicas no_replica                                  1       0",
+        "  placement placement_not_adhering                     1       0",
+        "The stopped bookie's 1002 ledgers are whole again: none names it, none is marked, "
+        "and the replicas and placement checks find nothing in them.",
         "Running for 1 s",
         "Stopped: daemons, bookies and ZooKeeper are gone.",
     ]:
