@@ -3,8 +3,9 @@
     BENCH_N=100000 BENCH_ONLY=scrutiny,memory python -m bench
 
 Figures: codec, scrutiny, scrutiny-warm, naive, memory, bookie-load,
-naive-latency, failover, spark. BENCH_ONLY picks some (by figure name); a benchmark whose
-figures are all left out does not run. The first line describes the machine.
+naive-latency, failover, rereplication, spark. BENCH_ONLY picks some (by
+figure name); a benchmark whose figures are all left out does not run. The
+first line describes the machine.
 Each benchmark sets up its own cluster and tears it down; one that fails
 prints `{"bench": ..., "error": ...}` and the others still run; the exit
 status is then 1. Knobs: BENCH_N (ledgers, default 100,000), BENCH_REPEAT
@@ -28,6 +29,7 @@ from bench import (
     bench_codec,
     bench_failover,
     bench_memory,
+    bench_rereplication,
     bench_scrutiny,
     bench_spark,
 )
@@ -56,6 +58,10 @@ def _failover(n: int) -> Figures:
     return [asyncio.run(bench_failover.measure(n))]
 
 
+def _rereplication(n: int) -> Figures:
+    return [asyncio.run(bench_rereplication.measure(n))]
+
+
 def _spark(n: int) -> Figures:
     return bench_spark.measure(n)
 
@@ -67,6 +73,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("memory", ("memory",), _memory),
     ("bookie-load", ("bookie-load", "naive-latency"), _bookie_load),
     ("failover", ("failover",), _failover),
+    ("rereplication", ("rereplication",), _rereplication),
     ("spark", ("spark",), _spark),
 ]
 FIGURES = [f for _, figures, _ in BENCHMARKS for f in figures]

@@ -1,10 +1,10 @@
 """One emulated bookie in a process of its own, seeded from a file, counting what it is sent.
 
     python -m bench.bookie_host --zk HOST:PORT --port PORT --seed FILE --stats FILE
-        [--latency-ms MS] [--ledgers-root PATH]
+        [--latency-ms MS] [--payload-size BYTES] [--ledgers-root PATH]
 
 It is `bk-auditor bookie-emulator` plus the benchmark's options (`--seed`,
-`--stats`, `--latency-ms`, all of them `run_emulator` arguments). A bookie
+`--stats`, `--latency-ms`, `--payload-size`, all of them `run_emulator` arguments). A bookie
 per process keeps the bookies' CPU and memory out of the measured process,
 and lets six of them use more than one core. SIGUSR1 writes the counters to
 the stats file, SIGUSR2 resets them and writes them, SIGTERM stops the
@@ -33,6 +33,7 @@ async def serve(args: argparse.Namespace) -> None:
             seed=args.seed,
             stats=args.stats,
             latency_ms=args.latency_ms,
+            payload_size=args.payload_size,
         )
     )
     loop = asyncio.get_running_loop()
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--seed", default=None)
     parser.add_argument("--stats", default=None)
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--payload-size", type=int, default=None)
     asyncio.run(serve(parser.parse_args()))
 
 

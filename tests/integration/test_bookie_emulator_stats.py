@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from auditor.bookie.client import BookieClient
-from auditor.bookie.protocol import Status
+from auditor.bookie.protocol import Status, verify_entry_body
 from auditor.bookie.results import ErrorStatus, Ok
+from auditor.metadata.model import DigestType
 from auditor.metadata.registry import resolve_bookie, watch_bookies
 from auditor.testing.bookie import (
     SEED_MAGIC,
@@ -31,6 +32,7 @@ from auditor.testing.bookie import (
     run_emulator,
     write_seed_file,
 )
+from auditor.testing.bookie.storage import make_body_factory
 from auditor.testing.zkserver import free_port
 from auditor.zk import ZkClient
 
@@ -76,6 +78,18 @@ def test_seed_file_round_trip(tmp_path: Path) -> None:
     assert list(emu.availability(7).entries()) == list(range(10))  # type: ignore[union-attr]
     assert list(emu.availability(9).entries()) == []  # type: ignore[union-attr]
     assert emu.entry_body(7, 9) is not None and emu.entry_body(1, 2) is None
+
+
+def test_seed_file_with_a_body_factory_gives_its_payloads(tmp_path: Path) -> None:
+    """The re-replication bench seeds 1 KiB payloads; the digest stays verifiable."""
+    path = tmp_path / "b.seed"
+    write_seed_file(path, [(4, [(0, 3)])])
+    emu = BookieEmulator(None)
+    assert emu.load_seed_file(path, make_body_factory(1024)) == 1
+    body = emu.entry_body(4, 2)
+    assert body is not None
+    entry = verify_entry_body(body, DigestType.CRC32C)
+    assert (entry.ledger_id, entry.entry_id, len(entry.payload)) == (4, 2, 1024)
 
 
 def test_seed_file_bad_input(tmp_path: Path) -> None:

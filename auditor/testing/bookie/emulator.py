@@ -297,11 +297,14 @@ class BookieEmulator:
         if runs:
             ledger.seed(runs, body_factory or default_body)
 
-    def load_seed_file(self, path: str | Path) -> int:
-        """Seeds every ledger of a `write_seed_file` file (default bodies); returns how many."""
+    def load_seed_file(self, path: str | Path, body_factory: BodyFactory | None = None) -> int:
+        """Seeds every ledger of a `write_seed_file` file (bodies from `body_factory`,
+        default ones without it); returns how many."""
         count = 0
         for ledger_id, runs in read_seed_file(path):
-            self.put_ledger(ledger_id, [range(start, stop) for start, stop in runs])
+            self.put_ledger(
+                ledger_id, [range(start, stop) for start, stop in runs], body_factory=body_factory
+            )
             count += 1
         return count
 

@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 from auditor.testing.bookie.emulator import BookieEmulator
+from auditor.testing.bookie.storage import make_body_factory
 from auditor.zk import ZkClient
 
 __all__ = ["run_emulator"]
@@ -28,13 +29,15 @@ async def run_emulator(
     seed: str | Path | None = None,
     stats: str | Path | None = None,
     latency_ms: float = 0.0,
+    payload_size: int | None = None,
 ) -> None:
     """Runs one emulated bookie registered in ZooKeeper until cancelled.
 
     `seed` is a `write_seed_file` file loaded before the bookie registers (so
     once it is registered it holds everything). With `stats`, the counters
     are written there on SIGUSR1, reset and then written on SIGUSR2, and
-    written when the bookie stops. `latency_ms` delays every answer.
+    written when the bookie stops. `latency_ms` delays every answer. `payload_size`
+    gives seeded entries payloads of that many bytes (default: 16, `default_body`).
     """
     zk = ZkClient(zk_hosts)
     await zk.start()
@@ -45,7 +48,8 @@ async def run_emulator(
             zk, host=host, port=port, ledgers_root=ledgers_root, storage=storage, readonly=readonly
         )
         if seed is not None:
-            emulator.load_seed_file(seed)
+            factory = make_body_factory(payload_size) if payload_size is not None else None
+            emulator.load_seed_file(seed, factory)
         if latency_ms > 0:
             emulator.set_latency(latency_ms / 1000.0)
         if stats is not None:
