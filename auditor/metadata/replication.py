@@ -84,6 +84,7 @@ from auditor.zk import (
     NoNodeError,
     NotEmptyError,
     ZkClient,
+    ZkStat,
     ZkUnavailableError,
 )
 from auditor.zk.persistent import Event, Gap, PersistentWatchUnsupported
@@ -249,21 +250,10 @@ class ReplicationQueue:
         except NoNodeError:
             return None  # unmarked meanwhile
         lock_path = ur_lock_path(self.base, ledger_id)
-        session = self._session()
-        try:
-            if not await self._create_lock(lock_path):
-                return None
-            lock = await self.zk.exists(lock_path)
-        except BaseException:
-            # Cancelled or failed: the create may have happened all the same.
-            if session is not None:
-                self._orphans[lock_path] = session
-            raise
-        session = self._session()
-        if lock is None or session is None or lock.ephemeralOwner != session:
-            # The session changed as the lock was made: what is there is not ours (ours,
-            # if it was made, went with the old session).
+        lock = await self._lock(lock_path)
+        if lock is None:
             return None
+        session = int(lock.ephemeralOwner)
         try:
             replicas = decode_underreplicated_ledger(data).replicas
         except RecordFormatError:
@@ -279,6 +269,27 @@ class ReplicationQueue:
         self._held[lock_path] = _Hold(taken, session)
         self._orphans.pop(lock_path, None)
         return taken
+
+    async def _lock(self, lock_path: str) -> ZkStat | None:
+        """Creates the ephemeral lock; its stat when this session owns it, else None.
+
+        A create that was cancelled or failed may have happened all the same: it is
+        remembered as an orphan and reaped later. A lock made as the session changed is
+        not ours (ours, if it was made, went with the old session).
+        """
+        session = self._session()
+        try:
+            if not await self._create_lock(lock_path):
+                return None
+            lock = await self.zk.exists(lock_path)
+        except BaseException:
+            if session is not None:
+                self._orphans[lock_path] = session
+            raise
+        session = self._session()
+        if lock is None or session is None or lock.ephemeralOwner != session:
+            return None
+        return lock
 
     async def _create_lock(self, lock_path: str) -> bool:
         """Whether we created the lock (False: someone holds it)."""
@@ -325,18 +336,10 @@ class ReplicationQueue:
         ledger afresh. The mark's replicas, if it has one, are read for the plan."""
         lock_path = ur_lock_path(self.base, ledger_id)
         mark_path = ur_ledger_path(self.base, ledger_id)
-        session = self._session()
-        try:
-            if not await self._create_lock(lock_path):
-                return None
-            lock = await self.zk.exists(lock_path)
-        except BaseException:
-            if session is not None:
-                self._orphans[lock_path] = session
-            raise
-        session = self._session()
-        if lock is None or session is None or lock.ephemeralOwner != session:
+        lock = await self._lock(lock_path)
+        if lock is None:
             return None
+        session = int(lock.ephemeralOwner)
         replicas: tuple[str, ...] = ()
         try:
             data, _ = await self.zk.get(mark_path)
