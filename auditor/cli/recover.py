@@ -50,7 +50,6 @@ from typing import Any, TextIO
 from kazoo.protocol.states import KazooState
 
 from auditor.checks.context import CheckContext, open_context
-from auditor.checks.placement_run import placement_policy
 from auditor.checks.replicas_run import bookie_answers
 from auditor.config import AuditorConfig
 from auditor.errors import AuditorError, ConfigError, shown_name
@@ -60,18 +59,18 @@ from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.replication import ReplicationQueue
 from auditor.metadata.serde import LedgerMetadataFormatError
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
-from auditor.topology.racks import open_rack_resolver
 from auditor.worker.loop import default_lock_holder
 from auditor.worker.plan import plan_ledger
 from auditor.worker.repair import (
     Disconnected,
     LedgerRepairer,
     Outcome,
+    PlacementSource,
     WorkerConnection,
     describe,
 )
 from auditor.worker.state import Failure, InHand, WorkerState
-from auditor.worker.targets import NoTargetError, choose_targets
+from auditor.worker.targets import NoTargetError
 from auditor.zk import FencedOutError, ZkClient, ZkUnavailableError
 
 #: BookKeeper's BookieId rule: letters, digits and `:._-`; "readonly" is the registry's
@@ -309,7 +308,7 @@ class LedgerPlanner:
         self.log = log
         self.urm = UnderreplicationManager(ctx.zk, ctx.root)
         self.rng = random.Random()
-        self._resolver: Any = None
+        self.placements = PlacementSource(ctx, log=log)
 
     async def plan(self, ledger_id: int) -> LedgerResult:
         ctx = self.ctx
@@ -336,30 +335,12 @@ class LedgerPlanner:
             return LedgerResult(
                 ledger_id, str(Failure.ERROR), (), f"cannot be planned: {plan.skipped}"
             )
-        writable = registered.writable - self.bookies
-        if self._resolver is None:
-            self._resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=self.log)
-        known = registered.available | md.bookies()
-        locations = await self._resolver.locations(sorted(known | writable))
-        policy = placement_policy(ctx.config.bookkeeper, frozenset(known | writable), locations)
+        placement = await self.placements.placement(md, registered, self.bookies)
         lines: list[str] = []
         problems: list[str] = []
-        by_segment: dict[int, list[Any]] = {}
-        for r in plan.repairs:
-            by_segment.setdefault(r.segment_index, []).append(r)
-        for k, repairs in sorted(by_segment.items()):
-            try:
-                targets = choose_targets(
-                    md,
-                    k,
-                    [r.bookie_index for r in repairs],
-                    writable=writable,
-                    policy=policy,
-                    locations=locations,
-                    rng=self.rng,
-                )
-            except NoTargetError as exc:
-                problems.append(f"{Failure.NO_TARGET}: {exc}")
+        for _, repairs, targets in placement.targets(md, plan.repairs, self.rng):
+            if isinstance(targets, NoTargetError):
+                problems.append(f"{Failure.NO_TARGET}: {targets}")
                 lines.extend(f"{describe(r)} -> (no target)" for r in repairs)
                 continue
             lines.extend(f"{describe(r)} -> {targets[r.bookie_index]}" for r in repairs)

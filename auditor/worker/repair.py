@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -47,6 +47,7 @@ from auditor.metadata.ledger_update import (
 )
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.paths import ledger_path
+from auditor.metadata.registry import BookieSet
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.topology.racks import open_rack_resolver
@@ -112,6 +113,72 @@ def describe(r: Repair) -> str:
     )
 
 
+#: Seconds a rack resolver (its sources and the locations it learnt) is reused before the
+#: rack sources are read again: one read per ledger would run a topology script or read
+#: Pulsar's rack znode for every ledger; never reading again would miss rack changes.
+RACKS_REFRESH = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where replacement bookies may go for one ledger: the candidates, the policy, racks."""
+
+    writable: frozenset[str]
+    policy: Any
+    locations: dict[str, str]
+
+    def targets(
+        self, md: LedgerMetadata, repairs: Sequence[Repair], rng: random.Random
+    ) -> Iterator[tuple[int, list[Repair], dict[int, str] | NoTargetError]]:
+        """Per segment (in order): its repairs and their targets, or why there are none."""
+        by_segment: dict[int, list[Repair]] = {}
+        for r in repairs:
+            by_segment.setdefault(r.segment_index, []).append(r)
+        for seg_index, seg_repairs in sorted(by_segment.items()):
+            try:
+                chosen: dict[int, str] | NoTargetError = choose_targets(
+                    md,
+                    seg_index,
+                    [r.bookie_index for r in seg_repairs],
+                    writable=self.writable,
+                    policy=self.policy,
+                    locations=self.locations,
+                    rng=rng,
+                )
+            except NoTargetError as exc:
+                chosen = exc
+            yield seg_index, seg_repairs, chosen
+
+
+class PlacementSource:
+    """Builds a ledger's `Placement`, reusing one rack resolver for `RACKS_REFRESH` s."""
+
+    def __init__(self, ctx: CheckContext, *, log: Any, clock: Callable[[], float] = time.monotonic):
+        self.ctx = ctx
+        self.log = log
+        self.clock = clock
+        self._resolver: Any = None
+        self._opened = 0.0
+
+    async def placement(
+        self, md: LedgerMetadata, registered: BookieSet, replace: Set[str] = frozenset()
+    ) -> Placement:
+        """`replace` (bookies being emptied: `recover A,B`) are never targets: moving A's
+        copy to B would leave B to empty again (upstream excludes every source too)."""
+        now = self.clock()
+        if self._resolver is None or now - self._opened >= RACKS_REFRESH:
+            ctx = self.ctx
+            self._resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=self.log)
+            self._opened = now
+        writable = registered.writable - frozenset(replace)
+        known = registered.available | md.bookies()
+        locations = await self._resolver.locations(sorted(known | writable))
+        policy = placement_policy(
+            self.ctx.config.bookkeeper, frozenset(known | writable), locations
+        )
+        return Placement(frozenset(writable), policy, locations)
+
+
 class LedgerRepairer:
     """Repairs ledgers whose locks `queue` holds, through `ctx`'s ZooKeeper and bookies."""
 
@@ -135,6 +202,7 @@ class LedgerRepairer:
         self.rng = rng if rng is not None else random.Random()
         self.clock = clock
         self.log = log
+        self.placements = PlacementSource(ctx, log=log)
         bk = self.config.bookkeeper
         self.copier = FragmentCopier(
             ctx.bookies,
@@ -222,21 +290,6 @@ class LedgerRepairer:
             )
         return await self.verify(taken, committed, replace)
 
-    async def _targets_context(
-        self, md: LedgerMetadata, replace: Set[str] = frozenset()
-    ) -> tuple[Set[str], Any, dict[str, str]]:
-        registered = await self.ctx.registered()
-        # A bookie being emptied (`recover A,B`) is never a target: moving A's copy to B
-        # would leave B to empty again (upstream excludes every source bookie too).
-        writable = registered.writable - replace
-        resolver = await open_rack_resolver(self.zk, self.ctx.root, self.config, log=self.log)
-        known = frozenset(registered.available) | frozenset(
-            b for s in md.segments for b in s.bookies
-        )
-        locations = await resolver.locations(sorted(known | writable))
-        policy = placement_policy(self.config.bookkeeper, frozenset(known | writable), locations)
-        return writable, policy, locations
-
     async def _repair_segments(
         self,
         taken: TakenLedger,
@@ -246,25 +299,12 @@ class LedgerRepairer:
     ) -> tuple[int, Outcome | None]:
         """Copies and commits segment by segment; (fragments committed, a failure or None)."""
         lid = taken.ledger_id
-        writable, policy, locations = await self._targets_context(md, replace)
-        by_segment: dict[int, list[Repair]] = {}
-        for r in repairs:
-            by_segment.setdefault(r.segment_index, []).append(r)
+        placement = await self.placements.placement(md, await self.ctx.registered(), replace)
         committed = 0
         unreadable: list[tuple[int, int]] = []
-        for seg_index, seg_repairs in sorted(by_segment.items()):
-            try:
-                targets = choose_targets(
-                    md,
-                    seg_index,
-                    [r.bookie_index for r in seg_repairs],
-                    writable=writable,
-                    policy=policy,
-                    locations=locations,
-                    rng=self.rng,
-                )
-            except NoTargetError as exc:
-                return committed, Outcome(False, Failure.NO_TARGET, str(exc), committed)
+        for seg_index, seg_repairs, targets in placement.targets(md, repairs, self.rng):
+            if isinstance(targets, NoTargetError):
+                return committed, Outcome(False, Failure.NO_TARGET, str(targets), committed)
             lines = tuple(f"{describe(r)} -> {targets[r.bookie_index]}" for r in seg_repairs)
             self.step(lid, "copying", lines)
             self.log.info("copying fragments", ledger=lid, fragments=list(lines))
@@ -387,14 +427,14 @@ class LedgerRepairer:
         self, md: LedgerMetadata, positions: Sequence[int], excluded: Set[str]
     ) -> Mapping[int, str]:
         """New bookies for members of the last ensemble that failed a re-add."""
-        writable, policy, locations = await self._targets_context(md)
+        p = await self.placements.placement(md, await self.ctx.registered())
         return choose_targets(
             md,
             len(md.segments) - 1,
             list(positions),
-            writable=frozenset(writable) - excluded,
-            policy=policy,
-            locations=locations,
+            writable=p.writable - excluded,
+            policy=p.policy,
+            locations=p.locations,
             rng=self.rng,
         )
 
