@@ -167,6 +167,10 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    except ValueError as exc:
+        # tomllib lets int() refuse an integer of more than 4300 digits (CVE-2020-10735's
+        # limit) as a bare ValueError, not a TOMLDecodeError.
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
     except RecursionError:
         # tomllib recurses once per level of nested arrays and inline tables.
         raise ConfigError(f"config file {p} nests arrays or tables too deeply") from None

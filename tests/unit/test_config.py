@@ -647,6 +647,10 @@ def test_bad_values_from_files_and_env_name_key_and_origin(tmp_path: Path) -> No
     toml = write(tmp_path, "c.toml", "[api\n")
     with pytest.raises(ConfigError, match="is not valid TOML"):
         load_daemon_config(toml, env=ZK)
+    # tomllib refuses an integer of more than 4300 digits with a bare ValueError.
+    toml = write(tmp_path, "d.toml", "[api]\nport = " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="is not valid TOML: Exceeds the limit"):
+        load_daemon_config(toml, env=ZK)
     with pytest.raises(ConfigError, match="does not exist"):
         load_daemon_config(None, env=ZK, bk_conf=str(tmp_path / "missing.conf"))
     with pytest.raises(ConfigError, match="does not exist"):
