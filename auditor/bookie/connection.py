@@ -15,6 +15,12 @@ pending on it fails with `PROTOCOL_ERROR`.
 
 Writes are not awaited for drain: the pool's per-bookie in-flight cap bounds
 how much can be queued, and the request timeout bounds how long a caller waits.
+Frames are not written one by one either: a check sends hundreds of small
+requests per loop iteration, and a `transport.write` per frame (a send system
+call each) was the largest single cost of a replicas run. Requests made in one
+iteration are gathered and written together at the end of it (`_flush`,
+scheduled once with `call_soon`), so a burst costs one system call; a request
+waits at most one loop iteration longer to leave.
 
 With TLS the connection upgrades itself before it is handed out, as the Java
 client does: START_TLS goes out as an ordinary v3 request, the bookie answers
@@ -74,6 +80,8 @@ class BookieConnection(asyncio.Protocol):
         self.unmatched_responses = 0
         #: Upgraded to TLS and nothing received over it yet.
         self._tls_unproven = False
+        #: Frames of this loop iteration's requests, written together by `_flush`.
+        self._outgoing: list[bytes] = []
 
     @classmethod
     async def open(
@@ -234,12 +242,22 @@ class BookieConnection(asyncio.Protocol):
         self._pending[key] = fut
         timer = loop.call_later(request_timeout, self._expire, key, fut, request_timeout)
         try:
-            transport.write(frame)
+            if not self._outgoing:
+                loop.call_soon(self._flush)
+            self._outgoing.append(frame)
             return await fut
         finally:
             timer.cancel()
             if self._pending.get(key) is fut:
                 del self._pending[key]
+
+    def _flush(self) -> None:
+        """Writes the frames queued in this loop iteration as one buffer."""
+        frames, self._outgoing = self._outgoing, []
+        transport = self._transport
+        if not frames or self._failure is not None or transport is None:
+            return  # a failed connection has already failed their requests
+        transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def _expire(self, key: _Key, fut: asyncio.Future[pb.Response], timeout: float) -> None:
         if self._pending.get(key) is fut:
@@ -257,6 +275,7 @@ class BookieConnection(asyncio.Protocol):
         """Fails every pending request and aborts the transport (idempotent)."""
         if self._failure is None:
             self._failure = failure
+        self._outgoing = []
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
