@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Final
 
 from auditor.bookie.availability import Availability
@@ -88,6 +90,49 @@ Resolver = Callable[[str], Awaitable[tuple[str, int] | None]]
 _CLOSED: Final = NoAnswer(Unanswered.CLOSED, "bookie client closed")
 
 
+class _Slots:
+    """The per-bookie in-flight cap: a semaphore that can also be taken without waiting.
+
+    `asyncio.Semaphore` has no synchronous acquire, and the replicas check's hot
+    path (`BookieClient.start_list`) sends from plain code, without a task per
+    request. Waiters are served first come, first served; `try_take` never
+    overtakes one.
+    """
+
+    __slots__ = ("_waiters", "free")
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.give()  # handed a slot just as we were cancelled: pass it on
+            raise
+
+    def give(self) -> None:
+        """Returns a slot: straight to the first live waiter, if any."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+
 class _Bookie:
     """Everything the pool keeps per bookie."""
 
@@ -112,7 +157,7 @@ class _Bookie:
 
     def __init__(self, bookie_id: str, max_in_flight: int) -> None:
         self.bookie_id = bookie_id
-        self.slots = asyncio.Semaphore(max_in_flight)
+        self.slots = _Slots(max_in_flight)
         self.waiting = 0
         self.in_flight = 0
         self.conn: BookieConnection | None = None
@@ -424,23 +469,65 @@ class BookieClient:
     async def _list(
         self, b: _Bookie, request: pb.Request, request_timeout: float | None
     ) -> ListOutcome:
-        ledger_id = request.getListOfEntriesOfLedgerRequest.ledgerId
         resp = await self._exchange(
             b.bookie_id,
             request,
             self.list_timeout if request_timeout is None else request_timeout,
         )
-        if isinstance(resp, NoAnswer | ErrorStatus):
-            return resp
-        r = resp.getListOfEntriesOfLedgerResponse
-        if not resp.HasField("getListOfEntriesOfLedgerResponse") or not r.HasField(
-            "availabilityOfEntriesOfLedger"
+        return _listing(b.bookie_id, request, resp)
+
+    def start_list(self, bookie_id: str, ledger_id: int) -> asyncio.Future[ListOutcome]:
+        """`get_list_of_entries` as a future, sent at once where nothing has to wait.
+
+        The replicas check asks every ensemble bookie of every ledger; a task per
+        request (and the coroutines under it) cost more than the request. When the
+        bookie is known to list, its connection is open and a slot under its cap is
+        free, the request goes out here and a callback turns the answer into the
+        outcome: same cap, timeout, txnId, observer and outcome as
+        `get_list_of_entries`. Otherwise (unknown capability, connecting, backing
+        off, cap full) it is `get_list_of_entries` in a task.
+        """
+        b = self._bookies.get(bookie_id)
+        conn = None if b is None else b.conn
+        if (
+            self._closed
+            or b is None
+            or conn is None
+            or not conn.is_open
+            or self._capability(b) is not ListCapability.CAN_LIST
+            or not b.slots.try_take()
         ):
-            return _bad(b.bookie_id, "EOK list response without an availability")
-        try:
-            return Ok(Availability.decode(r.availabilityOfEntriesOfLedger))
-        except (FormatError, ValueError) as exc:
-            return _bad(b.bookie_id, f"undecodable availability for ledger {ledger_id}: {exc}")
+            return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
+        b.in_flight += 1
+        request = get_list_of_entries_request(next(self._txn), ledger_id)
+        sent = conn.send(request, self.list_timeout)
+        out: asyncio.Future[ListOutcome] = asyncio.get_running_loop().create_future()
+        # A caller that gives up on `out` leaves the request to its answer or its
+        # timeout, which return the slot (no callback per request to notice sooner).
+        sent.add_done_callback(partial(self._list_answered, b, request, out))
+        return out
+
+    def _list_answered(
+        self,
+        b: _Bookie,
+        request: pb.Request,
+        out: asyncio.Future[ListOutcome],
+        sent: asyncio.Future[pb.Response],
+    ) -> None:
+        b.in_flight -= 1
+        b.slots.give()
+        if sent.cancelled():
+            answered: pb.Response | NoAnswer | ErrorStatus = _CLOSED
+        else:
+            exc = sent.exception()
+            if exc is not None and not isinstance(exc, CallFailed):
+                if not out.done():
+                    out.set_exception(exc)
+                return
+            answered = self._answered(b, sent.result() if exc is None else exc)
+        self._observe(request, answered)
+        if not out.done():
+            out.set_result(_listing(b.bookie_id, request, answered))
 
     # --- the request path ------------------------------------------------------------------
 
@@ -455,15 +542,7 @@ class BookieClient:
     ) -> pb.Response | NoAnswer | ErrorStatus:
         """One request/response, reported to `observer` (metrics) when one is set."""
         out = await self._exchange_once(bookie_id, request, request_timeout)
-        if self.observer is not None:
-            op = pb.OperationType.Name(request.header.operation).lower()
-            if isinstance(out, NoAnswer):
-                status = out.reason.value.replace(" ", "_")
-            elif isinstance(out, ErrorStatus):
-                status = out.status.name.lower()
-            else:
-                status = "ok"
-            self.observer(op, status)
+        self._observe(request, out)
         return out
 
     async def _exchange_once(
@@ -479,7 +558,7 @@ class BookieClient:
         b = self._bookie(bookie_id)
         b.waiting += 1
         try:
-            await b.slots.acquire()
+            await b.slots.take()
         finally:
             b.waiting -= 1
         b.in_flight += 1
@@ -492,19 +571,39 @@ class BookieClient:
             try:
                 limit = self.request_timeout if request_timeout is None else request_timeout
                 request.header.txnId = next(self._txn)
-                resp = await conn.call(request, limit)
+                return self._answered(b, await conn.call(request, limit))
             except CallFailed as exc:
-                if exc.reason is Unanswered.TLS_FAILED:
-                    self._back_off(b, NoAnswer(exc.reason, exc.detail))
-                return NoAnswer(exc.reason, exc.detail)
-            b.failures = 0
-            if is_auth_refusal(resp):
-                return NoAnswer(Unanswered.UNAUTHORIZED, self._refusal(b.bookie_id))
-            status = effective_status(resp)
-            return resp if status is Status.EOK else ErrorStatus(status)
+                return self._answered(b, exc)
         finally:
             b.in_flight -= 1
-            b.slots.release()
+            b.slots.give()
+
+    def _answered(
+        self, b: _Bookie, resp: pb.Response | CallFailed
+    ) -> pb.Response | NoAnswer | ErrorStatus:
+        """What a request came to: the response, its error status, or why there was none."""
+        if isinstance(resp, CallFailed):
+            if resp.reason is Unanswered.TLS_FAILED:
+                self._back_off(b, NoAnswer(resp.reason, resp.detail))
+            return NoAnswer(resp.reason, resp.detail)
+        b.failures = 0
+        if is_auth_refusal(resp):
+            return NoAnswer(Unanswered.UNAUTHORIZED, self._refusal(b.bookie_id))
+        status = effective_status(resp)
+        return resp if status is Status.EOK else ErrorStatus(status)
+
+    def _observe(self, request: pb.Request, out: pb.Response | NoAnswer | ErrorStatus) -> None:
+        """Reports one request's outcome to `observer` (metrics), if one is set."""
+        if self.observer is None:
+            return
+        op = pb.OperationType.Name(request.header.operation).lower()
+        if isinstance(out, NoAnswer):
+            status = out.reason.value.replace(" ", "_")
+        elif isinstance(out, ErrorStatus):
+            status = out.status.name.lower()
+        else:
+            status = "ok"
+        self.observer(op, status)
 
     def _refusal(self, bookie_id: str) -> str:
         if self.tls is None:
@@ -626,13 +725,31 @@ class BookieClient:
                 conns.append(b.conn)
                 b.replace_connection(None)
             for _ in range(b.waiting):
-                b.slots.release()
+                b.slots.give()
             if b.probe is not None:
                 b.probe.set()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         for conn in conns:
             await conn.wait_closed()
+
+
+def _listing(
+    bookie_id: str, request: pb.Request, resp: pb.Response | NoAnswer | ErrorStatus
+) -> ListOutcome:
+    """A list request's outcome: the decoded availability, or why there is none."""
+    if isinstance(resp, NoAnswer | ErrorStatus):
+        return resp
+    r = resp.getListOfEntriesOfLedgerResponse
+    if not resp.HasField("getListOfEntriesOfLedgerResponse") or not r.HasField(
+        "availabilityOfEntriesOfLedger"
+    ):
+        return _bad(bookie_id, "EOK list response without an availability")
+    try:
+        return Ok(Availability.decode(r.availabilityOfEntriesOfLedger))
+    except (FormatError, ValueError) as exc:
+        ledger_id = request.getListOfEntriesOfLedgerRequest.ledgerId
+        return _bad(bookie_id, f"undecodable availability for ledger {ledger_id}: {exc}")
 
 
 def _bad(bookie_id: str, detail: str) -> NoAnswer:

@@ -73,7 +73,8 @@ class BookieConnection(asyncio.Protocol):
         self._max_frame_size = max_frame_size
         self._parser = FrameParser(max_frame_size=max_frame_size)
         self._transport: asyncio.Transport | None = None
-        self._pending: dict[_Key, asyncio.Future[pb.Response]] = {}
+        #: Requests sent and not answered: their futures and timeout timers.
+        self._pending: dict[_Key, tuple[asyncio.Future[pb.Response], asyncio.TimerHandle]] = {}
         self._failure: CallFailed | None = None
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: Responses that matched no pending request (late after a timeout, or unknown).
@@ -219,37 +220,52 @@ class BookieConnection(asyncio.Protocol):
     def _dispatch(self, response: pb.Response) -> None:
         self._tls_unproven = False
         key = (response.header.txnId, response.header.operation)
-        fut = self._pending.pop(key, None)
-        if fut is None or fut.done():
+        entry = self._pending.pop(key, None)
+        if entry is None or entry[0].done():
             self.unmatched_responses += 1
             return
-        fut.set_result(response)
+        entry[1].cancel()
+        entry[0].set_result(response)
 
     # --- requests ----------------------------------------------------------------
 
     async def call(self, request: pb.Request, request_timeout: float) -> pb.Response:
         """Sends `request` and waits for its response; raises `CallFailed`."""
+        fut = self.send(request, request_timeout)
+        try:
+            return await fut
+        finally:
+            self.forget(request, fut)
+
+    def send(self, request: pb.Request, request_timeout: float) -> asyncio.Future[pb.Response]:
+        """Sends `request`; the future gets its response or a `CallFailed`.
+
+        No coroutine: the replicas check's hot path sends without a task per
+        request. Whoever gives up on the future before it is done calls `forget`.
+        """
         if self._failure is not None:
             raise self._failure
-        transport = self._transport
-        assert transport is not None
+        assert self._transport is not None
         frame = encode_message(request, max_frame_size=self._max_frame_size)
         key = (request.header.txnId, request.header.operation)
         if key in self._pending:
             raise ValueError(f"txnId {key[0]} is already pending on this connection")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[pb.Response] = loop.create_future()
-        self._pending[key] = fut
         timer = loop.call_later(request_timeout, self._expire, key, fut, request_timeout)
-        try:
-            if not self._outgoing:
-                loop.call_soon(self._flush)
-            self._outgoing.append(frame)
-            return await fut
-        finally:
-            timer.cancel()
-            if self._pending.get(key) is fut:
-                del self._pending[key]
+        self._pending[key] = (fut, timer)
+        if not self._outgoing:
+            loop.call_soon(self._flush)
+        self._outgoing.append(frame)
+        return fut
+
+    def forget(self, request: pb.Request, fut: asyncio.Future[pb.Response]) -> None:
+        """Drops a request nobody waits for any more (its answer will be unmatched)."""
+        key = (request.header.txnId, request.header.operation)
+        entry = self._pending.get(key)
+        if entry is not None and entry[0] is fut:
+            del self._pending[key]
+            entry[1].cancel()
 
     def _flush(self) -> None:
         """Writes the frames queued in this loop iteration as one buffer."""
@@ -260,7 +276,8 @@ class BookieConnection(asyncio.Protocol):
         transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def _expire(self, key: _Key, fut: asyncio.Future[pb.Response], timeout: float) -> None:
-        if self._pending.get(key) is fut:
+        entry = self._pending.get(key)
+        if entry is not None and entry[0] is fut:
             del self._pending[key]
         if not fut.done():
             fut.set_exception(
@@ -277,7 +294,8 @@ class BookieConnection(asyncio.Protocol):
             self._failure = failure
         self._outgoing = []
         pending, self._pending = self._pending, {}
-        for fut in pending.values():
+        for fut, timer in pending.values():
+            timer.cancel()
             if not fut.done():
                 fut.set_exception(self._failure)
         if self._transport is not None and not self._transport.is_closing():

@@ -38,7 +38,7 @@ from functools import partial
 
 from auditor.bookie.availability import EMPTY
 from auditor.bookie.protocol import Status
-from auditor.bookie.results import CannotList, ErrorStatus, Ok
+from auditor.bookie.results import CannotList, ErrorStatus, ListOutcome, Ok
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import (
     Check,
@@ -81,25 +81,47 @@ _ABSENT = (Status.ENOENTRY, Status.ENOLEDGER)
 
 
 async def bookie_answers(ctx: CheckContext, md: LedgerMetadata) -> dict[str, BookieAnswer]:
-    """What each bookie that must hold entries of `md` says it holds, asked once each."""
+    """What each bookie that must hold entries of `md` says it holds, asked once each.
+
+    All the list requests go out before the first answer is awaited
+    (`start_list`: no task per request where the bookie is known to list); the
+    bookies that cannot list are then probed together.
+    """
     bookies = sorted({exp.bookie for exp in expectations(md)})
-    got = await asyncio.gather(*(_ask(ctx, md, b) for b in bookies))
-    return dict(zip(bookies, got, strict=True))
+    held = ctx.held_bookies()
+    # A held bookie's lost-bookie delay is running: it may be restarting; not asked,
+    # not judged.
+    asked = [None if b in held else ctx.bookies.start_list(b, md.ledger_id) for b in bookies]
+    answers: dict[str, BookieAnswer] = {}
+    to_probe: list[str] = []
+    try:
+        for bookie, listing in zip(bookies, asked, strict=True):
+            answer = Unverified() if listing is None else _answer(await listing)
+            if answer is _PROBE and ctx.config.checks.probe_unlistable:
+                to_probe.append(bookie)
+            answers[bookie] = Unverified() if answer is _PROBE else answer
+    finally:
+        for listing in asked:
+            if listing is not None and not listing.done():
+                listing.cancel()
+    if to_probe:
+        probed = await asyncio.gather(*(_probe(ctx, md, b) for b in to_probe))
+        answers.update(zip(to_probe, probed, strict=True))
+    return answers
 
 
-async def _ask(ctx: CheckContext, md: LedgerMetadata, bookie: str) -> BookieAnswer:
-    if bookie in ctx.held_bookies():
-        # Its lost-bookie delay is running: it may be restarting; not asked, not judged.
-        return Unverified()
-    out = await ctx.bookies.get_list_of_entries(bookie, md.ledger_id)
+#: `_answer`'s word for a bookie that cannot list: probe it by reads (if allowed).
+_PROBE = Unverified()
+
+
+def _answer(out: ListOutcome) -> BookieAnswer:
+    """One bookie's list outcome as the analysis takes it."""
     if isinstance(out, Ok):
         return Listed(out.value)
     if isinstance(out, ErrorStatus) and out.status is Status.ENOLEDGER:
         return Listed(EMPTY)
     if isinstance(out, CannotList):
-        if ctx.config.checks.probe_unlistable:
-            return await _probe(ctx, md, bookie)
-        return Unverified()
+        return _PROBE
     return Unanswered(str(out))
 
 

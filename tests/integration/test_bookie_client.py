@@ -266,6 +266,63 @@ async def test_list_of_entries_on_a_sorted_bookie(
     assert client.list_capability(bookie) is ListCapability.CAN_LIST
 
 
+async def test_start_list_sends_without_a_task_and_answers_as_get_list_of_entries(
+    emu: BookieEmulator, clients: MakeClient
+) -> None:
+    """The hot path: once the bookie is known to list and connected, `start_list` sends
+    from plain code (no task) under the same cap, with the same outcomes."""
+    client = clients(max_in_flight=4)
+    bookie = emu.bookie_id
+    for ledger in range(1, 41):
+        emu.put_ledger(ledger, range(ledger))
+    # First contact: capability unknown, no connection: the slow path (a task).
+    first = client.start_list(bookie, 1)
+    assert isinstance(first, asyncio.Task)
+    assert await first == Ok(Availability.from_entries(range(1)))
+    assert client.list_capability(bookie) is ListCapability.CAN_LIST
+    emu.set_latency(0.01)
+    futures = [client.start_list(bookie, ledger) for ledger in range(1, 41)]
+    # Four slots: four sent from plain code, the rest wait in tasks for a slot.
+    assert sum(not isinstance(f, asyncio.Task) for f in futures) == 4
+    assert client.in_flight(bookie) == 4
+    got = await asyncio.gather(*futures)
+    assert got == [Ok(Availability.from_entries(range(ledger))) for ledger in range(1, 41)]
+    assert emu.max_in_flight == 4
+    assert client.in_flight(bookie) == 0
+    emu.set_latency(0)
+    assert await client.start_list(bookie, 99) == ErrorStatus(Status.ENOLEDGER)
+    emu.inject_status(Status.EIO, LIST)
+    assert await client.start_list(bookie, 1) == ErrorStatus(Status.EIO)
+    emu.inject_status(None)
+
+
+async def test_start_list_times_out_and_fails_with_its_connection(
+    emu: BookieEmulator, clients: MakeClient
+) -> None:
+    client = clients(max_in_flight=2, list_timeout=0.2)
+    bookie = emu.bookie_id
+    emu.put_ledger(1, range(3))
+    assert isinstance(await client.get_list_of_entries(bookie, 1), Ok)
+    emu.pause()
+    t0 = time.monotonic()
+    late = client.start_list(bookie, 1)
+    assert not isinstance(late, asyncio.Task)
+    out = await late
+    assert isinstance(out, NoAnswer) and out.reason is Unanswered.TIMEOUT
+    assert 0.2 <= time.monotonic() - t0 < 0.8
+    assert client.in_flight(bookie) == 0  # the slot came back with the timeout
+    emu.resume()
+    assert isinstance(await client.start_list(bookie, 1), Ok)
+    assert client.unmatched_responses(bookie) == 1
+    # A connection that drops fails what is pending on it, slot returned.
+    emu.pause()
+    dropped = client.start_list(bookie, 1)
+    await emu.crash()
+    out = await dropped
+    assert isinstance(out, NoAnswer) and out.reason is Unanswered.DISCONNECTED
+    assert client.in_flight(bookie) == 0
+
+
 @pytest.mark.parametrize(
     "status",
     [Status.EUA, Status.ETOOMANYREQUESTS, Status.EIO, Status.EUNKNOWNLEDGERSTATE],
