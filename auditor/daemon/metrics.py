@@ -312,7 +312,8 @@ class _StateCollector(Collector):
         )
         yield _gauge(
             "index_ledgers",
-            "Ledgers in the leader's metadata index (0 when there is none).",
+            "Ledgers in this node's metadata index: the leader's, or a follower's standby "
+            "index (0 when it holds none).",
             t.index_ledgers,
         )
         yield _gauge(
@@ -330,6 +331,13 @@ class _StateCollector(Collector):
             f"{PREFIX}_index_resyncs",
             "Times the index's watch was lost (connection or session) and it re-read everything.",
             value=t.index_resyncs,
+            created=created,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_index_failures",
+            "Times the metadata index stopped on an error it does not retry; checks walk "
+            "ZooKeeper until it is loaded again.",
+            value=t.index_failures,
             created=created,
         )
         yield _labelled(

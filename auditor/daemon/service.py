@@ -26,6 +26,17 @@ Shutdown (SIGTERM/SIGINT): stop leading and delete the vote first (the next node
 takes over at once, not after a session timeout), then stop the API with grace,
 then close ZooKeeper; bounded by `daemon.shutdown_timeout`. SIGHUP reloads the
 configuration; a leader restarts its schedules with it.
+
+The metadata index (`daemon.metadata_index`) is every daemon's by default
+(`daemon.standby_index`): it is loaded from the first session on and kept current
+by its watch, leader or not, so a new leader's first check reads it at once
+instead of waiting for a full read. The daemon has one ZooKeeper client for its
+whole life (kazoo opens a new session in it after an expiry; the leader's view is
+that client, fenced on the vote), so one index follows it: a lost watch or session
+is a gap, after which the index reads everything again. An index that fails is
+logged, counted and started again later; it never ends or holds up leadership:
+checks walk ZooKeeper meanwhile. With `standby_index = false` only the leader
+holds one, loaded when it is elected and dropped when its term ends.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from auditor.analysis.risk import RiskReport
-from auditor.checks.context import open_context
+from auditor.checks.context import CheckContext, open_context
 from auditor.checks.findings import Check
 from auditor.daemon.cluster_checks import follow_cluster_checks
 from auditor.daemon.config import DaemonConfig
@@ -118,6 +129,10 @@ DUPLICATE_REMINDER = 60.0
 #: After the other driver's election clears, the daemon waits up to this long (s, at
 #: random) before voting, so that daemons of both drivers do not take both at once again.
 OTHER_ELECTION_SETTLE = 2.0
+#: After the standby index failed, a new one starts this long after (s), doubling with
+#: each failure in a row (one that never loaded) up to `INDEX_RETRY_MAX`.
+INDEX_RETRY_INITIAL = 10.0
+INDEX_RETRY_MAX = 600.0
 #: Phases in which a connected daemon is ready: it is in the election's cycle.
 _IN_ELECTION = frozenset({Phase.VOTING, Phase.LEADING, Phase.BACKING_OFF})
 
@@ -219,6 +234,12 @@ class Daemon:
         #: clear it before waiting).
         self.risk_report: RiskReport | None = None
         self.risk_reported = asyncio.Event()
+        #: The standby metadata index (`daemon.standby_index`), leader or not, from the
+        #: first session on; replaced by a new one after a failure. None when off.
+        self.index: IndexSync | None = None
+        #: The leader's check context while it reads the standby index, so that a
+        #: replacement reaches its checks.
+        self._index_reader: CheckContext | None = None
 
     # --- DaemonControl ----------------------------------------------------------------
 
@@ -425,7 +446,8 @@ class Daemon:
     async def _lead(self, elector: ElectorLike, leadership: Leadership) -> Decision:
         """Runs the leader's work until a decision ends the term; returns that decision."""
         self.state.lead(time.time())
-        index = self._start_index(leadership.zk)
+        # The standby index when there is one; else (as without standby) one for this term.
+        index = None if self._standby_for(leadership.zk) else self._start_index(leadership.zk)
         try:
             while True:
                 self._restart_work.clear()
@@ -436,6 +458,7 @@ class Daemon:
             if index is not None:
                 index[1].cancel()
                 await asyncio.gather(index[1], return_exceptions=True)
+                self._count_index(self.index)
             self.work = None
             self.state.stepped_down()
             self.log.info("no longer the auditor")
@@ -456,7 +479,8 @@ class Daemon:
                 leadership.zk, self.root, self.manager, self.config.auditor, mark=True
             ) as ctx:
                 ctx.log = ctx.log.bind(identity=self.state.identity)
-                ctx.index = index[0] if index is not None else None
+                ctx.index = index[0] if index is not None else self._standby_for(leadership.zk)
+                self._index_reader = ctx if index is None and ctx.index is not None else None
                 ctx.bookies.observer = self.state.tallies.bookie_request
                 ctx.on_retry_queue = self._set_retry_queue
                 bk = self.config.auditor.bookkeeper
@@ -506,6 +530,8 @@ class Daemon:
             return self._ended(self._decide(FencedOut(str(exc))), term_end)
         except Exception as exc:
             return self._ended(self._decide(WorkFailed(f"{type(exc).__name__}: {exc}")), term_end)
+        finally:
+            self._index_reader = None
         if term_end.done():
             return term_end.result()
         if other.done() and not other.cancelled() and other.exception() is None:
@@ -529,10 +555,10 @@ class Daemon:
         """`d`, or the decision that ended the term first (a later event only carries on)."""
         return term_end.result() if term_end.done() else d
 
-    def _start_index(self, zk: ZkClient) -> tuple[IndexSync, asyncio.Task[None]] | None:
-        """The leader's metadata index, loading in the background (checks wait for it)."""
-        if not self.config.daemon.metadata_index:
-            return None
+    # --- the metadata index --------------------------------------------------------------
+
+    def _new_index(self, zk: ZkClient) -> IndexSync:
+        """A metadata index on `zk`, not started; its loads, gaps and size are tallied."""
         assert self.manager is not None
         sync = IndexSync(
             zk,
@@ -541,9 +567,66 @@ class Daemon:
             log=self.log,
         )
         tallies = self.state.tallies
-        sync.on_loaded = lambda s: tallies.index_loaded(len(s.index), s.index.bytes_per_ledger())
+        sync.on_loaded = lambda s: tallies.index_loaded(s.index.bytes_per_ledger())
         sync.on_resync = lambda _reason: tallies.index_resynced()
-        return sync, asyncio.ensure_future(sync.run())
+        self._count_index(sync)
+        return sync
+
+    def _count_index(self, sync: IndexSync | None) -> None:
+        """The index whose size the metrics show (None: this node holds none)."""
+        self.state.tallies.index_size = None if sync is None else (lambda: len(sync.index))
+
+    async def _run_index(self, sync: IndexSync) -> None:
+        """Runs `sync` until cancelled; it returns only when it failed, which is counted
+        (it has logged why)."""
+        await sync.run()
+        self.state.tallies.index_failed()
+
+    def _start_index(self, zk: ZkClient) -> tuple[IndexSync, asyncio.Task[None]] | None:
+        """The leader's own metadata index for one term, without a standby index: loading
+        in the background (checks wait for it)."""
+        if not self.config.daemon.metadata_index:
+            return None
+        sync = self._new_index(zk)
+        return sync, asyncio.ensure_future(self._run_index(sync))
+
+    def _standby_for(self, zk: ZkClient) -> IndexSync | None:
+        """The standby index, when the leader's work may read it: the index is on (a
+        reload may have turned it off) and reads through the leader's own client."""
+        sync = self.index
+        if sync is None or not self.config.daemon.metadata_index:
+            return None
+        if sync.zk.kazoo is not zk.kazoo:  # one client per daemon: not expected
+            self.log.warning("the standby index is on another ZooKeeper client; not read")
+            return None
+        return sync
+
+    async def _keep_index(self, zk: ZkClient, sync: IndexSync) -> None:
+        """The standby index, leader or not, until cancelled (shutdown).
+
+        `sync` resyncs by itself after every gap (connection or session lost; a new
+        session of the same client included). One that fails is replaced after a
+        back-off; meanwhile the leader's checks walk ZooKeeper. Nothing here can end
+        the daemon or its leadership.
+        """
+        delay = INDEX_RETRY_INITIAL
+        while True:
+            try:
+                await self._run_index(sync)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug in the index must not end the daemon
+                self.state.tallies.index_failed()
+                self.log.error("metadata index stopped", error=f"{type(exc).__name__}: {exc}")
+            if sync.loads:  # it had worked: a new failure starts the back-off again
+                delay = INDEX_RETRY_INITIAL
+            self.log.warning("standby metadata index failed; starting again", retry_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, INDEX_RETRY_MAX)
+            sync = self._new_index(zk)
+            self.index = sync
+            if self._index_reader is not None:  # the leader's checks read the new one
+                self._index_reader.index = sync
 
     async def _watch_vote(self, elector: ElectorLike, leadership: Leadership) -> None:
         """Returns when, after a reconnect (same session), our vote is gone or not first."""
@@ -849,6 +932,8 @@ class Daemon:
         code = 0
         try:
             self.manager = self.config.ledger_manager or await read_manager(zk, self.root)
+            if d.metadata_index and d.standby_index:
+                self.index = self._new_index(zk)
             self._decide(Started())
             if api_factory is not None:
                 self.api = await api_factory(self)
@@ -864,6 +949,8 @@ class Daemon:
                     )
                 ),
             ]
+            if self.index is not None:
+                side.append(asyncio.ensure_future(self._keep_index(zk, self.index)))
             if notify is not None:
                 notify.ready()
             self.log.info(

@@ -199,7 +199,6 @@ class DaemonState:
     def stepped_down(self) -> None:
         self.is_leader = False
         self.tallies.leader_changed(False)
-        self.tallies.index_ledgers = 0
 
     # --- check runs -----------------------------------------------------------------------
 

@@ -81,10 +81,15 @@ class Tallies:
     marked: Counter[str] = field(default_factory=Counter)
     bookie_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
     election_attempts: int = 0
-    index_ledgers: int = 0
+    #: The size of the metadata index this node holds now (the leader's, or a
+    #: follower's standby index), read at scrape time; None while it holds none.
+    index_size: Callable[[], int] | None = None
     index_bytes_per_ledger: float = 0.0
     index_loads: int = 0
     index_resyncs: int = 0
+    #: Times the index stopped on an error it does not retry (checks then walk
+    #: ZooKeeper until a new one is loaded).
+    index_failures: int = 0
     selftest_success: dict[str, int] = field(default_factory=dict)
     selftest_last_run: float = 0.0
     selftest_interval: float = 0.0
@@ -187,13 +192,20 @@ class Tallies:
     def bookie_request(self, op: str, status: str) -> None:
         self.bookie_requests[op, status] += 1
 
-    def index_loaded(self, ledgers: int, bytes_per_ledger: float) -> None:
+    @property
+    def index_ledgers(self) -> int:
+        """Ledgers in the index this node holds (0 when it holds none)."""
+        return self.index_size() if self.index_size is not None else 0
+
+    def index_loaded(self, bytes_per_ledger: float) -> None:
         self.index_loads += 1
-        self.index_ledgers = ledgers
         self.index_bytes_per_ledger = round(bytes_per_ledger, 1)
 
     def index_resynced(self) -> None:
         self.index_resyncs += 1
+
+    def index_failed(self) -> None:
+        self.index_failures += 1
 
     # --- self-test and risk ----------------------------------------------------------------
 

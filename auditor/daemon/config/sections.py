@@ -49,6 +49,11 @@ class DaemonSection:
     #: Keep every ledger's metadata in memory on the leader, current through a
     #: persistent watch, so checks after the first read no ledger from ZooKeeper.
     metadata_index: bool = True
+    #: Followers keep the metadata index too (from their first ZooKeeper session on),
+    #: so that a new leader's first check reads a loaded, current index instead of
+    #: waiting for a full read; false: only the leader holds one (it loads when
+    #: elected). Memory: the index's size on every daemon. A change takes a restart.
+    standby_index: bool = True
     #: Seconds SIGTERM may take to hand over leadership and stop.
     shutdown_timeout: float = 10.0
     #: Where the placement and replicas checks run: on the leader's loop, or a Spark job.
