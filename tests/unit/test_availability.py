@@ -586,3 +586,23 @@ def test_no_per_entry_work() -> None:
         (2**40 + 1, 2**40 + 1),
         (2**40 + 5, 2**40 + 5),
     ]
+
+
+@pytest.mark.parametrize("groups", [0, 1, 5, 32, 33, 200])
+def test_decode_small_and_large_paths_agree(groups: int) -> None:
+    """Up to 32 groups decode with one struct call, beyond with arrays: same sets, same
+    refusals."""
+    # Every third entry missing: one group per run of two; some periodic groups too.
+    runs = [(3 * k, 2) for k in range(groups)]
+    plain = Availability.from_runs(runs)
+    assert plain.group_count == groups
+    assert Availability.decode(plain.encode()) == plain
+    periodic = Availability.from_groups([(1000 * k, 1000 * k + 90, 2, 10) for k in range(groups)])
+    assert Availability.decode(periodic.encode()) == periodic
+    assert list(Availability.decode(periodic.encode()).iter_runs()) == list(periodic.iter_runs())
+    if groups:
+        # A group that ends after the next one starts is refused the same way on both.
+        bad = bytearray(plain.encode())
+        struct.pack_into(">q", bad, 64 + 24 * (groups - 1), -5)
+        with pytest.raises(AvailabilityFormatError):
+            Availability.decode(bytes(bad))
