@@ -489,19 +489,21 @@ class BookieClient:
         """
         b = self._bookies.get(bookie_id)
         conn = None if b is None else b.conn
+        loop = asyncio.get_running_loop()
         if (
             self._closed
             or b is None
             or conn is None
             or not conn.is_open
-            or self._capability(b) is not ListCapability.CAN_LIST
+            or b.list_cap is not ListCapability.CAN_LIST
+            or loop.time() >= b.list_cap_until  # expired: `_capability` forgets it there
             or not b.slots.try_take()
         ):
             return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
         b.in_flight += 1
         request = get_list_of_entries_request(next(self._txn), ledger_id)
         sent = conn.send(request, self.list_timeout)
-        out: asyncio.Future[ListOutcome] = asyncio.get_running_loop().create_future()
+        out: asyncio.Future[ListOutcome] = loop.create_future()
         # A caller that gives up on `out` leaves the request to its answer or its
         # timeout, which return the slot (no callback per request to notice sooner).
         sent.add_done_callback(partial(self._list_answered, b, request, out))

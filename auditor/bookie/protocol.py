@@ -357,24 +357,26 @@ def start_tls_request(txn_id: int) -> pb.Request:
     )
 
 
+#: The response body that carries each operation's own status.
+_INNER: Final = {
+    int(Operation.READ_ENTRY): "readResponse",
+    int(Operation.ADD_ENTRY): "addResponse",
+    int(Operation.READ_LAC): "readLacResponse",
+    int(Operation.GET_BOOKIE_INFO): "getBookieInfoResponse",
+    int(Operation.GET_LIST_OF_ENTRIES_OF_LEDGER): "getListOfEntriesOfLedgerResponse",
+    int(Operation.WRITE_LAC): "writeLacResponse",
+    int(Operation.FORCE_LEDGER): "forceLedgerResponse",
+}
+#: Status members by value: `Status(x)` goes through the enum machinery on every answer.
+_STATUS_OF: Final = {int(s): s for s in Status}
+
+
 def _inner_status(resp: pb.Response, op: int) -> int | None:
-    if op == Operation.READ_ENTRY and resp.HasField("readResponse"):
-        return resp.readResponse.status
-    if op == Operation.ADD_ENTRY and resp.HasField("addResponse"):
-        return resp.addResponse.status
-    if op == Operation.READ_LAC and resp.HasField("readLacResponse"):
-        return resp.readLacResponse.status
-    if op == Operation.GET_BOOKIE_INFO and resp.HasField("getBookieInfoResponse"):
-        return resp.getBookieInfoResponse.status
-    if op == Operation.GET_LIST_OF_ENTRIES_OF_LEDGER and resp.HasField(
-        "getListOfEntriesOfLedgerResponse"
-    ):
-        return resp.getListOfEntriesOfLedgerResponse.status
-    if op == Operation.WRITE_LAC and resp.HasField("writeLacResponse"):
-        return resp.writeLacResponse.status
-    if op == Operation.FORCE_LEDGER and resp.HasField("forceLedgerResponse"):
-        return resp.forceLedgerResponse.status
-    return None
+    body = _INNER.get(op)
+    if body is None or not resp.HasField(body):  # type: ignore[arg-type]
+        return None
+    status: int = getattr(resp, body).status
+    return status
 
 
 def is_auth_refusal(resp: pb.Response) -> bool:
@@ -388,10 +390,13 @@ def is_auth_refusal(resp: pb.Response) -> bool:
 
 def effective_status(resp: pb.Response) -> Status:
     """The status the Java client acts on: the top-level one, or the inner one if that is EOK."""
-    if int(resp.status) != Status.EOK:
-        return Status(resp.status)
+    top = int(resp.status)
+    if top != Status.EOK:
+        return _STATUS_OF.get(top) or Status(top)
     inner = _inner_status(resp, resp.header.operation)
-    return Status.EOK if inner is None else Status(inner)
+    if inner is None or inner == Status.EOK:
+        return Status.EOK
+    return _STATUS_OF.get(inner) or Status(inner)
 
 
 # --- entry bodies --------------------------------------------------------------
