@@ -2,16 +2,18 @@
 
     BENCH_N=100000 BENCH_ONLY=scrutiny,memory python -m bench
 
-Figures: codec, scrutiny, scrutiny-warm, naive, memory, bookie-load,
-naive-latency, failover, rereplication, spark. BENCH_ONLY picks some (by
-figure name); a benchmark whose figures are all left out does not run. The
-first line describes the machine.
+Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
+naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
+rereplication, spark. BENCH_ONLY picks some (by figure name, or by
+benchmark name for all its figures: scrutiny, big); a benchmark whose
+figures are all left out does not run. The first line describes the
+machine.
 Each benchmark sets up its own cluster and tears it down; one that fails
 prints `{"bench": ..., "error": ...}` and the others still run; the exit
 status is then 1. Knobs: BENCH_N (ledgers, default 100,000), BENCH_REPEAT
 (floor/auditor alternations, default 2), BENCH_NAIVE_N (default 2,000),
 BENCH_LATENCY_MS (bookie-load, default 5), BENCH_SESSION_TIMEOUT (failover,
-default 6).
+default 6), BENCH_BIG_N (memory-1m and failover-1m, default 1,000,000).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import (
+    bench_big,
     bench_bookie_load,
     bench_codec,
     bench_failover,
@@ -58,6 +61,10 @@ def _failover(n: int) -> Figures:
     return [asyncio.run(bench_failover.measure(n))]
 
 
+def _big(n: int) -> Figures:
+    return asyncio.run(bench_big.measure(wanted=selected()))
+
+
 def _rereplication(n: int) -> Figures:
     return [asyncio.run(bench_rereplication.measure(n))]
 
@@ -69,10 +76,15 @@ def _spark(n: int) -> Figures:
 #: Benchmarks in the order they run, each with the figures it produces.
 BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("codec", ("codec",), _codec),
-    ("scrutiny", ("scrutiny", "scrutiny-warm", "naive"), _scrutiny),
+    (
+        "scrutiny",
+        ("floor", "replicas-cold", "placement", "index-load", "warm-replicas", "naive"),
+        _scrutiny,
+    ),
     ("memory", ("memory",), _memory),
     ("bookie-load", ("bookie-load", "naive-latency"), _bookie_load),
     ("failover", ("failover",), _failover),
+    ("big", ("memory-1m", "failover-1m"), _big),
     ("rereplication", ("rereplication",), _rereplication),
     ("spark", ("spark",), _spark),
 ]
@@ -80,8 +92,13 @@ FIGURES = [f for _, figures, _ in BENCHMARKS for f in figures]
 
 
 def selected() -> set[str]:
+    """The figures BENCH_ONLY names; a benchmark's name (`scrutiny`, `big`) stands for all
+    of its figures."""
     raw = os.environ.get("BENCH_ONLY", "")
     wanted = {name.strip() for name in raw.split(",") if name.strip()}
+    for name, figures, _ in BENCHMARKS:
+        if name in wanted:
+            wanted = (wanted - {name}) | set(figures)
     unknown = wanted - set(FIGURES)
     if unknown:
         raise SystemExit(f"BENCH_ONLY: unknown {sorted(unknown)}; figures are {FIGURES}")

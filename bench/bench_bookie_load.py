@@ -11,7 +11,6 @@ reads it and in-flight counts say nothing. On it:
 * the replicas check with 2,000 ledgers at once, so that the demand on each
   bookie (about 1,000 requests) is far above the cap, with the default cap
   and with a cap of 16: the cap, not the demand, must bound what a bookie sees;
-* the floor (bench/worker.py), which sends everything at once;
 * the naive sequential check (`naive-latency`): on loopback without latency
   a sequential check pays no waits and only CPU separates it from the
   auditor, so `naive` alone says little about what overlapping requests is
@@ -85,8 +84,6 @@ async def measure(n: int) -> list[dict[str, Any]]:
             f"checks.bookie_max_in_flight={SMALL_CAP}",
         )
         say("bookie-load: replicas with a small cap done")
-        floor = await cluster.measure("floor")
-        say("bookie-load: floor done")
         naive = await cluster.measure("naive", "--limit", str(naive_n), counters=False)
         say("bookie-load: naive done")
     pairs = _pairs(auditor.counters["replicas"])
@@ -112,7 +109,6 @@ async def measure(n: int) -> list[dict[str, Any]]:
             _max_in_flight(small, "replicas"),
             SMALL_CAP,
         ),
-        f"floor, cap {cap}": (_max_in_flight(floor, "floor"), cap),
     }
     under_cap = all(max(per_bookie) <= limit for per_bookie, limit in seen.values())
     cold_s = auditor.seconds("index", "replicas", "placement")
@@ -149,7 +145,6 @@ async def measure(n: int) -> list[dict[str, Any]]:
             "other_runs_requests_by_operation": {
                 "replicas_high_concurrency": _by_operation(high.counters["replicas"]),
                 "replicas_small_cap": _by_operation(small.counters["replicas"]),
-                "floor": _by_operation(floor.counters["floor"]),
             },
             "max_in_flight_per_bookie": {k: v[0] for k, v in seen.items()},
             "target": "exactly one list request per (ledger, bookie) per replicas run; "

@@ -8,11 +8,10 @@ TASK is one of:
 * `auditor`: what the leader does: load the metadata index (one ZooKeeper
   walk), then the replicas and the placement checks over it; with `--warm`
   the two checks once more with the index already loaded.
-* `floor`: the same ZooKeeper listings and reads (a `LedgerWalker` with the
-  same concurrency), the same decoding, and one list request per (ledger,
-  ensemble bookie) through a `BookieClient` with the same cap, with every
-  request sent as soon as its ledger is read (no window but the cap) and
-  nothing analysed. No auditor can issue the same I/O faster.
+* `floor`: bench/floor.py: the same ZooKeeper listings and reads and one
+  list request per (ledger, ensemble bookie) with raw kazoo and one raw
+  socket per bookie, nothing analysed; then its ZooKeeper reads alone and
+  its bookie requests alone. No auditor can issue the same I/O faster.
 * `naive`: what a user would write: per ledger in turn, read its metadata,
   ask each ensemble bookie in turn, analyse; `--limit` ledgers only.
 * `replicas`: the replicas check alone, walking ZooKeeper (no index).
@@ -59,9 +58,6 @@ from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
 MANAGER = LedgerManager.HIERARCHICAL
-#: Floor: ledgers whose requests may be outstanding at once (far above what the
-#: per-bookie cap lets through, so the cap is what limits it).
-FLOOR_WINDOW = 20_000
 
 
 def status_kb(key: str) -> int:
@@ -163,51 +159,6 @@ def bookie_client(zk: ZkClient, config: AuditorConfig) -> BookieClient:
     )
 
 
-async def floor(zk: ZkClient, config: AuditorConfig) -> None:
-    client = bookie_client(zk, config)
-    answered = failed = ledgers = 0
-    pending: set[asyncio.Task[bool]] = set()
-
-    async def ask(bookies: list[str], ledger_id: int) -> bool:
-        outs = await asyncio.gather(*(client.get_list_of_entries(b, ledger_id) for b in bookies))
-        return all(isinstance(o, Ok) for o in outs)
-
-    def settle(done: set[asyncio.Task[bool]]) -> None:
-        nonlocal answered, failed
-        for t in done:
-            if t.result():
-                answered += 1
-            else:
-                failed += 1
-
-    try:
-        await phase("ready")
-        started = time.monotonic()
-        walker = LedgerWalker(zk, ROOT, MANAGER)
-        async for rec in walker.ledgers(concurrency=config.checks.ledger_concurrency):
-            ledgers += 1
-            if rec.metadata is None:
-                continue
-            bookies = sorted({exp.bookie for exp in expectations(rec.metadata)})
-            pending.add(asyncio.ensure_future(ask(bookies, rec.ledger_id)))
-            if len(pending) >= FLOOR_WINDOW:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                settle(done)
-        if pending:
-            done, _ = await asyncio.wait(pending)
-            settle(done)
-        seconds = time.monotonic() - started
-        await phase(
-            "floor",
-            seconds=round(seconds, 4),
-            ledgers=ledgers,
-            answered=answered,
-            failed=failed,
-        )
-    finally:
-        await client.close()
-
-
 async def naive(zk: ZkClient, config: AuditorConfig, limit: int) -> None:
     client = bookie_client(zk, config)
     try:
@@ -253,8 +204,6 @@ async def run(args: argparse.Namespace) -> None:
     async with ZkClient(args.zk, timeout=60) as zk:
         if args.task == "auditor":
             await auditor(zk, config, args.warm)
-        elif args.task == "floor":
-            await floor(zk, config)
         elif args.task == "naive":
             await naive(zk, config, args.limit)
         else:
@@ -271,7 +220,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=2000)
     parser.add_argument("--warm", action="store_true")
     configure_logging("json", level="WARNING")
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    if args.task == "floor":
+        from bench import floor  # raw kazoo and sockets, no event loop
+
+        floor.main(args)
+        return
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":
