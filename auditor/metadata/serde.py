@@ -30,6 +30,8 @@ because `records` parses cookies with the same rules.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Final
 
 from google.protobuf.message import DecodeError
 
@@ -156,7 +158,20 @@ def is_valid_bookie_id(bookie_id: str) -> bool:
     Because `:-_` is a range in Java's regex, `:;<=>?@[\\]^_` are allowed too. The
     name `readonly` is reserved.
     """
-    return _BOOKIE_ID_RE.fullmatch(bookie_id) is not None and bookie_id.lower() != "readonly"
+    # A cluster has a few hundred bookie ids, each in a great many ensembles: a walk
+    # asks about the same ones for every ledger.
+    known = _VALID_BOOKIE_IDS.get(bookie_id)
+    if known is None:
+        known = _BOOKIE_ID_RE.fullmatch(bookie_id) is not None and bookie_id.lower() != "readonly"
+        if len(_VALID_BOOKIE_IDS) >= _BOOKIE_IDS_KEPT:
+            _VALID_BOOKIE_IDS.clear()
+        _VALID_BOOKIE_IDS[bookie_id] = known
+    return known
+
+
+#: `is_valid_bookie_id`'s answers, forgotten wholesale when full.
+_VALID_BOOKIE_IDS: dict[str, bool] = {}
+_BOOKIE_IDS_KEPT: Final = 65_536
 
 
 # ---------------------------------------------------------------------------
@@ -366,13 +381,26 @@ def _text(value: object, what: str) -> str:
     return value
 
 
+#: LedgerState members by wire value (the enum's call costs more than the lookup).
+_STATES: Final = {int(m): m for m in LedgerState}
+
+
+def _members(members: Iterable[object], segment: int) -> tuple[str, ...]:
+    """An ensemble's bookie ids, refused unless every one is text (see `_text`)."""
+    out = tuple(members)
+    for m in out:
+        if type(m) is not str:
+            _text(m, f"ensemble member of segment {segment}")
+    return out  # type: ignore[return-value]
+
+
 def _decode_format(
     fmt: LedgerMetadataFormat, ledger_id: int, version: int, znode_ctime: int | None
 ) -> LedgerMetadata:
     """Java's `decodeFormat` plus the ctime choice of `parseVersion2/3Config`."""
     write_quorum = fmt.quorumSize
     ack_quorum = fmt.ackQuorumSize if fmt.HasField("ackQuorumSize") else write_quorum
-    state = LedgerState(fmt.state)
+    state = _STATES.get(fmt.state) or LedgerState(fmt.state)
     if state is LedgerState.CLOSED:
         # An absent lastEntryId reads as 0, as Java's optional-field getter returns.
         last_entry_id, length = fmt.lastEntryId, fmt.length
@@ -384,10 +412,7 @@ def _decode_format(
         password = bytes(fmt.password)
         digest = DigestType(fmt.digestType)
     segments = tuple(
-        Segment(
-            seg.firstEntryId,
-            tuple(_text(m, f"ensemble member of segment {i}") for m in seg.ensembleMember),
-        )
+        Segment(seg.firstEntryId, _members(seg.ensembleMember, i))
         for i, seg in enumerate(fmt.segment)
     )
     custom: dict[str, bytes] = {}
