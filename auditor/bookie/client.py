@@ -61,6 +61,7 @@ from auditor.bookie.protocol import (
     get_bookie_info_request,
     get_list_of_entries_request,
     is_auth_refusal,
+    list_request_frame,
     master_key,
     read_entry_request,
     read_lac_request,
@@ -88,6 +89,7 @@ __all__ = ["BookieClient", "Resolver"]
 Resolver = Callable[[str], Awaitable[tuple[str, int] | None]]
 
 _CLOSED: Final = NoAnswer(Unanswered.CLOSED, "bookie client closed")
+_LIST_OP: Final = int(pb.GET_LIST_OF_ENTRIES_OF_LEDGER)
 
 
 class _Slots:
@@ -474,7 +476,7 @@ class BookieClient:
             request,
             self.list_timeout if request_timeout is None else request_timeout,
         )
-        return _listing(b.bookie_id, request, resp)
+        return _listing(b.bookie_id, request.getListOfEntriesOfLedgerRequest.ledgerId, resp)
 
     def start_list(self, bookie_id: str, ledger_id: int) -> asyncio.Future[ListOutcome]:
         """`get_list_of_entries` as a future, sent at once where nothing has to wait.
@@ -501,18 +503,20 @@ class BookieClient:
         ):
             return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
         b.in_flight += 1
-        request = get_list_of_entries_request(next(self._txn), ledger_id)
-        sent = conn.send(request, self.list_timeout)
+        txn_id = next(self._txn)
+        sent = conn.send_frame(
+            (txn_id, _LIST_OP), list_request_frame(txn_id, ledger_id), self.list_timeout
+        )
         out: asyncio.Future[ListOutcome] = loop.create_future()
         # A caller that gives up on `out` leaves the request to its answer or its
         # timeout, which return the slot (no callback per request to notice sooner).
-        sent.add_done_callback(partial(self._list_answered, b, request, out))
+        sent.add_done_callback(partial(self._list_answered, b, ledger_id, out))
         return out
 
     def _list_answered(
         self,
         b: _Bookie,
-        request: pb.Request,
+        ledger_id: int,
         out: asyncio.Future[ListOutcome],
         sent: asyncio.Future[pb.Response],
     ) -> None:
@@ -527,9 +531,9 @@ class BookieClient:
                     out.set_exception(exc)
                 return
             answered = self._answered(b, sent.result() if exc is None else exc)
-        self._observe(request, answered)
+        self._observe(_LIST_OP, answered)
         if not out.done():
-            out.set_result(_listing(b.bookie_id, request, answered))
+            out.set_result(_listing(b.bookie_id, ledger_id, answered))
 
     # --- the request path ------------------------------------------------------------------
 
@@ -544,7 +548,7 @@ class BookieClient:
     ) -> pb.Response | NoAnswer | ErrorStatus:
         """One request/response, reported to `observer` (metrics) when one is set."""
         out = await self._exchange_once(bookie_id, request, request_timeout)
-        self._observe(request, out)
+        self._observe(request.header.operation, out)
         return out
 
     async def _exchange_once(
@@ -594,11 +598,11 @@ class BookieClient:
         status = effective_status(resp)
         return resp if status is Status.EOK else ErrorStatus(status)
 
-    def _observe(self, request: pb.Request, out: pb.Response | NoAnswer | ErrorStatus) -> None:
+    def _observe(self, operation: int, out: pb.Response | NoAnswer | ErrorStatus) -> None:
         """Reports one request's outcome to `observer` (metrics), if one is set."""
         if self.observer is None:
             return
-        op = pb.OperationType.Name(request.header.operation).lower()
+        op = pb.OperationType.Name(operation).lower()  # type: ignore[arg-type]
         if isinstance(out, NoAnswer):
             status = out.reason.value.replace(" ", "_")
         elif isinstance(out, ErrorStatus):
@@ -737,7 +741,7 @@ class BookieClient:
 
 
 def _listing(
-    bookie_id: str, request: pb.Request, resp: pb.Response | NoAnswer | ErrorStatus
+    bookie_id: str, ledger_id: int, resp: pb.Response | NoAnswer | ErrorStatus
 ) -> ListOutcome:
     """A list request's outcome: the decoded availability, or why there is none."""
     if isinstance(resp, NoAnswer | ErrorStatus):
@@ -750,7 +754,6 @@ def _listing(
     try:
         return Ok(Availability.decode(r.availabilityOfEntriesOfLedger))
     except (FormatError, ValueError) as exc:
-        ledger_id = request.getListOfEntriesOfLedgerRequest.ledgerId
         return _bad(bookie_id, f"undecodable availability for ledger {ledger_id}: {exc}")
 
 

@@ -231,14 +231,20 @@ class BookieConnection(asyncio.Protocol):
 
     async def call(self, request: pb.Request, request_timeout: float) -> pb.Response:
         """Sends `request` and waits for its response; raises `CallFailed`."""
-        fut = self.send(request, request_timeout)
+        key = (request.header.txnId, request.header.operation)
+        fut = self.send_frame(
+            key, encode_message(request, max_frame_size=self._max_frame_size), request_timeout
+        )
         try:
             return await fut
         finally:
-            self.forget(request, fut)
+            self.forget(key, fut)
 
-    def send(self, request: pb.Request, request_timeout: float) -> asyncio.Future[pb.Response]:
-        """Sends `request`; the future gets its response or a `CallFailed`.
+    def send_frame(
+        self, key: _Key, frame: bytes, request_timeout: float
+    ) -> asyncio.Future[pb.Response]:
+        """Sends one encoded request whose header says `key` (txnId, operation); the
+        future gets its response or a `CallFailed`.
 
         No coroutine: the replicas check's hot path sends without a task per
         request. Whoever gives up on the future before it is done calls `forget`.
@@ -246,8 +252,6 @@ class BookieConnection(asyncio.Protocol):
         if self._failure is not None:
             raise self._failure
         assert self._transport is not None
-        frame = encode_message(request, max_frame_size=self._max_frame_size)
-        key = (request.header.txnId, request.header.operation)
         if key in self._pending:
             raise ValueError(f"txnId {key[0]} is already pending on this connection")
         loop = asyncio.get_running_loop()
@@ -259,9 +263,8 @@ class BookieConnection(asyncio.Protocol):
         self._outgoing.append(frame)
         return fut
 
-    def forget(self, request: pb.Request, fut: asyncio.Future[pb.Response]) -> None:
+    def forget(self, key: _Key, fut: asyncio.Future[pb.Response]) -> None:
         """Drops a request nobody waits for any more (its answer will be unmatched)."""
-        key = (request.header.txnId, request.header.operation)
         entry = self._pending.get(key)
         if entry is not None and entry[0] is fut:
             del self._pending[key]

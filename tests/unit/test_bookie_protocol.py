@@ -37,6 +37,7 @@ from auditor.bookie.protocol import (
     entry_digest,
     get_bookie_info_request,
     get_list_of_entries_request,
+    list_request_frame,
     master_key,
     read_entry_request,
     read_lac_request,
@@ -448,3 +449,23 @@ def test_short_entry_bodies_are_rejected() -> None:
 def test_master_key_is_sha1_of_ledger_and_password() -> None:
     assert master_key(b"secret") == hashlib.sha1(b"ledgersecret").digest()
     assert len(master_key(b"")) == 20
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1))
+def test_hand_encoded_list_frame_is_the_built_requests_bytes(txn_id: int, ledger_id: int) -> None:
+    """The replicas check's list requests are encoded by hand: byte for byte what
+    protobuf writes for the built request, and what a bookie parses back."""
+    frame = list_request_frame(txn_id, ledger_id)
+    assert frame == encode_message(get_list_of_entries_request(txn_id, ledger_id))
+    parsed = pb.Request.FromString(frame[4:])
+    assert parsed.header.txnId == txn_id
+    assert parsed.header.operation == pb.GET_LIST_OF_ENTRIES_OF_LEDGER
+    assert parsed.header.version == pb.VERSION_THREE
+    assert parsed.getListOfEntriesOfLedgerRequest.ledgerId == ledger_id
+
+
+def test_hand_encoded_list_frame_refuses_out_of_range_values() -> None:
+    with pytest.raises(ValueError, match="txnId"):
+        list_request_frame(-1, 1)
+    with pytest.raises(ValueError, match="ledgerId"):
+        list_request_frame(1, 2**63)
