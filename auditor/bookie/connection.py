@@ -3,9 +3,13 @@
 A bookie runs reads on per-ledger thread pools, so answers come back in any
 order; the only link between a response and its request is the
 (txnId, operation) pair in the response header. This connection keeps a table
-of pending futures under that key. Each request carries its own timer: when it
-fires, the entry leaves the table, so a response that turns up later finds
-nothing and is dropped (and counted), exactly like the Java client.
+of pending futures under that key, each with its deadline. When a deadline
+passes, the entry leaves the table, so a response that turns up later finds
+nothing and is dropped (and counted), exactly like the Java client. One sweep
+timer per connection expires them (at the earliest deadline, then no more often
+than every `SWEEP_GRANULARITY`), not a timer per request: a replicas run sends
+tens of thousands of requests a second, and asyncio's timer heap compares its
+handles in Python.
 
 It is an `asyncio.Protocol` rather than a stream reader loop: frames are
 parsed in `data_received`, so there is no reader task that could leak or
@@ -55,6 +59,10 @@ __all__ = ["BookieConnection", "CallFailed"]
 
 _Key = tuple[int, int]
 
+#: Seconds between two sweeps for overdue requests at least: a request times out at
+#: its deadline, or this much later when another one timed out just before.
+SWEEP_GRANULARITY = 0.01
+
 
 class CallFailed(Exception):
     """A request got no usable response; `reason` says why."""
@@ -73,8 +81,11 @@ class BookieConnection(asyncio.Protocol):
         self._max_frame_size = max_frame_size
         self._parser = FrameParser(max_frame_size=max_frame_size)
         self._transport: asyncio.Transport | None = None
-        #: Requests sent and not answered: their futures and timeout timers.
-        self._pending: dict[_Key, tuple[asyncio.Future[pb.Response], asyncio.TimerHandle]] = {}
+        #: Requests sent and not answered: their futures, deadlines (loop time) and timeouts.
+        self._pending: dict[_Key, tuple[asyncio.Future[pb.Response], float, float]] = {}
+        #: The timer that expires overdue requests, and when it fires.
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._sweep_at = 0.0
         self._failure: CallFailed | None = None
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: Responses that matched no pending request (late after a timeout, or unknown).
@@ -224,7 +235,6 @@ class BookieConnection(asyncio.Protocol):
         if entry is None or entry[0].done():
             self.unmatched_responses += 1
             return
-        entry[1].cancel()
         entry[0].set_result(response)
 
     # --- requests ----------------------------------------------------------------
@@ -256,8 +266,10 @@ class BookieConnection(asyncio.Protocol):
             raise ValueError(f"txnId {key[0]} is already pending on this connection")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[pb.Response] = loop.create_future()
-        timer = loop.call_later(request_timeout, self._expire, key, fut, request_timeout)
-        self._pending[key] = (fut, timer)
+        deadline = loop.time() + request_timeout
+        self._pending[key] = (fut, deadline, request_timeout)
+        if self._sweeper is None or deadline < self._sweep_at:
+            self._sweep_later(loop, deadline)
         if not self._outgoing:
             loop.call_soon(self._flush)
         self._outgoing.append(frame)
@@ -268,7 +280,6 @@ class BookieConnection(asyncio.Protocol):
         entry = self._pending.get(key)
         if entry is not None and entry[0] is fut:
             del self._pending[key]
-            entry[1].cancel()
 
     def _flush(self) -> None:
         """Writes the frames queued in this loop iteration as one buffer."""
@@ -278,16 +289,29 @@ class BookieConnection(asyncio.Protocol):
             return  # a failed connection has already failed their requests
         transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
-    def _expire(self, key: _Key, fut: asyncio.Future[pb.Response], timeout: float) -> None:
-        entry = self._pending.get(key)
-        if entry is not None and entry[0] is fut:
+    def _sweep_later(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._sweep_at = when
+        self._sweeper = loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        """Fails the requests whose deadline has passed; plans the next sweep."""
+        self._sweeper = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = [(key, entry) for key, entry in self._pending.items() if entry[1] <= now]
+        for key, (fut, _, timeout) in due:
             del self._pending[key]
-        if not fut.done():
-            fut.set_exception(
-                CallFailed(
-                    Unanswered.TIMEOUT, f"{self.bookie_id} did not answer within {timeout:g}s"
+            if not fut.done():
+                fut.set_exception(
+                    CallFailed(
+                        Unanswered.TIMEOUT, f"{self.bookie_id} did not answer within {timeout:g}s"
+                    )
                 )
-            )
+        if self._pending:
+            earliest = min(entry[1] for entry in self._pending.values())
+            self._sweep_later(loop, max(earliest, now + SWEEP_GRANULARITY))
 
     # --- shutdown ----------------------------------------------------------------
 
@@ -297,8 +321,10 @@ class BookieConnection(asyncio.Protocol):
             self._failure = failure
         self._outgoing = []
         pending, self._pending = self._pending, {}
-        for fut, timer in pending.values():
-            timer.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for fut, _, _ in pending.values():
             if not fut.done():
                 fut.set_exception(self._failure)
         if self._transport is not None and not self._transport.is_closing():

@@ -296,6 +296,27 @@ async def test_start_list_sends_without_a_task_and_answers_as_get_list_of_entrie
     emu.inject_status(None)
 
 
+async def test_a_short_timeout_behind_a_long_one_expires_on_time(
+    emu: BookieEmulator, client: BookieClient
+) -> None:
+    """Deadlines are swept per connection, not timed per request: a request with a short
+    timeout sent after one with a long timeout still times out at its own deadline."""
+    bookie = emu.bookie_id
+    emu.put_ledger(4, range(3))
+    assert (await client.read_entry(bookie, 4, 0)).ok  # connect first
+    emu.pause()
+    slow = asyncio.ensure_future(client.read_entry(bookie, 4, 1, request_timeout=30))
+    await asyncio.sleep(0)  # the long one is sent first
+    t0 = time.monotonic()
+    fast = await client.read_entry(bookie, 4, 2, request_timeout=0.2)
+    assert isinstance(fast, NoAnswer) and fast.reason is Unanswered.TIMEOUT
+    assert 0.2 <= time.monotonic() - t0 < 0.8
+    assert not slow.done()
+    emu.resume()
+    answered = await slow  # the long one is still pending, and answered
+    assert isinstance(answered, Ok) and answered.value.header.entry_id == 1
+
+
 async def test_start_list_times_out_and_fails_with_its_connection(
     emu: BookieEmulator, clients: MakeClient
 ) -> None:
