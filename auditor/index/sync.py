@@ -250,9 +250,10 @@ class IndexSync:
                 self.index.add_unexpected(found)
 
     async def _reread(self) -> None:
+        """Reads the dirty ledgers again, `concurrency` at a time as one batch each."""
         while self.dirty:
             batch = [self.dirty.pop() for _ in range(min(self.concurrency, len(self.dirty)))]
-            reads = await asyncio.gather(*(self._walker.read(i) for i in batch))
+            reads = await self._walker.read_many(batch)
             for ledger_id, rec in zip(batch, reads, strict=True):
                 self.rereads += 1
                 if rec is None:

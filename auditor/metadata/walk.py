@@ -3,7 +3,10 @@
 Large clusters hold tens of millions of ledgers, so nothing here materialises
 the whole id set: the walk descends one bucket at a time (at most 10,000
 children per listing in the hierarchical layouts) and metadata reads are
-pipelined with a bounded window that yields results in id order. A ledger
+pipelined with a bounded window that yields results in id order. Reads go in
+batches (`ZkClient.get_many`: one ZooKeeper multiRead and one asyncio future
+per batch, no task or future per ledger), since per-read overhead, not
+ZooKeeper, is what a walk's time goes to. A ledger
 deleted while we walk (NoNode on list or read) is counted, not an error; a
 ledger whose bytes do not decode is yielded as a record carrying the error, so
 the caller reports it (id and path) and the walk goes on.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,7 +41,7 @@ from auditor.metadata.paths import (
     ledger_path,
 )
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
-from auditor.zk import NoNodeError, ZkClient
+from auditor.zk import NoNodeError, ZkClient, ZkStat
 
 _TWO = re.compile(r"^\d{2}$")
 _THREE = re.compile(r"^\d{3}$")
@@ -49,6 +52,18 @@ FLAT_LEAF = re.compile(r"^L\d{10}$")
 LEDGER_SHAPED = re.compile(r"^L\d+$")
 #: Unexpected znodes kept by path (all are counted): enough for an operator to go and look.
 UNEXPECTED_KEPT = 100
+#: The most ledgers one batch of the walk reads (one multiRead). A smaller `concurrency`
+#: makes smaller batches, two in flight (one only when `concurrency` is 1).
+BATCH_MAX = 250
+
+
+def batch_shape(concurrency: int) -> tuple[int, int]:
+    """(ledgers per batch, batches in flight) for a walk of `concurrency` reads in
+    flight: at least two batches when there is room, so that one is read while the
+    other is decoded and yielded; never more than `concurrency` reads."""
+    concurrency = max(concurrency, 1)
+    size = min(BATCH_MAX, max(concurrency // 2, 1))
+    return size, max(concurrency // size, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,31 +355,65 @@ class LedgerWalker:
             data, stat = await self.zk.get(path)
         except NoNodeError:
             return None
-        try:
-            md = decode_ledger_metadata(data, ledger_id, znode_ctime=int(stat.ctime))
-        except LedgerMetadataFormatError as exc:
-            return LedgerRecord(ledger_id, path, None, int(stat.version), exc)
-        return LedgerRecord(ledger_id, path, md, int(stat.version))
+        return _record(ledger_id, path, data, stat)
+
+    async def read_many(
+        self, ledgers: Sequence[int | tuple[int, str]]
+    ) -> list[LedgerRecord | None]:
+        """Several ledgers' records now, in the order asked (None for one that does not
+        exist), read as one batch; for re-reads outside the walk. A ledger is its id (its
+        path from the layout) or (id, path).
+
+        InvalidLedgerIdError for an id outside 0..2^63-1 (the walk never yields one)."""
+        ids: list[int] = []
+        paths: list[str] = []
+        for item in ledgers:
+            ledger_id, path = item if isinstance(item, tuple) else (item, None)
+            check_ledger_id(ledger_id)
+            ids.append(ledger_id)
+            paths.append(path or ledger_path(self.manager, self.root, ledger_id))
+        return await self._read_batch(ids, paths)
+
+    async def _read_batch(self, ids: list[int], paths: list[str]) -> list[LedgerRecord | None]:
+        if type(self).read is not LedgerWalker.read:
+            # A subclass that hooks `read` (tests inject changes there) sees every read.
+            return [await self.read(i, p) for i, p in zip(ids, paths, strict=True)]
+        found = await self.zk.get_many(paths)
+        return [
+            None if got is None else _record(ledger_id, path, got[0], got[1])
+            for ledger_id, path, got in zip(ids, paths, found, strict=True)
+        ]
 
     async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
-        """Every ledger's metadata in id order, with at most `concurrency` reads in flight."""
-        window: deque[asyncio.Task[LedgerRecord | None]] = deque()
-        paths = self.ledger_paths()
+        """Every ledger's metadata in id order, with at most `concurrency` reads in flight
+        (in batches: `batch_shape`)."""
+        size, depth = batch_shape(concurrency)
+        window: deque[asyncio.Future[list[LedgerRecord | None]]] = deque()
+        ids: list[int] = []
+        paths: list[str] = []
+        listing = self.ledger_paths()
         try:
-            async for ledger_id, path in paths:
-                window.append(asyncio.ensure_future(self.read(ledger_id, path)))
-                if len(window) >= concurrency:
-                    rec = await window.popleft()
+            async for ledger_id, path in listing:
+                ids.append(ledger_id)
+                paths.append(path)
+                if len(ids) < size:
+                    continue
+                window.append(asyncio.ensure_future(self._read_batch(ids, paths)))
+                ids, paths = [], []
+                if len(window) >= depth:
+                    for rec in await window.popleft():
+                        if (out := self._account(rec)) is not None:
+                            yield out
+            if ids:
+                window.append(asyncio.ensure_future(self._read_batch(ids, paths)))
+            while window:
+                for rec in await window.popleft():
                     if (out := self._account(rec)) is not None:
                         yield out
-            while window:
-                rec = await window.popleft()
-                if (out := self._account(rec)) is not None:
-                    yield out
         finally:
-            for task in window:
-                task.cancel()
-            await paths.aclose()
+            for batch in window:
+                batch.cancel()
+            await listing.aclose()
 
     def _account(self, rec: LedgerRecord | None) -> LedgerRecord | None:
         if rec is None:
@@ -374,3 +423,13 @@ class LedgerWalker:
         if rec.error is not None:
             self.stats.corrupt += 1
         return rec
+
+
+def _record(ledger_id: int, path: str, data: bytes, stat: ZkStat) -> LedgerRecord:
+    """A ledger's record from its znode: decoded metadata, or the error that kept it from
+    decoding."""
+    try:
+        md = decode_ledger_metadata(data, ledger_id, znode_ctime=int(stat.ctime))
+    except LedgerMetadataFormatError as exc:
+        return LedgerRecord(ledger_id, path, None, int(stat.version), exc)
+    return LedgerRecord(ledger_id, path, md, int(stat.version))

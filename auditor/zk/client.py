@@ -14,6 +14,13 @@ errors with a readable message. Refusals (a server that requires
 authentication, rejected credentials, a node whose ACL does not admit us)
 become `ZkAuthError`, which says how credentials are given.
 
+Many reads at once (`get_many`, the walk's hot path) go as ZooKeeper 3.6+
+`multiRead` requests (`multiread.py`): one request, one reply and one hop to
+the event loop for a whole batch. A server older than 3.6 answers the first
+one UNIMPLEMENTED and closes the connection (kazoo reconnects, the session
+lives on); the client then remembers that and reads each batch as pipelined
+`getData`s settled together, still with one hop to the loop per batch.
+
 Credentials and the ACL of created znodes come from one `ZkSecurity`; the ACL
 is kazoo's `default_acl`, so every create (plain, with parents, in a multi-op,
 and inside kazoo's Lock recipe that casts election votes) gets it without the
@@ -29,8 +36,9 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -45,6 +53,7 @@ from kazoo.exceptions import (
     SASLException,
     SessionClosedRequireSaslError,
     SessionExpiredError,
+    UnimplementedError,
     ZookeeperError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
@@ -53,6 +62,14 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
 from auditor.errors import AuditorError, ServiceUnavailableError
+from auditor.zk.multiread import (
+    GET_DATA,
+    MalformedMultiReadError,
+    MultiRead,
+    batches,
+    chrooted,
+    submit,
+)
 from auditor.zk.persistent import Event, Gap, PersistentWatches
 from auditor.zk.security import ZkSecurity
 from auditor.zk.tls import TlsFailure, TlsHandler
@@ -93,6 +110,27 @@ class ZkAuthError(AuditorError):
 class ZkTlsError(ZkUnavailableError):
     """No TLS connection to ZooKeeper could be made: the handshake failed (an untrusted
     certificate, a refused client certificate, no TLS on that port)."""
+
+
+class ZkResponseError(ZkUnavailableError):
+    """ZooKeeper answered with a reply that does not parse (a batch of reads fails, the
+    connection goes on)."""
+
+
+class _MultiReadSupport:
+    """Whether the server takes `multiRead`: None until the first one is answered.
+
+    Shared by a client and its fenced views. While unknown, one batch at a time
+    goes as multiRead, so that an old server's refusal (which also closes the
+    connection) fails no other batch of ours.
+    """
+
+    def __init__(self, supported: bool | None) -> None:
+        self.supported = supported
+        self.probe = asyncio.Lock()
+
+
+_T = TypeVar("_T")
 
 
 class FencedOutError(ZkUnavailableError):
@@ -220,6 +258,8 @@ class ZkClient:
     every call and the initial connect; `session_timeout` is what we ask the
     server for. `security` holds the credentials sent on every (re)connect and
     the ACL every znode this session creates gets (default: none, open ACLs).
+    `multi_read` says whether `get_many` uses multiRead: None finds out from the
+    server, False never does (servers older than 3.6; tests of the fallback).
     """
 
     def __init__(
@@ -231,8 +271,10 @@ class ZkClient:
         read_only: bool = False,
         client_id: tuple[int, bytes] | None = None,
         security: ZkSecurity | None = None,
+        multi_read: bool | None = None,
     ) -> None:
         self.hosts = hosts
+        self._multi_read = _MultiReadSupport(multi_read)
         self.timeout = timeout
         self.security = security or ZkSecurity()
         self._handshake = _Handshake()
@@ -380,6 +422,15 @@ class ZkClient:
         return None if cid is None else (int(cid[0]), bytes(cid[1]))
 
     @property
+    def multi_read(self) -> bool | None:
+        """Whether `get_many` sends multiRead (None: not known until the first batch)."""
+        return self._multi_read.supported
+
+    @multi_read.setter
+    def multi_read(self, value: bool | None) -> None:
+        self._multi_read.supported = value
+
+    @property
     def state(self) -> str:
         return str(self._kazoo.state)
 
@@ -420,8 +471,12 @@ class ZkClient:
     # --- the bridge ------------------------------------------------------------
 
     async def _call(self, what: str, path: str, start: Callable[[], Any]) -> Any:
+        return await self._mapped(what, path, self._settled(start, self.timeout))
+
+    async def _mapped(self, what: str, path: str, pending: Awaitable[_T]) -> _T:
+        """`pending`'s outcome, kazoo's failures raised as our errors (as `_call` does)."""
         try:
-            return await self._settled(start, self.timeout)
+            return await pending
         except TimeoutError as exc:
             raise ZkTimeoutError(
                 f"ZooKeeper {what} {path} did not complete within {self.timeout:g}s"
@@ -458,6 +513,39 @@ class ZkClient:
         async with asyncio.timeout(limit):
             return await fut
 
+    async def _settled_all(self, results: Sequence[Any], limit: float) -> list[Any]:
+        """The outcomes of several kazoo async results (each its value or its exception),
+        handed to the loop together, when the last completes: one countdown on kazoo's
+        side and one future here, however many there are. TimeoutError after `limit`."""
+        if not results:
+            return []
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[Any]] = loop.create_future()
+        outcomes: list[Any] = [None] * len(results)
+        left = [len(results)]
+        lock = threading.Lock()
+
+        def settle() -> None:
+            if not fut.cancelled():
+                fut.set_result(outcomes)
+
+        def on_done(i: int, ar: Any) -> None:
+            try:
+                outcomes[i] = ar.get_nowait()
+            except BaseException as exc:  # handed to the awaiting task
+                outcomes[i] = exc
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                with contextlib.suppress(RuntimeError):  # loop already closed
+                    loop.call_soon_threadsafe(settle)
+
+        for i, ar in enumerate(results):
+            ar.rawlink(partial(on_done, i))
+        async with asyncio.timeout(limit):
+            return await fut
+
     def _raise_outcome(self, outcome: BaseException, what: str, path: str) -> None:
         """A failed op of a multi, raised as a lone call of it would have been."""
         if isinstance(outcome, _AUTH_ERRORS):
@@ -467,6 +555,99 @@ class ZkClient:
     async def get(self, path: str) -> tuple[bytes, ZnodeStat]:
         data, stat = await self._call("get", path, lambda: self._kazoo.get_async(path))
         return bytes(data or b""), stat
+
+    async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Many nodes' data and stats, in the order of `paths`; None for a node that does
+        not exist. Any other failure of any read fails the whole batch, raised as `get`
+        raises it (ZkAuthError naming the path a node's ACL refused). One multiRead (more
+        beyond `multiread.MAX_OPS`), one future and one `timeout` for the batch, everything
+        included (waiting for the first batch to find out whether the server takes
+        multiRead, and an old server's refusal followed by the batch read the old way)."""
+        if not paths:
+            return []
+        where = paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more)"
+
+        async def within() -> list[tuple[bytes, ZnodeStat] | None]:
+            async with asyncio.timeout(self.timeout):
+                return await self._get_many(paths)
+
+        return await self._mapped("get", where, within())
+
+    async def _get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        support = self._multi_read
+        if support.supported is None:
+            async with support.probe:
+                if support.supported is None:
+                    return await self._get_many_probing(paths)
+        if support.supported is False:
+            return await self._get_pipelined(paths)
+        try:
+            return await self._get_multi(paths)
+        except UnimplementedError:
+            # A server that took multiRead before: another (older) one of the ensemble.
+            support.supported = False
+            return await self._get_after_refusal(paths)
+
+    async def _get_many_probing(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        support = self._multi_read
+        try:
+            found = await self._get_multi(paths)
+        except UnimplementedError:
+            support.supported = False
+            return await self._get_after_refusal(paths)
+        support.supported = True
+        return found
+
+    async def _get_after_refusal(
+        self, paths: Sequence[str]
+    ) -> list[tuple[bytes, ZnodeStat] | None]:
+        """The batch an old server refused, read again the old way. That server also
+        closes the connection after its refusal; reads that went out on it before kazoo
+        saw the close fail with ConnectionLoss, so they are sent once more."""
+        try:
+            return await self._get_pipelined(paths)
+        except ConnectionLoss:
+            return await self._get_pipelined(paths)
+
+    async def _get_multi(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        chroot = self._kazoo.chroot
+        ops = [(GET_DATA, chrooted(chroot, p)) for p in paths]
+        pending = [submit(self._kazoo, MultiRead(batch)) for batch in batches(ops)]
+        replies = await self._settled_all(pending, self.timeout)
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for reply in replies:
+            if isinstance(reply, MalformedMultiReadError):
+                raise ZkResponseError(
+                    f"ZooKeeper answered a multiRead of {len(paths)} reads badly: {reply}"
+                ) from reply
+            if isinstance(reply, BaseException):
+                raise reply
+            for result in reply:
+                i = len(found)
+                if isinstance(result, tuple):
+                    found.append(result)
+                elif isinstance(result, NoNodeError):
+                    found.append(None)
+                elif isinstance(result, BaseException):
+                    self._raise_outcome(result, "get", paths[i])
+                else:  # children for a getData: deserialize checks types, never here
+                    raise ZkResponseError(f"ZooKeeper answered get {paths[i]} with children")
+        return found
+
+    async def _get_pipelined(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """The reads as single getData requests, all sent at once, settled together."""
+        get = self._kazoo.get_async
+        outcomes = await self._settled_all([get(p) for p in paths], self.timeout)
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for path, outcome in zip(paths, outcomes, strict=True):
+            if isinstance(outcome, NoNodeError):
+                found.append(None)
+            elif isinstance(outcome, BaseException):
+                self._raise_outcome(outcome, "get", path)
+            else:
+                data, stat = outcome
+                found.append((bytes(data or b""), stat))
+        return found
 
     async def get_children(self, path: str) -> list[str]:
         return list(
