@@ -456,9 +456,10 @@ class Daemon:
                     return end
         finally:
             if index is not None:
+                # Before any await: the term's index is no longer this node's.
+                self._count_index(self.index)
                 index[1].cancel()
                 await asyncio.gather(index[1], return_exceptions=True)
-                self._count_index(self.index)
             self.work = None
             self.state.stepped_down()
             self.log.info("no longer the auditor")
