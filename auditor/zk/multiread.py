@@ -39,7 +39,6 @@ from typing import Any, TypeAlias
 from kazoo.exceptions import EXCEPTIONS
 from kazoo.protocol.paths import _prefix_root
 from kazoo.protocol.serialization import (
-    GetData,
     int_struct,
     multiheader_struct,
     read_buffer,
@@ -88,25 +87,26 @@ def chrooted(chroot: str | None, path: str) -> str:
     return (chroot or "") + path  # already normal (kazoo keeps its chroot normalised)
 
 
-class MultiRead(GetData):  # type: ignore[misc]  # kazoo is untyped
+class MultiRead:
     """One multiRead request: `ops` is (op type, chrooted path) per read.
 
-    A kazoo `GetData` in kind, with its first op's `path` (and no watcher): code
-    that looks through kazoo's queue of sent requests for reads of a path (the
-    ZooKeeper fault tests look for a walk's read in flight) sees a batch as the
-    read it is. kazoo itself only looks at `type`, `watcher` and the methods.
+    kazoo's connection needs only `type`, `serialize` and `deserialize` of a
+    request (and takes a missing `watcher` for none).
     """
 
     type = MULTI_READ
-    ops: Sequence[tuple[int, str]]
+    __slots__ = ("ops",)
 
-    def __new__(cls, ops: Sequence[tuple[int, str]]) -> MultiRead:
+    def __init__(self, ops: Sequence[tuple[int, str]]) -> None:
         for op, _ in ops:
             if op not in _OP_TYPES:
                 raise ValueError(f"multiRead carries getData and getChildren only, not {op}")
-        self: MultiRead = super().__new__(cls, ops[0][1] if ops else "/", None)
         self.ops = ops
-        return self
+
+    @property
+    def paths(self) -> list[str]:
+        """The paths it reads, in op order."""
+        return [path for _, path in self.ops]
 
     def __repr__(self) -> str:
         first = self.ops[0][1] if self.ops else "-"

@@ -51,6 +51,7 @@ from auditor.testing.netproxy import TcpProxy
 from auditor.testing.seeded import ROOT, build_seeded_cluster
 from auditor.testing.zkserver import ZooKeeperServer
 from auditor.zk import KazooState, ZkClient, ZkUnavailableError
+from auditor.zk.multiread import MultiRead
 
 pytestmark = pytest.mark.slow
 
@@ -394,7 +395,10 @@ def _check_read_unanswered(daemon: Daemon, reads: re.Pattern[str] = _CHECK_READ)
     assert daemon.zk is not None
     sent = list(daemon.zk.kazoo._pending)
     return any(
-        isinstance(request, GetData | GetChildren | GetChildren2) and reads.search(request.path)
+        any(reads.search(path) for path in request.paths)
+        if isinstance(request, MultiRead)
+        else isinstance(request, GetData | GetChildren | GetChildren2)
+        and reads.search(request.path)
         for request, _, _ in sent
     )
 
