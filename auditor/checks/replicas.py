@@ -29,7 +29,7 @@ are judged at all (`skip_reason`), and the violations a final verdict reports
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,12 +90,16 @@ class Expectation:
     index: int
 
 
+#: Enum members as module constants: looked up once per ledger on the hot path.
+_CLOSED = LedgerState.CLOSED
+_OPEN = LedgerState.OPEN
+
+
 def skip_reason(md: LedgerMetadata) -> SkipReason | None:
     """Why the check leaves a ledger alone: only closed ledgers with entries are judged."""
-    if md.state is LedgerState.OPEN:
-        return SkipReason.OPEN
-    if md.state is LedgerState.IN_RECOVERY:
-        return SkipReason.IN_RECOVERY
+    state = md.state
+    if state is not _CLOSED:
+        return SkipReason.OPEN if state is _OPEN else SkipReason.IN_RECOVERY
     if md.last_entry_id < 0:
         return SkipReason.EMPTY
     return None
@@ -244,18 +248,23 @@ def segment_shortfall(
     )
 
 
-def analyse(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> ReplicasVerdict:
+def analyse(
+    md: LedgerMetadata,
+    answers: Mapping[str, BookieAnswer],
+    expected: Sequence[Expectation] | None = None,
+) -> ReplicasVerdict:
     """The durability verdict of one closed ledger from its bookies' answers.
 
     `answers` has one entry per distinct bookie that must hold entries; a
-    bookie without an answer is treated as unanswered.
+    bookie without an answer is treated as unanswered. `expected` is
+    `expectations(md)` when the caller has it already.
     """
     e, w, a = md.ensemble_size, md.write_quorum, md.ack_quorum
     missing: list[MissingOnBookie] = []
     unanswered: dict[str, str] = {}
     verified: dict[str, Verified] = {}
     by_segment: dict[int, list[list[tuple[int, int]]]] = {}
-    for exp in expectations(md):
+    for exp in expectations(md) if expected is None else expected:
         answer = answers.get(exp.bookie, _NOT_ASKED)
         if isinstance(answer, Unanswered):
             unanswered[exp.bookie] = answer.reason

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -54,6 +54,7 @@ from auditor.checks.progress import Progress
 from auditor.checks.recorder import RunRecorder
 from auditor.checks.replicas import (
     BookieAnswer,
+    Expectation,
     Listed,
     Probed,
     ReplicasVerdict,
@@ -80,14 +81,18 @@ _ABSENT = (Status.ENOENTRY, Status.ENOLEDGER)
 # --- asking the bookies about one ledger (the run and `explain`) ----------------------------
 
 
-async def bookie_answers(ctx: CheckContext, md: LedgerMetadata) -> dict[str, BookieAnswer]:
+async def bookie_answers(
+    ctx: CheckContext, md: LedgerMetadata, expected: Sequence[Expectation] | None = None
+) -> dict[str, BookieAnswer]:
     """What each bookie that must hold entries of `md` says it holds, asked once each.
 
     All the list requests go out before the first answer is awaited
     (`start_list`: no task per request where the bookie is known to list); the
-    bookies that cannot list are then probed together.
+    bookies that cannot list are then probed together. `expected` is
+    `expectations(md)` when the caller has it already.
     """
-    bookies = sorted({exp.bookie for exp in expectations(md)})
+    exps = expectations(md) if expected is None else expected
+    bookies = sorted({exp.bookie for exp in exps})
     held = ctx.held_bookies()
     # A held bookie's lost-bookie delay is running: it may be restarting; not asked,
     # not judged.
@@ -199,7 +204,8 @@ class ReplicasRun:
         marked = await self._marked(md.ledger_id, version, fresh=False)
         if marked is not None:
             return marked
-        verdict = analyse(md, await bookie_answers(self.ctx, md))
+        expected = expectations(md)
+        verdict = analyse(md, await bookie_answers(self.ctx, md, expected), expected)
         if verdict.unanswered and not final:
             self.retry.append(md.ledger_id)
             return None
