@@ -504,13 +504,15 @@ class BookieClient:
             return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
         b.in_flight += 1
         txn_id = next(self._txn)
-        sent = conn.send_frame(
-            (txn_id, _LIST_OP), list_request_frame(txn_id, ledger_id), self.list_timeout
-        )
         out: asyncio.Future[ListOutcome] = loop.create_future()
         # A caller that gives up on `out` leaves the request to its answer or its
-        # timeout, which return the slot (no callback per request to notice sooner).
-        sent.add_done_callback(partial(self._list_answered, b, ledger_id, out))
+        # timeout, which return the slot.
+        conn.send_frame_then(
+            (txn_id, _LIST_OP),
+            list_request_frame(txn_id, ledger_id),
+            self.list_timeout,
+            partial(self._list_answered, b, ledger_id, out),
+        )
         return out
 
     def _list_answered(
@@ -518,19 +520,11 @@ class BookieClient:
         b: _Bookie,
         ledger_id: int,
         out: asyncio.Future[ListOutcome],
-        sent: asyncio.Future[pb.Response],
+        response: pb.Response | CallFailed,
     ) -> None:
         b.in_flight -= 1
         b.slots.give()
-        if sent.cancelled():
-            answered: pb.Response | NoAnswer | ErrorStatus = _CLOSED
-        else:
-            exc = sent.exception()
-            if exc is not None and not isinstance(exc, CallFailed):
-                if not out.done():
-                    out.set_exception(exc)
-                return
-            answered = self._answered(b, sent.result() if exc is None else exc)
+        answered = self._answered(b, response)
         self._observe(_LIST_OP, answered)
         if not out.done():
             out.set_result(_listing(b.bookie_id, ledger_id, answered))

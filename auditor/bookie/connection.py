@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 
 from auditor.bookie.protocol import (
     MAX_FRAME_SIZE,
@@ -73,6 +74,10 @@ class CallFailed(Exception):
         self.detail = detail
 
 
+#: Who waits for a request: a future, or a callback given the response or the failure.
+_Waiter = asyncio.Future[pb.Response] | Callable[[pb.Response | CallFailed], None]
+
+
 class BookieConnection(asyncio.Protocol):
     """A v3 client connection. Create with `await BookieConnection.open(...)`."""
 
@@ -82,7 +87,7 @@ class BookieConnection(asyncio.Protocol):
         self._parser = FrameParser(max_frame_size=max_frame_size)
         self._transport: asyncio.Transport | None = None
         #: Requests sent and not answered: their futures, deadlines (loop time) and timeouts.
-        self._pending: dict[_Key, tuple[asyncio.Future[pb.Response], float, float]] = {}
+        self._pending: dict[_Key, tuple[_Waiter, float, float]] = {}
         #: The timer that expires overdue requests, and when it fires.
         self._sweeper: asyncio.TimerHandle | None = None
         self._sweep_at = 0.0
@@ -232,10 +237,10 @@ class BookieConnection(asyncio.Protocol):
         self._tls_unproven = False
         key = (response.header.txnId, response.header.operation)
         entry = self._pending.pop(key, None)
-        if entry is None or entry[0].done():
+        if entry is None or (isinstance(entry[0], asyncio.Future) and entry[0].done()):
             self.unmatched_responses += 1
             return
-        entry[0].set_result(response)
+        _settle(entry[0], response)
 
     # --- requests ----------------------------------------------------------------
 
@@ -256,8 +261,20 @@ class BookieConnection(asyncio.Protocol):
         """Sends one encoded request whose header says `key` (txnId, operation); the
         future gets its response or a `CallFailed`.
 
-        No coroutine: the replicas check's hot path sends without a task per
-        request. Whoever gives up on the future before it is done calls `forget`.
+        Whoever gives up on the future before it is done calls `forget`.
+        """
+        fut: asyncio.Future[pb.Response] = asyncio.get_running_loop().create_future()
+        self.send_frame_then(key, frame, request_timeout, fut)
+        return fut
+
+    def send_frame_then(
+        self, key: _Key, frame: bytes, request_timeout: float, then: _Waiter
+    ) -> None:
+        """`send_frame` for a caller that wants its outcome handed to `then`: a future, or
+        a callback called (on the loop, at once) with the response or the `CallFailed`.
+
+        No coroutine either way. The callback form spares the replicas check's hot
+        path a future and a loop hop per request; it must not raise.
         """
         if self._failure is not None:
             raise self._failure
@@ -265,15 +282,13 @@ class BookieConnection(asyncio.Protocol):
         if key in self._pending:
             raise ValueError(f"txnId {key[0]} is already pending on this connection")
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[pb.Response] = loop.create_future()
         deadline = loop.time() + request_timeout
-        self._pending[key] = (fut, deadline, request_timeout)
+        self._pending[key] = (then, deadline, request_timeout)
         if self._sweeper is None or deadline < self._sweep_at:
             self._sweep_later(loop, deadline)
         if not self._outgoing:
             loop.call_soon(self._flush)
         self._outgoing.append(frame)
-        return fut
 
     def forget(self, key: _Key, fut: asyncio.Future[pb.Response]) -> None:
         """Drops a request nobody waits for any more (its answer will be unmatched)."""
@@ -301,14 +316,14 @@ class BookieConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         now = loop.time()
         due = [(key, entry) for key, entry in self._pending.items() if entry[1] <= now]
-        for key, (fut, _, timeout) in due:
+        for key, (waiter, _, timeout) in due:
             del self._pending[key]
-            if not fut.done():
-                fut.set_exception(
-                    CallFailed(
-                        Unanswered.TIMEOUT, f"{self.bookie_id} did not answer within {timeout:g}s"
-                    )
-                )
+            _settle(
+                waiter,
+                CallFailed(
+                    Unanswered.TIMEOUT, f"{self.bookie_id} did not answer within {timeout:g}s"
+                ),
+            )
         if self._pending:
             earliest = min(entry[1] for entry in self._pending.values())
             self._sweep_later(loop, max(earliest, now + SWEEP_GRANULARITY))
@@ -324,9 +339,8 @@ class BookieConnection(asyncio.Protocol):
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        for fut, _, _ in pending.values():
-            if not fut.done():
-                fut.set_exception(self._failure)
+        for waiter, _, _ in pending.values():
+            _settle(waiter, self._failure)
         if self._transport is not None and not self._transport.is_closing():
             self._transport.abort()
 
@@ -337,6 +351,24 @@ class BookieConnection(asyncio.Protocol):
     async def wait_closed(self) -> None:
         if self._transport is not None:
             await asyncio.shield(self._lost)
+
+
+def _settle(waiter: _Waiter, outcome: pb.Response | CallFailed) -> None:
+    """Hands a request's outcome to whoever waits for it."""
+    if isinstance(waiter, asyncio.Future):
+        if waiter.done():
+            return
+        if isinstance(outcome, CallFailed):
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
+        return
+    try:
+        waiter(outcome)
+    except Exception as exc:  # a callback's bug must not stop the connection's parsing
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "bookie response callback failed", "exception": exc}
+        )
 
 
 def _describe(exc: BaseException) -> str:
