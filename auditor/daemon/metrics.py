@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from importlib import metadata
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -85,18 +85,14 @@ def _labelled(
     doc: str,
     labels: list[str],
     rows: Iterable[tuple[tuple[str, ...], float]],
-    created: float | None = None,
 ) -> Metric:
     family = kind(f"{PREFIX}_{name}", doc, labels=labels)
     for values, value in rows:
-        if isinstance(family, CounterMetricFamily):
-            family.add_metric(list(values), value, created=created)
-        else:
-            family.add_metric(list(values), value)
+        family.add_metric(list(values), value)
     return family
 
 
-def _worker_series(state: DaemonState, created: float | None) -> Iterator[Metric]:
+def _worker_series(state: DaemonState) -> Iterator[Metric]:
     """The replication worker's series (BookKeeper's `replication_worker_*` scope)."""
     w = state.worker
     yield _gauge(
@@ -135,7 +131,7 @@ def _worker_series(state: DaemonState, created: float | None) -> Iterator[Metric
         ),
         ("worker_locks_released", "Replication locks released.", w.locks_released),
     ]:
-        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value, created=created)
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
     yield _labelled(
         CounterMetricFamily,
         "worker_failures",
@@ -144,7 +140,6 @@ def _worker_series(state: DaemonState, created: float | None) -> Iterator[Metric
         "open_ledger, error).",
         ["reason"],
         (((str(f),), w.failures[f]) for f in Failure),
-        created,
     )
     yield _gauge(
         "worker_unrecoverable_ledgers",
@@ -171,14 +166,12 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         state = self._owner.state
         t = state.tallies
-        created = t.created
         yield _labelled(
             CounterMetricFamily,
             "violations",
             "Ledgers in violation found by check runs, by category (once per ledger and run).",
             ["check", "category"],
             sorted(t.violations.items()),
-            created,
         )
         yield _labelled(
             GaugeMetricFamily,
@@ -195,9 +188,6 @@ class _StateCollector(Collector):
         for check, h in sorted(t.durations.items()):
             buckets = [(_le(b), float(n)) for b, n in h.cumulative()]
             durations.add_metric([check], buckets, h.total)
-            durations.add_sample(
-                f"{PREFIX}_check_duration_seconds_created", {"check": check}, created
-            )
         yield durations
         yield _labelled(
             CounterMetricFamily,
@@ -205,7 +195,14 @@ class _StateCollector(Collector):
             "Check runs by outcome: ok, violations, failed, skipped.",
             ["check", "outcome"],
             sorted(t.runs.items()),
-            created,
+        )
+        yield _labelled(
+            GaugeMetricFamily,
+            "check_consecutive_failures",
+            "Failed runs of the check since its last completed one (0 on followers and "
+            "after a completion), for the alert that waits for several in a row.",
+            ["check"],
+            (((c,), n) for c, n in sorted(t.consecutive_failures.items())),
         )
         yield _labelled(
             GaugeMetricFamily,
@@ -221,7 +218,6 @@ class _StateCollector(Collector):
             "changed, ledger deleted, retry succeeded, marked meanwhile, bookie returned.",
             ["check", "cause"],
             sorted(t.dropped.items()),
-            created,
         )
         yield _labelled(
             GaugeMetricFamily,
@@ -258,7 +254,30 @@ class _StateCollector(Collector):
             f"{PREFIX}_election_attempts",
             "Times this daemon entered the auditor election.",
             value=t.election_attempts,
-            created=created,
+        )
+        # --- the ZooKeeper session -----------------------------------------------------
+        yield _gauge(
+            "zookeeper_connected",
+            "1 while this daemon's ZooKeeper connection is up, else 0 (suspended, or the "
+            "session lost and not yet replaced).",
+            1 if state.zk_connected else 0,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_zookeeper_reconnects",
+            "Times the ZooKeeper connection came back after a suspension or a lost session "
+            "(the first connection does not count).",
+            value=t.zk_reconnects,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_zookeeper_suspensions",
+            "Times the ZooKeeper connection dropped (SUSPENDED: the session may live on).",
+            value=t.zk_suspensions,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_zookeeper_sessions_lost",
+            "Times the ZooKeeper session was lost (LOST: expired or closed; this daemon's "
+            "vote and ephemeral nodes are gone).",
+            value=t.zk_sessions_lost,
         )
         yield _labelled(
             CounterMetricFamily,
@@ -266,7 +285,6 @@ class _StateCollector(Collector):
             "Ledgers this daemon marked under-replicated, by the check that marked them.",
             ["reason"],
             (((c,), n) for c, n in sorted(t.marked.items())),
-            created,
         )
         yield _labelled(
             CounterMetricFamily,
@@ -274,7 +292,6 @@ class _StateCollector(Collector):
             "Requests to bookies by operation and outcome.",
             ["op", "status"],
             sorted(t.bookie_requests.items()),
-            created,
         )
         yield _gauge(
             "retry_queue_ledgers",
@@ -325,20 +342,17 @@ class _StateCollector(Collector):
             f"{PREFIX}_index_loads",
             "Full reads of every ledger into the metadata index (the first, and after gaps).",
             value=t.index_loads,
-            created=created,
         )
         yield CounterMetricFamily(
             f"{PREFIX}_index_resyncs",
             "Times the index's watch was lost (connection or session) and it re-read everything.",
             value=t.index_resyncs,
-            created=created,
         )
         yield CounterMetricFamily(
             f"{PREFIX}_index_failures",
             "Times the metadata index stopped on an error it does not retry; checks walk "
             "ZooKeeper until it is loaded again.",
             value=t.index_failures,
-            created=created,
         )
         yield _labelled(
             GaugeMetricFamily,
@@ -387,7 +401,6 @@ class _StateCollector(Collector):
             "leader_work_failed, ...; see the runbook).",
             ["reason"],
             (((str(r),), state.decision_counts[r]) for r in Reason),
-            created,
         )
         backoff = (
             max(state.backoff_until - t.clock(), 0.0) if state.backoff_until is not None else 0.0
@@ -425,7 +438,7 @@ class _StateCollector(Collector):
                 if e != state.election
             ],
         )
-        yield from _worker_series(state, created)
+        yield from _worker_series(state)
         names = dict.fromkeys((*ZNODES, *sorted(state.invalid_znodes)))
         yield _labelled(
             GaugeMetricFamily,
@@ -449,6 +462,9 @@ class Metrics:
         self.state = state if state is not None else DaemonState(identity="")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.registry.register(_StateCollector(self))
+        # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total, ...
+        # (Linux only: the collector reads /proc and yields nothing elsewhere).
+        self.registry.register(ProcessCollector(registry=None))
         self._http = MetricsServer(self.registry)
 
     def bind(self, state: DaemonState) -> None:

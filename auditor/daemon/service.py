@@ -369,18 +369,21 @@ class Daemon:
         async for st in zk.states():
             if st == KazooState.CONNECTED:
                 self.state.zk_connected = True
+                self.state.tallies.zk_connected()
                 self._disconnected.clear()
                 self._connected.set()
                 self._disarm_suspension_limit()
                 self._decide(Connected())
             elif st == KazooState.SUSPENDED:
                 self.state.zk_connected = False
+                self.state.tallies.zk_suspended()
                 self._connected.clear()
                 self._disconnected.set()
                 if self._decide(Suspended()).action is Action.PAUSE:
                     self._arm_suspension_limit()
             elif st == KazooState.LOST:
                 self.state.zk_connected = False
+                self.state.tallies.zk_session_lost()
                 self._connected.clear()
                 self._disconnected.set()
                 self._disarm_suspension_limit()

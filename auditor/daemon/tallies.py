@@ -70,6 +70,9 @@ class Tallies:
     in_violation: dict[tuple[str, str], int] = field(default_factory=dict)
     durations: dict[str, Histogram] = field(default_factory=dict)
     runs: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: Failed runs of each check since its last completed one (0 after a completion,
+    #: and on a node that steps down), for the alert that waits for several in a row.
+    consecutive_failures: dict[str, int] = field(default_factory=dict)
     #: The last success per check (absent: unknown), as the timestamp gauge shows it.
     last_success: dict[str, float] = field(default_factory=dict)
     #: The latest known success per check, for the staleness gauge.
@@ -101,6 +104,14 @@ class Tallies:
     #: Corrupt under-replication marks the last grace run saw.
     marks_invalid: int = 0
     leading: bool = False
+    #: ZooKeeper connection events, as the daemon's connection listener sees them:
+    #: reconnects (connected again after a suspension or a lost session; the first
+    #: connection is not one), suspensions (the connection dropped, the session may
+    #: live on) and session losses (expired or closed: the vote is gone).
+    zk_reconnects: int = 0
+    zk_suspensions: int = 0
+    zk_sessions_lost: int = 0
+    zk_down: bool = False
 
     def __post_init__(self) -> None:
         now = self.clock()
@@ -111,6 +122,7 @@ class Tallies:
                 self.violations[str(check), str(category)] += 0
                 self.in_violation[str(check), str(category)] = 0
             self.durations[str(check)] = Histogram()
+            self.consecutive_failures[str(check)] = 0
             for outcome in OUTCOMES:
                 self.runs[str(check), outcome] += 0
             self.marked[str(check)] += 0
@@ -131,6 +143,7 @@ class Tallies:
             self.in_violation[check, category] = n
         self.durations.setdefault(check, Histogram()).observe(max(duration_s, 0.0))
         self.runs[check, "violations" if report.has_findings else "ok"] += 1
+        self.consecutive_failures[check] = 0
         self.invalid_znodes[check] = report.invalid_znodes.total
         if report.check is Check.GRACE:
             # The grace check reads every mark and names only corrupt ones.
@@ -148,6 +161,7 @@ class Tallies:
     def record_failure(self, check: Check, duration_s: float) -> None:
         self.durations.setdefault(str(check), Histogram()).observe(max(duration_s, 0.0))
         self.runs[str(check), "failed"] += 1
+        self.consecutive_failures[str(check)] = self.consecutive_failures.get(str(check), 0) + 1
 
     def record_skip(self, check: Check) -> None:
         self.runs[str(check), "skipped"] += 1
@@ -183,9 +197,29 @@ class Tallies:
                 self.invalid_znodes[check] = 0
             self.marks_invalid = 0
             self.at_risk.clear()
+            for check in self.consecutive_failures:
+                self.consecutive_failures[check] = 0
 
     def election_attempt(self) -> None:
         self.election_attempts += 1
+
+    # --- ZooKeeper session ---------------------------------------------------------------
+
+    def zk_connected(self) -> None:
+        """Connected: a reconnect if the connection had dropped (not the first one)."""
+        if self.zk_down:
+            self.zk_reconnects += 1
+        self.zk_down = False
+
+    def zk_suspended(self) -> None:
+        """The connection dropped; the session may still be alive on the servers."""
+        self.zk_suspensions += 1
+        self.zk_down = True
+
+    def zk_session_lost(self) -> None:
+        """The session expired or was closed: ephemeral nodes (the vote) are gone."""
+        self.zk_sessions_lost += 1
+        self.zk_down = True
 
     # --- bookies, index, marks ------------------------------------------------------------
 

@@ -76,6 +76,11 @@ LISTED = {
     "bookkeeper_auditor_znode_invalid": {"znode"},
     "bookkeeper_auditor_invalid_znodes": {"check"},
     "bookkeeper_auditor_underreplication_marks_invalid": set(),
+    "bookkeeper_auditor_check_consecutive_failures": {"check"},
+    "bookkeeper_auditor_zookeeper_connected": set(),
+    "bookkeeper_auditor_zookeeper_reconnects_total": set(),
+    "bookkeeper_auditor_zookeeper_suspensions_total": set(),
+    "bookkeeper_auditor_zookeeper_sessions_lost_total": set(),
 }
 
 
