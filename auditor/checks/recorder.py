@@ -23,6 +23,15 @@ of the two metadata-only checks (placement, metadata) is logged as "metadata
 invalid", the event those checks have always used. Every line of the recorder's
 logger names the check.
 
+Those lines are bounded (`checks.violation_log_limit`, `log_limit` here): per
+run and per category, the first `log_limit` violations are logged, the others
+only counted; a violation is logged whole or not at all (all of a driver's
+lines for it). When any was left out, `finish` logs one warning "violation log
+lines suppressed" with, per category seen, `logged` and `suppressed` violations
+(the two add up to the category's violations this run). The report, the outcome
+rows and everything built on them keep every violation. A recorder is one run,
+or one partition or stage of a scan, so the bound applies to each.
+
 Part of the one driver convention (see `auditor.checks`): every `<Check>Run`
 owns one recorder, and nothing else writes its report's counts or its rows.
 """
@@ -30,6 +39,7 @@ owns one recorder, and nothing else writes its report's counts or its rows.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -46,9 +56,18 @@ from auditor.checks.findings import (
     Violation,
     metadata_invalid,
 )
+from auditor.config.model import ChecksConfig
 from auditor.metadata.walk import LedgerRecord, Walker, WalkStats
 
-__all__ = ["SKIP_CAUSES", "LogLine", "RunRecorder", "Sink", "decode_error", "violation_fields"]
+__all__ = [
+    "DEFAULT_LOG_LIMIT",
+    "SKIP_CAUSES",
+    "LogLine",
+    "RunRecorder",
+    "Sink",
+    "decode_error",
+    "violation_fields",
+]
 
 Sink = Callable[[LedgerOutcome], None]
 #: One log line: its event and fields (a driver's own description of a violation).
@@ -61,6 +80,8 @@ SKIP_CAUSES: Final = {
     str(SkipReason.METADATA_CHANGING): DropCause.METADATA_CHANGED,
 }
 _INVALID_EVENTS: Final = {Check.PLACEMENT: "metadata invalid", Check.METADATA: "metadata invalid"}
+#: `checks.violation_log_limit`'s default, for recorders made without a configuration.
+DEFAULT_LOG_LIMIT: Final = ChecksConfig().violation_log_limit
 
 
 def decode_error(rec: LedgerRecord) -> str:
@@ -83,17 +104,28 @@ class RunRecorder:
         sink: Sink | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        log_limit: int = DEFAULT_LOG_LIMIT,
     ) -> None:
         self.report = report
         self.check = report.check
         self.log = log.bind(check=str(report.check))
         self._sink = sink
         self._clock = clock
+        #: Violations logged one by one per category, at most; negative: no bound.
+        self.log_limit = log_limit
+        self._logged: Counter[str] = Counter()
+        self._suppressed: Counter[str] = Counter()
 
     @classmethod
     def for_context(cls, ctx: CheckContext, check: Check, **fields: Any) -> RunRecorder:
         """A recorder of a fresh report of `check`, whose rows go to `ctx.outcome`."""
-        return cls(ctx.new_report(check, **fields), ctx.log, ctx.outcome, clock=ctx.clock)
+        return cls(
+            ctx.new_report(check, **fields),
+            ctx.log,
+            ctx.outcome,
+            clock=ctx.clock,
+            log_limit=ctx.config.checks.violation_log_limit,
+        )
 
     # --- one outcome per ledger ---------------------------------------------------------
 
@@ -121,15 +153,14 @@ class RunRecorder:
         """Judged, and `found` (one ledger's violations, at least one) reported.
 
         Logged as one "violation" line each, or as `lines` when the driver
-        describes them itself.
+        describes them itself, within the bound of `log_limit` per category.
         """
         if not found:
             raise ValueError(f"ledger {ledger_id}: a violation outcome needs a violation")
         self.report.ledgers_checked += 1
         for v in found:
             self.report.violations.append(v)
-        for event, fields in lines if lines is not None else _default_lines(found):
-            self.log.warning(event, **fields)
+        self._log_violations(found, lines)
         return self._row(ledger_id, Outcome.VIOLATION, None, version, coverage)
 
     def metadata_invalid(self, rec: LedgerRecord, reason: str | None = None) -> LedgerOutcome:
@@ -190,7 +221,46 @@ class RunRecorder:
             self.walked(walker.stats)
         self.report.marked_underreplicated.sort()
         self.report.finished_at = self._clock()
+        self._summarise_suppressed()
         return self.report
+
+    # --- bounded violation lines ----------------------------------------------------------
+
+    def _admit(self, category: str) -> bool:
+        """Counts one violation of `category`: whether its lines are logged."""
+        if self.log_limit < 0 or self._logged[category] < self.log_limit:
+            self._logged[category] += 1
+            return True
+        self._suppressed[category] += 1
+        return False
+
+    def _log_violations(self, found: Sequence[Violation], lines: Sequence[LogLine] | None) -> None:
+        """Each violation's lines, if it is admitted. A driver's own lines go with the
+        violations of the category they name (or with any admitted one if they name none)."""
+        if lines is None:
+            for v in found:
+                if self._admit(str(v.category)):
+                    self.log.warning("violation", **violation_fields(v))
+            return
+        admitted = [str(v.category) for v in found if self._admit(str(v.category))]
+        if not admitted:
+            return
+        for event, fields in lines:
+            category = fields.get("category")
+            if category is None or str(category) in admitted:
+                self.log.warning(event, **fields)
+
+    def _summarise_suppressed(self) -> None:
+        """One warning for the violations not logged one by one, with exact counts."""
+        if not self._suppressed:
+            return
+        seen = sorted(self._logged.keys() | self._suppressed.keys())
+        self.log.warning(
+            "violation log lines suppressed",
+            logged={c: self._logged[c] for c in seen},
+            suppressed={c: self._suppressed[c] for c in seen},
+            limit=self.log_limit,
+        )
 
     def _row(
         self,
@@ -221,7 +291,3 @@ class RunRecorder:
         if self._sink is not None:
             self._sink(row)
         return row
-
-
-def _default_lines(found: Sequence[Violation]) -> list[LogLine]:
-    return [("violation", violation_fields(v)) for v in found]

@@ -148,6 +148,10 @@ class ChecksConfig:
     #: Violations a report lists, at most (the first ones by ledger id); counts,
     #: totals and per-category samples stay exact. 0 lists them all.
     max_violations_listed: int = 10000
+    #: Violations logged one line each, at most, per run and category; the rest are
+    #: counted in one summary line at the end of the run (reports keep every one).
+    #: 0 logs none one by one; -1 logs every one.
+    violation_log_limit: int = 100
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
         return _by_name(self)
@@ -161,6 +165,7 @@ CHECKS_RULES: Rules = {
     "list_capability_ttl": (_nonneg, "seconds >= 0"),
     "progress_interval": (_pos, "positive seconds"),
     "max_violations_listed": (_nonneg, "a count >= 0 (0: no limit)"),
+    "violation_log_limit": (lambda v: v >= -1, "a count >= 0, or -1 (no limit)"),
 }
 
 
