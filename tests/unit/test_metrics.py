@@ -465,3 +465,16 @@ def test_dashboard_is_valid_json_with_unique_panel_ids() -> None:
     assert dash["uid"] == "bk-auditor"
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     assert all(e.count("(") == e.count(")") for e in exprs)
+    # Every query is narrowed by the cluster and job variables (the job's by the cluster's).
+    variables = [v["name"] for v in dash["templating"]["list"]]
+    assert variables == ["datasource", "cluster", "job"]
+    assert all('cluster=~"$cluster",job=~"$job"' in e for e in exprs), exprs
+    # process_* series exist on every exporter: only the daemons' are shown.
+    daemons = (
+        ' and on (instance, job) bookkeeper_auditor_build_info{cluster=~"$cluster",job=~"$job"}'
+    )
+    for e in exprs:
+        if "process_" in e:
+            assert e.endswith(daemons), e
+    titles = {p["title"] for p in dash["panels"]}
+    assert {"Resident memory", "ZooKeeper connected", "Consecutive failed runs"} <= titles
