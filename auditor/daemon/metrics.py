@@ -18,6 +18,7 @@ across nodes never counts a former leader's last run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from importlib import metadata
 
@@ -463,8 +464,10 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.registry.register(_StateCollector(self))
         # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total, ...
-        # (Linux only: the collector reads /proc and yields nothing elsewhere).
-        self.registry.register(ProcessCollector(registry=None))
+        # (Linux only: the collector reads /proc and yields nothing elsewhere). A registry
+        # that has them already (prometheus_client's global one) keeps its own.
+        with contextlib.suppress(ValueError):
+            self.registry.register(ProcessCollector(registry=None))
         self._http = MetricsServer(self.registry)
 
     def bind(self, state: DaemonState) -> None:

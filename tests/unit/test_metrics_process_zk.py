@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.checks.findings import ALL_CHECKS, Check, CheckReport
@@ -78,3 +79,10 @@ def test_consecutive_failures_count_until_a_completion_or_a_step_down() -> None:
     assert value(m, name, check="ledgers") == 1
     m.state.stepped_down()
     assert value(m, name, check="ledgers") == 0
+
+
+def test_a_registry_with_process_series_keeps_its_own() -> None:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    m = Metrics(registry=registry)
+    assert b"bookkeeper_auditor_is_leader" in m.exposition()
