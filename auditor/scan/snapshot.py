@@ -316,7 +316,10 @@ class SnapshotJudgement:
         limit = job.config.checks.max_violations_listed
         self.recorders = {
             c: RunRecorder(
-                CheckReport(c, started_at=now, violations=ViolationLog(limit=limit)), log, sink
+                CheckReport(c, started_at=now, violations=ViolationLog(limit=limit)),
+                log,
+                sink,
+                log_limit=job.config.checks.violation_log_limit,
             )
             for c in job.checks
         }
