@@ -14,12 +14,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from auditor.api import TARGET_ENV, TOKEN_ENV
 from auditor.checks.findings import Check
-from auditor.cli.cluster import security_from_args, target_from_args
+from auditor.cli.cluster import NO_ADDRESS, ZK_ENV, address_of, target_of_args
+from auditor.config import read_text
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.elections import (
@@ -237,9 +238,9 @@ def _api_client(args: argparse.Namespace, target: str) -> ApiClient:
     from auditor.api.client import ApiClient
     from auditor.daemon.preflight import check_api_token
 
-    token = args.token or os.environ.get(TOKEN_ENV) or None
+    token, what = api_token(args)
     if token is not None:
-        check_api_token(token, f"the API token (--token or {TOKEN_ENV})")
+        check_api_token(token, what)
     return ApiClient(
         target,
         timeout=args.timeout,
@@ -249,6 +250,32 @@ def _api_client(args: argparse.Namespace, target: str) -> ApiClient:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
+
+
+def api_token(
+    args: argparse.Namespace, env: Mapping[str, str] = os.environ
+) -> tuple[str | None, str]:
+    """(the API token or None, what to call it in messages).
+
+    `--token-file FILE` (one line; its line break is not part of the token) or `--token`
+    (visible to every user of the machine in `ps`), else BK_AUDITOR_API_TOKEN (an empty
+    value is unset, as the daemon reads it). A missing, unreadable or empty file, an empty
+    `--token` and both flags at once are ConfigErrors (exit 2).
+    """
+    token_file: str | None = getattr(args, "token_file", None)
+    if args.token is not None and token_file is not None:
+        raise ConfigError("give --token or --token-file, not both")
+    if token_file is not None:
+        text = read_text(token_file, "--token-file")
+        token = text.removesuffix("\n").removesuffix("\r")
+        if not token.strip():
+            raise ConfigError(f"--token-file {token_file} is empty")
+        return token, f"the API token in --token-file {token_file}"
+    if args.token is not None:
+        if not args.token:
+            raise ConfigError("--token is empty")
+        return args.token, f"the API token (--token or {TOKEN_ENV})"
+    return env.get(TOKEN_ENV) or None, f"the API token (--token or {TOKEN_ENV})"
 
 
 def _daemon_target(args: argparse.Namespace) -> str:
@@ -427,22 +454,27 @@ async def cmd_trigger(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
             f"BookKeeper's trigger runs only the bookie audit; to run {args.which}, "
             "give --target HOST:PORT of a daemon"
         )
-    if not args.zk and not args.metadata_service_uri:
+    try:
+        address_of(args.zk, args.metadata_service_uri, args.bk_conf)
+    except ConfigError as exc:
+        if str(exc) != NO_ADDRESS:
+            raise
         raise ConfigError(
-            "give --target HOST:PORT (a daemon) or --zk/--metadata-service-uri "
-            "(BookKeeper's own trigger)"
-        )
+            f"give --target HOST:PORT (a daemon) or --zk/--metadata-service-uri/{ZK_ENV}/"
+            "--bk-conf (BookKeeper's own trigger)"
+        ) from None
     return await cmd_trigger_audit(_cluster(args), args.json, out)
 
 
 async def cmd_health(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """For HEALTHCHECK and exec probes: exit 0 only when SERVING."""
+    """For HEALTHCHECK and exec probes: exit 0 only when SERVING. `--json`: one object,
+    `{"service": ..., "status": ...}` ("" is the server as a whole)."""
     from auditor.api.client import health_status_name
 
     async with _api_client(args, _daemon_target(args)) as api:
         status = await api.health(args.service)
     name = health_status_name(status)
-    out.write(name + "\n")
+    _emit(out, args.json, {"service": args.service, "status": name}, name)
     return 0 if name == "SERVING" else 1
 
 
@@ -450,12 +482,7 @@ async def cmd_health(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> ClusterTarget:
-    security = security_from_args(
-        args.zk_auth_file, args.zk_enable_security, tls_config=args.zk_tls_config
-    )
-    return target_from_args(
-        args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
-    )
+    return target_of_args(args)
 
 
 def _seconds(text: str) -> int:
@@ -468,24 +495,35 @@ def _seconds(text: str) -> int:
     return value
 
 
-def _api_args(p: argparse.ArgumentParser, *, with_common: bool) -> None:
-    """`with_common`: the command dials only a daemon, so --target has a default."""
-    p.add_argument(
-        "--target",
-        metavar="HOST:PORT",
-        help=(
-            f"a daemon's gRPC API (env {TARGET_ENV}; default: this host's daemon)"
-            if with_common
-            else "a daemon's gRPC API; without it, BookKeeper's trigger through ZooKeeper"
-        ),
+def api_client_args(p: argparse.ArgumentParser, target_help: str) -> None:
+    """How to reach a daemon's API: `--target`, the token, TLS (every command that dials one)."""
+    p.add_argument("--target", metavar="HOST:PORT", help=target_help)
+    token = p.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"file holding the API token (one line), or set {TOKEN_ENV}",
     )
-    p.add_argument(
-        "--token", metavar="TOKEN", help=f"API token for mutating calls (env {TOKEN_ENV})"
+    token.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="the API token itself: visible to every user of this host in ps; "
+        "prefer --token-file or " + TOKEN_ENV,
     )
     p.add_argument("--tls", action="store_true", help="TLS with the system's trust roots")
     p.add_argument("--tls-ca", metavar="FILE", help="TLS, trusting this CA (PEM)")
     p.add_argument("--tls-cert", metavar="FILE", help="client certificate for mTLS (PEM)")
     p.add_argument("--tls-key", metavar="FILE", help="client key for mTLS (PEM)")
+
+
+def _api_args(p: argparse.ArgumentParser, *, with_common: bool) -> None:
+    """`with_common`: the command dials only a daemon, so --target has a default."""
+    api_client_args(
+        p,
+        f"a daemon's gRPC API (env {TARGET_ENV}; default: this host's daemon)"
+        if with_common
+        else "a daemon's gRPC API; without it, BookKeeper's trigger through ZooKeeper",
+    )
     if with_common:
         p.add_argument("--timeout", type=float, default=10.0, help="seconds for each call")
         p.add_argument("--json", action="store_true", help="one JSON object")

@@ -9,6 +9,12 @@ chroot too): a flag typed for this run says more than a copied config line.
 Query parameters of a `metadata-store:` URI that mean nothing to us are named in
 one note on stderr, so that a copied URI is not silently half-read.
 
+Without `--zk` or `--metadata-service-uri`, the address comes from the environment
+variable BK_AUDITOR_ZK (a connect string, or a metadata service URI), else from
+`--bk-conf bk_server.conf`: its `metadataServiceUri`, else `zkServers` (with
+`zkLedgersRootPath`), read exactly as the daemon reads it (`bk_conf_layer`, Pulsar's
+`PULSAR_PREFIX_` variables applied). None of them: one line, exit 2.
+
 Credentials for a ZooKeeper that requires them come from `--zk-auth-file FILE`
 or the environment variable BK_AUDITOR_ZK_AUTH, never from a flag's value:
 command lines are visible to every user of the machine (`ps`).
@@ -20,8 +26,10 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from auditor.daemon.config.layers import bk_conf_layer
 from auditor.daemon.config.zookeeper import cli_zk_tls
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget
@@ -34,6 +42,12 @@ if TYPE_CHECKING:
     from auditor.config import AuditorConfig
 
 ZK_AUTH_ENV = "BK_AUDITOR_ZK_AUTH"
+#: The cluster's address when no flag gives it: a connect string or a metadata service URI.
+ZK_ENV = "BK_AUDITOR_ZK"
+NO_ADDRESS = (
+    f"give --zk HOST:PORT[,HOST:PORT...] or --metadata-service-uri, set {ZK_ENV}, "
+    "or give --bk-conf bk_server.conf"
+)
 CLI_HINT = (
     f"give credentials with --zk-auth-file FILE or {ZK_AUTH_ENV}, "
     "e.g. digest:USER:PASSWORD or sasl:GSSAPI"
@@ -68,19 +82,70 @@ def target_from_args(
     uri: str | None,
     timeout: float,
     security: ZkSecurity | None = None,
+    uri_label: str = "--metadata-service-uri",
 ) -> ClusterTarget:
     if timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {timeout:g}")
     sec = security or ZkSecurity(hint=CLI_HINT)
     if uri:
-        parsed = parse_metadata_service_uri(uri, label="--metadata-service-uri")
+        parsed = parse_metadata_service_uri(uri, label=uri_label)
         root = _root(ledgers_root) if ledgers_root else parsed.ledgers_root
         if parsed.ignored:
             print(f"bk-auditor: note: {describe_ignored(parsed.ignored)}", file=sys.stderr)
         return ClusterTarget(parsed.hosts, root, parsed.manager, timeout, sec, parsed.driver)
     if not zk:
-        raise ConfigError("give --zk HOST:PORT[,HOST:PORT...] or --metadata-service-uri")
+        raise ConfigError(NO_ADDRESS)
     return ClusterTarget(zk, _root(ledgers_root or DEFAULT_LEDGERS_ROOT), None, timeout, sec)
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where the cluster is, as the flags, BK_AUDITOR_ZK or bk_server.conf give it."""
+
+    zk: str | None = None
+    uri: str | None = None
+    #: What the URI is called in messages.
+    uri_label: str = "--metadata-service-uri"
+    #: A ledgers root from bk_server.conf's `zkLedgersRootPath` (`--ledgers-root` wins).
+    ledgers_root: str | None = None
+    #: bk_server.conf's `zkEnableSecurity`.
+    enable_security: bool = False
+
+
+def _is_uri(text: str) -> bool:
+    return "://" in text or text.startswith("metadata-store:")
+
+
+def address_of(
+    zk: str | None, uri: str | None, bk_conf: str | None, env: Mapping[str, str] = os.environ
+) -> Address:
+    """`--zk`/`--metadata-service-uri` > BK_AUDITOR_ZK > `--bk-conf`; none: ConfigError."""
+    if zk or uri:
+        return Address(zk, uri)
+    from_env = env.get(ZK_ENV, "").strip()
+    if from_env:
+        if _is_uri(from_env):
+            return Address(uri=from_env, uri_label=f"environment {ZK_ENV}")
+        return Address(zk=from_env)
+    if not bk_conf:
+        raise ConfigError(NO_ADDRESS)
+    layer, _ = bk_conf_layer(bk_conf, env)
+    daemon, bk = layer["daemon"], layer["bookkeeper"]
+    secure = bk.get("zkEnableSecurity")
+    enable_security = secure is not None and str(secure.value).strip().lower() == "true"
+    if "metadata_service_uri" in daemon:
+        setting = daemon["metadata_service_uri"]
+        return Address(
+            uri=str(setting.value), uri_label=setting.origin, enable_security=enable_security
+        )
+    if "zk" not in daemon:
+        raise ConfigError(f"--bk-conf {bk_conf} names neither metadataServiceUri nor zkServers")
+    root = daemon.get("ledgers_root")
+    return Address(
+        zk=str(daemon["zk"].value),
+        ledgers_root=None if root is None else str(root.value),
+        enable_security=enable_security,
+    )
 
 
 def _root(ledgers_root: str) -> str:
@@ -91,9 +156,20 @@ def _root(ledgers_root: str) -> str:
 
 
 def target_of_args(args: argparse.Namespace, config: AuditorConfig | None = None) -> ClusterTarget:
-    """The cluster, with credentials; `--config`'s zkEnableSecurity counts as the flag does."""
-    secure = args.zk_enable_security or (config is not None and config.bookkeeper.zkEnableSecurity)
+    """The cluster, with credentials; `--config`'s (or `--bk-conf`'s) zkEnableSecurity counts
+    as the flag does."""
+    address = address_of(args.zk, args.metadata_service_uri, getattr(args, "bk_conf", None))
+    secure = (
+        args.zk_enable_security
+        or address.enable_security
+        or (config is not None and config.bookkeeper.zkEnableSecurity)
+    )
     security = security_from_args(args.zk_auth_file, secure, tls_config=args.zk_tls_config)
     return target_from_args(
-        args.zk, args.ledgers_root, args.metadata_service_uri, args.timeout, security
+        address.zk,
+        args.ledgers_root or address.ledgers_root,
+        address.uri,
+        args.timeout,
+        security,
+        address.uri_label,
     )

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from auditor.cli import admin
 from auditor.cli import explain as explain_cli
-from auditor.cli.cluster import target_of_args
+from auditor.cli.cluster import ZK_ENV, target_of_args
 from auditor.errors import AuditorError, ConfigError, shown_name
 from auditor.metadata.cluster import ClusterTarget
 from auditor.scan.options import ENGINES
@@ -54,7 +54,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--zk", metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
+    p.add_argument(
+        "--zk",
+        metavar="HOST:PORT[,...]",
+        help=f"ZooKeeper connect string (else env {ZK_ENV}, else --bk-conf)",
+    )
+    p.add_argument(
+        "--bk-conf",
+        metavar="FILE",
+        help="BookKeeper's bk_server.conf: the cluster from its metadataServiceUri or "
+        "zkServers (and zkLedgersRootPath), when neither --zk nor " + ZK_ENV + " gives it",
+    )
     p.add_argument(
         "--metadata-service-uri",
         metavar="URI",
@@ -198,11 +208,26 @@ def build_parser() -> argparse.ArgumentParser:
     recover.add_parser(sub, _cluster_args, _config_args)
     decommission.add_parser(sub, _cluster_args, _config_args)
     autorecovery_status.add_parser(sub, _cluster_args)
+    comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
+    comp.add_argument("shell", choices=["bash", "zsh"])
+    sub.add_parser("man", help="print the manual page bk-auditor(1), in roff")
     return parser
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
     from auditor.cli import inspect
+
+    if args.command in ("completion", "man"):
+        from auditor.cli import docs
+
+        parser = build_parser()
+        if args.command == "man":
+            sys.stdout.write(docs.man_page(parser, package_version()))
+        elif args.shell == "bash":
+            sys.stdout.write(docs.bash_completion(parser))
+        else:
+            sys.stdout.write(docs.zsh_completion(parser))
+        return 0
 
     commands: dict[str, Callable[[ClusterTarget, bool], Awaitable[int]]] = {
         "ledgers": inspect.cmd_ledgers,

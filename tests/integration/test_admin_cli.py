@@ -13,11 +13,13 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from auditor.checks.findings import Check
 from auditor.cli import admin
+from auditor.cli.docs import _subparsers
 from auditor.cli.main import build_parser
 from auditor.daemon.config import DEFAULT_API_PORT
 from auditor.metadata.underreplication import UnderreplicationManager
@@ -357,3 +359,82 @@ async def test_tls_flags(zk: ZkClient, pki: Pki) -> None:  # noqa: F811
     finally:
         await a.channel.close()
         await a.server.stop(0)
+
+
+async def test_token_file(daemon: Api, tmp_path: Path) -> None:
+    """`--token-file`: the token never on the command line; its line break is not part of it."""
+    t = ("trigger", "replicas", "--target", daemon.target)
+    good = tmp_path / "token"
+    good.write_text(TOKEN + "\n")
+    run = await bk(*t, "--token-file", str(good))
+    assert (run.returncode, run.stdout) == (0, f"triggered replicas on {ME}\n"), run.stderr
+    wrong = tmp_path / "wrong"
+    wrong.write_text("nope")
+    # the file wins over the environment
+    run = await bk(*t, "--token-file", str(wrong), BK_AUDITOR_API_TOKEN=TOKEN)
+    one_line_error(run, "not valid", 1)
+    assert daemon.control.triggered == [Check.REPLICAS]
+
+    missing = tmp_path / "missing"
+    one_line_error(
+        await bk(*t, "--token-file", str(missing)), f"--token-file {missing} does not exist", 2
+    )
+    one_line_error(
+        await bk(*t, "--token-file", str(tmp_path)), f"cannot read --token-file {tmp_path}", 2
+    )
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    one_line_error(await bk(*t, "--token-file", str(empty)), f"--token-file {empty} is empty", 2)
+    one_line_error(await bk(*t, "--token", ""), "--token is empty", 2)
+    one_line_error(
+        await bk(*t, "--token", TOKEN, "--token-file", str(good)),
+        "argument --token-file: not allowed with argument --token",
+        2,
+    )
+    blanks = tmp_path / "blanks"
+    blanks.write_text(f" {TOKEN}\n")
+    one_line_error(
+        await bk(*t, "--token-file", str(blanks)),
+        f"the API token in --token-file {blanks} must be printable ASCII",
+        2,
+    )
+    assert TOKEN not in (await bk(*t, "--token-file", str(blanks))).stderr
+    assert daemon.control.triggered == [Check.REPLICAS]
+    # every command that dials a daemon takes it
+    for args in (("status",), ("report", "replicas"), ("health",), ("explain", "1")):
+        run = await bk(*args, "--target", daemon.target, "--token-file", str(missing))
+        one_line_error(run, f"--token-file {missing} does not exist", 2)
+
+
+async def test_health_json(daemon: Api) -> None:
+    t = ("--target", daemon.target, "--json")
+    run = await bk("health", *t)
+    assert (run.returncode, run.stdout) == (0, '{"service": "", "status": "SERVING"}\n')
+    daemon.control.state.zk_connected = False
+    await daemon.server.refresh_health()
+    run = await bk("health", *t, "--service", "auditor-readiness")
+    assert (run.returncode, run.stdout) == (
+        1,
+        '{"service": "auditor-readiness", "status": "NOT_SERVING"}\n',
+    )
+
+
+async def test_explain_takes_target_and_the_deprecated_api(daemon: Api) -> None:
+    """One name for a daemon's address everywhere; `--api` still works, hidden."""
+    lost = "bk-auditor: error: explaining ledger 42: ledger 42 does not exist under /ledgers\n"
+    run = await bk("explain", "42", "--target", daemon.target)
+    assert (run.returncode, run.stdout, run.stderr) == (2, "", lost)
+    run = await bk("explain", "42", "--api", daemon.target)
+    assert (run.returncode, run.stdout, run.stderr) == (2, "", lost)
+    run = await bk("explain", "42", "--api", daemon.target, "--target", daemon.target)
+    one_line_error(run, "give --target alone (--api is its deprecated name)", 2)
+    assert "--api" not in _subparsers(build_parser()).choices["explain"].format_help()
+
+
+async def test_trigger_finds_the_cluster_in_the_environment(zk: ZkClient) -> None:
+    urm = await cluster(zk)
+    await urm.init_lost_bookie_recovery_delay(60)
+    await vote(zk, "V_0000000001", "10.0.0.5:3181")
+    run = await bk("trigger", BK_AUDITOR_ZK=zk.hosts)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("audit triggered: 10.0.0.5:3181 audits the bookies now")
