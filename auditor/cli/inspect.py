@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from auditor.metadata.cluster import ClusterTarget, connect
@@ -22,6 +24,7 @@ from auditor.metadata.underreplication import (
     UnderreplicationManager,
 )
 from auditor.metadata.walk import LedgerWalker
+from auditor.timefmt import iso_datetime
 
 
 def ledger_json(md: LedgerMetadata, path: str) -> dict[str, Any]:
@@ -83,41 +86,95 @@ async def cmd_ledgers(
     return status
 
 
-def mark_json(item: UnderreplicatedLedger | CorruptMark) -> dict[str, Any]:
-    """One line of `list-underreplicated --json`: a mark, or a corrupt one (`corrupt`: why)."""
+def mark_json(item: UnderreplicatedLedger | CorruptMark, iso_time: bool = False) -> dict[str, Any]:
+    """One line of `list-underreplicated --json`: a mark, or a corrupt one (`corrupt`: why).
+
+    `iso_time`: `ctime_iso` too, the ctime in ISO 8601 (None when the mark has none)."""
     if isinstance(item, CorruptMark):
         return {"ledger_id": item.ledger_id, "path": item.path, "corrupt": item.reason}
-    return {"ledger_id": item.ledger_id, "replicas": list(item.replicas), "ctime": item.ctime}
+    doc: dict[str, Any] = {
+        "ledger_id": item.ledger_id,
+        "replicas": list(item.replicas),
+        "ctime": item.ctime,
+    }
+    if iso_time:
+        doc["ctime_iso"] = ctime_iso(item.ctime)
+    return doc
+
+
+def ctime_iso(ctime_ms: int) -> str | None:
+    """A mark's ctime (ms since the epoch) in ISO 8601; None for Java's unassigned -1."""
+    if ctime_ms < 0:
+        return None
+    return iso_datetime(datetime.fromtimestamp(ctime_ms / 1000, UTC))
+
+
+@dataclass(frozen=True)
+class MarkFilter:
+    """BookKeeper's `listunderreplicated -missingreplica / -excludingmissingreplica`: a mark
+    is listed when its missing replicas name `missing` (if given) and do not name `excluded`
+    (if given)."""
+
+    missing: str | None = None
+    excluded: str | None = None
+
+    def wants(self, mark: UnderreplicatedLedger) -> bool:
+        if self.missing is not None and self.missing not in mark.replicas:
+            return False
+        return self.excluded is None or self.excluded not in mark.replicas
+
+
+def _mark_line(item: UnderreplicatedLedger, iso_time: bool) -> str:
+    when: object = item.ctime
+    if iso_time:
+        when = ctime_iso(item.ctime) or "-"
+    return f"{item.ledger_id:>12}  ctime={when}  missing={','.join(item.replicas)}\n"
 
 
 async def cmd_list_underreplicated(
-    target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+    target: ClusterTarget,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    *,
+    only: MarkFilter = MarkFilter(),
+    count_only: bool = False,
+    iso_time: bool = False,
 ) -> int:
-    """Every mark; each corrupt one on a line of its own (stderr, or a JSON line with
-    `corrupt`), and then exit status 1."""
+    """Every mark `only` wants; each corrupt one on a line of its own (stderr, or a JSON line
+    with `corrupt`: a corrupt mark names no replicas, so no filter can judge it), and then
+    exit status 1. `count_only`: the number of marks listed, and nothing else on stdout."""
     async with connect(target) as (zk, _):
         urm = UnderreplicationManager(zk, target.root)
         count = corrupt = 0
         async for item in urm.list_marks():
             if isinstance(item, CorruptMark):
                 corrupt += 1
-            else:
-                count += 1
+                if as_json and not count_only:
+                    out.write(json.dumps(mark_json(item)) + "\n")
+                else:
+                    print(f"bk-auditor: error: corrupt under-replication mark {item}", file=err)
+                continue
+            if not only.wants(item):
+                continue
+            count += 1
+            if count_only:
+                continue
             if as_json:
-                out.write(json.dumps(mark_json(item)) + "\n")
-            elif isinstance(item, CorruptMark):
-                print(f"bk-auditor: error: corrupt under-replication mark {item}", file=err)
+                out.write(json.dumps(mark_json(item, iso_time)) + "\n")
             else:
-                out.write(
-                    f"{item.ledger_id:>12}  ctime={item.ctime}  missing={','.join(item.replicas)}\n"
-                )
+                out.write(_mark_line(item, iso_time))
         enabled = await urm.is_replication_enabled()
-        bad = f", {corrupt} corrupt marks" if corrupt else ""
-        print(
-            f"{count} under-replicated ledgers{bad}; "
-            f"auto-recovery {'enabled' if enabled else 'DISABLED'}",
-            file=err,
+    if count_only:
+        out.write(
+            (json.dumps({"count": count, "corrupt": corrupt}) if as_json else str(count)) + "\n"
         )
+    bad = f", {corrupt} corrupt marks" if corrupt else ""
+    print(
+        f"{count} under-replicated ledgers{bad}; "
+        f"auto-recovery {'enabled' if enabled else 'DISABLED'}",
+        file=err,
+    )
     return 1 if corrupt else 0
 
 

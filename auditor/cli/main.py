@@ -133,10 +133,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, help_text in [
         ("ledgers", "list ledgers with state, quorum sizes and ensembles"),
-        ("list-underreplicated", "list ledgers marked under-replicated"),
         ("bookies", "list bookies: writable, read-only, down"),
     ]:
         _cluster_args(sub.add_parser(name, help=help_text))
+    lur = sub.add_parser("list-underreplicated", help="list ledgers marked under-replicated")
+    _cluster_args(lur)
+    lur.add_argument(
+        "--missing-replica",
+        metavar="BOOKIE",
+        help="only marks whose missing replicas name this bookie",
+    )
+    lur.add_argument(
+        "--exclude-missing-replica",
+        metavar="BOOKIE",
+        help="leave out marks whose missing replicas name this bookie",
+    )
+    lur.add_argument(
+        "--count-only", action="store_true", help="print only the number of marks listed"
+    )
+    lur.add_argument(
+        "--iso-time",
+        action="store_true",
+        help="ctime in ISO 8601 (text), and ctime_iso besides ctime (--json)",
+    )
     chk = sub.add_parser("check", help="run checks once; exit 0 clean, 1 violations, 2 error")
     chk.add_argument(
         "which",
@@ -231,11 +250,18 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
     commands: dict[str, Callable[[ClusterTarget, bool], Awaitable[int]]] = {
         "ledgers": inspect.cmd_ledgers,
-        "list-underreplicated": inspect.cmd_list_underreplicated,
         "bookies": inspect.cmd_bookies,
     }
     if args.command in commands:
         return await commands[args.command](target_of_args(args), args.json)
+    if args.command == "list-underreplicated":
+        return await inspect.cmd_list_underreplicated(
+            target_of_args(args),
+            args.json,
+            only=inspect.MarkFilter(args.missing_replica, args.exclude_missing_replica),
+            count_only=args.count_only,
+            iso_time=args.iso_time,
+        )
     if args.command == "check":
         return await _failing_is_2(_check(args))
     if args.command == "selftest":
