@@ -111,7 +111,7 @@ async def auditor(zk: ZkClient, config: AuditorConfig, warm: bool) -> None:
         sync = IndexSync(
             zk,
             MetadataIndex(ROOT, MANAGER),
-            concurrency=config.checks.ledger_concurrency,
+            concurrency=config.checks.walk_window,
             log=ctx.log,
         )
         await phase("ready")

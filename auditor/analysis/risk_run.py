@@ -94,7 +94,7 @@ async def run_risk(ctx: CheckContext) -> RiskReport:
         metadata="index" if indexed else "zookeeper",
     )
     await judge_risk(
-        walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency),
+        walker.ledgers(concurrency=ctx.config.checks.walk_window),
         report,
         resolver.locations,
         available,

@@ -246,7 +246,7 @@ async def live_view(ctx: CheckContext) -> ClusterView:
         return await resolve_bookie(ctx.zk, ctx.root, bookie)
 
     def records() -> AsyncIterator[LedgerRecord]:
-        return walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency)
+        return walker.ledgers(concurrency=ctx.config.checks.walk_window)
 
     return ClusterView(
         source="live",

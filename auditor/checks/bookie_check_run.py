@@ -94,7 +94,7 @@ class BookieCheckRun:
             writable=len(before.writable),
             readonly=len(before.readonly),
         )
-        async for rec in walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency):
+        async for rec in walker.ledgers(concurrency=ctx.config.checks.walk_window):
             progress.tick(rec.ledger_id)
             self.judge(rec)
         if walker.stats.foreign_znodes:

@@ -51,6 +51,7 @@ async def run_metadata_check(ctx: CheckContext) -> CheckReport:
         max_ledger_id=await walker.max_ledger_id(),
     )
     await MetadataRun(recorder).judge_all(
-        walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency), tick=progress.tick
+        walker.ledgers(concurrency=ctx.config.checks.walk_window),
+        tick=progress.tick,
     )
     return recorder.finish(walker)

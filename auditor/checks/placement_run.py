@@ -193,7 +193,8 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
         max_ledger_id=await walker.max_ledger_id(),
     )
     await run.judge_all(
-        walker.ledgers(concurrency=ctx.config.checks.ledger_concurrency), tick=progress.tick
+        walker.ledgers(concurrency=ctx.config.checks.walk_window),
+        tick=progress.tick,
     )
     report = recorder.finish(walker)
     log.info(

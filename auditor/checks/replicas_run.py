@@ -271,7 +271,7 @@ class ReplicasRun:
             interval=self.cfg.checks.progress_interval,
             max_ledger_id=await self.walker.max_ledger_id(),
         )
-        async for rec in self.walker.ledgers(concurrency=self.cfg.checks.ledger_concurrency):
+        async for rec in self.walker.ledgers(concurrency=self.cfg.checks.walk_window):
             progress.tick(rec.ledger_id)
             yield rec
 

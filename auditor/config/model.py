@@ -137,6 +137,9 @@ class ChecksConfig:
     bookie_max_in_flight: int = 64
     #: Ledgers analysed concurrently.
     ledger_concurrency: int = 100
+    #: Ledger znodes a walk reads ahead, at least (ZooKeeper multiRead batches of up to
+    #: 250): batches make reads cheap, so they are not cut down to `ledger_concurrency`.
+    walk_read_ahead: int = 1000
     #: Seconds a bookie's "cannot list entries" verdict is remembered.
     list_capability_ttl: float = 600.0
     #: Rack sources, in order of precedence: a JSON mapping file, a script, Pulsar's znode.
@@ -153,6 +156,11 @@ class ChecksConfig:
     #: 0 logs none one by one; -1 logs every one.
     violation_log_limit: int = 100
 
+    @property
+    def walk_window(self) -> int:
+        """Reads in flight of a check's walk of ZooKeeper (and of the index's load)."""
+        return max(self.walk_read_ahead, self.ledger_concurrency)
+
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
         return _by_name(self)
 
@@ -162,6 +170,7 @@ CHECKS_RULES: Rules = {
     "retry_attempts": (_nonneg, "a count >= 0"),
     "bookie_max_in_flight": (_pos, "a positive count"),
     "ledger_concurrency": (_pos, "a positive count"),
+    "walk_read_ahead": (_pos, "a positive count"),
     "list_capability_ttl": (_nonneg, "seconds >= 0"),
     "progress_interval": (_pos, "positive seconds"),
     "max_violations_listed": (_nonneg, "a count >= 0 (0: no limit)"),

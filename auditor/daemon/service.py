@@ -567,7 +567,7 @@ class Daemon:
         sync = IndexSync(
             zk,
             MetadataIndex(self.root, self.manager),
-            concurrency=self.config.auditor.checks.ledger_concurrency,
+            concurrency=self.config.auditor.checks.walk_window,
             log=self.log,
         )
         tallies = self.state.tallies

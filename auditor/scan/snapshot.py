@@ -168,7 +168,7 @@ async def snapshot_range(
         from auditor.metadata.walk import LedgerWalker
 
         walker = LedgerWalker(zk, spec.target.root, manager, id_range)
-        async for rec in walker.ledgers(concurrency=spec.config.checks.ledger_concurrency):
+        async for rec in walker.ledgers(concurrency=spec.config.checks.walk_window):
             emit(ledger_row(rec))
             part.ledgers += 1
             if rec.metadata is None:
