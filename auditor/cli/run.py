@@ -43,10 +43,25 @@ async def cmd_run(
             protect_reads=api.protect_reads,
         )
 
+    async def views_factory(control: Daemon) -> Any:
+        from auditor.api.http import start_http_views
+
+        api = cfg.api
+        return await start_http_views(
+            control,
+            host=api.host,
+            port=api.http_port,
+            token=api.token or None,
+            tls_cert=api.tls_cert or None,
+            tls_key=api.tls_key or None,
+            tls_client_ca=api.tls_client_ca or None,
+            protect_reads=api.protect_reads,
+        )
+
     notifier = Notifier()
     try:
         return await Daemon(cfg, reload=load, metrics=metrics).run(
-            api_factory=api_factory, notify=notifier
+            api_factory=api_factory, views_factory=views_factory, notify=notifier
         )
     finally:
         notifier.close()

@@ -153,6 +153,17 @@ class ApiHandle(Protocol):
 ApiFactory = Callable[["Daemon"], Awaitable[ApiHandle]]
 
 
+class ViewsHandle(Protocol):
+    """The read-only HTTP views (`auditor.api.http.HttpViews`), when `api.http_port` >= 0."""
+
+    port: int
+
+    async def stop(self, grace: float) -> None: ...
+
+
+ViewsFactory = Callable[["Daemon"], Awaitable[ViewsHandle]]
+
+
 def backoff_of(config: DaemonConfig) -> Backoff:
     """`daemon.leader_backoff_initial` and `daemon.leader_backoff_max` (seconds)."""
     d = config.daemon
@@ -199,6 +210,7 @@ class Daemon:
         self.root = config.daemon.ledgers_root
         self.manager: LedgerManager | None = None
         self.api: ApiHandle | None = None
+        self.views: ViewsHandle | None = None
         self.work: LeaderWork | None = None
         #: The replication worker, once running (`worker.enabled`).
         self.worker: ReplicationWorker | None = None
@@ -911,6 +923,7 @@ class Daemon:
         self,
         *,
         api_factory: ApiFactory | None = None,
+        views_factory: ViewsFactory | None = None,
         notify: Notifier | None = None,
         signals: bool = True,
     ) -> int:
@@ -942,6 +955,8 @@ class Daemon:
             if api_factory is not None:
                 self.api = await api_factory(self)
                 self._readiness()
+            if views_factory is not None and self.config.api.http_port >= 0:
+                self.views = await views_factory(self)
             if self._serve_metrics and self.config.metrics.enabled:
                 await self.metrics.start_http(self.config.metrics.host, self.config.metrics.port)
             side = [
@@ -1005,6 +1020,8 @@ class Daemon:
             await asyncio.gather(*side, watch, *self._tasks, return_exceptions=True)
             if self.api is not None:
                 await self.api.stop(grace=min(5.0, d.shutdown_timeout))
+            if self.views is not None:
+                await self.views.stop(grace=0.0)
             self.metrics.stop_http()
         finally:
             follow.cancel()

@@ -78,6 +78,9 @@ class ApiConfig:
     #: Reads (status, reports, violations, marks) need the token or a client
     #: certificate too; health checks and reflection never do.
     protect_reads: bool = False
+    #: The read-only HTTP views (`auditor.api.http`), protected and TLS'd as the API's
+    #: reads are; -1: off, 0: any free port.
+    http_port: int = -1
 
     @property
     def tls(self) -> bool:
@@ -195,11 +198,14 @@ _DAEMON_RULES: Rules = {
     "engine": (lambda v: v in ENGINES, " or ".join(repr(e) for e in ENGINES)),
     "ledgers_root": (lambda v: v.startswith("/"), "an absolute znode path"),
 }
-_API_RULES: Rules = {
+_METRICS_RULES: Rules = {
     "host": (_nonempty, "a host name or address"),
     "port": (_port, "a port 0..65535 (0: any free port)"),
 }
-_METRICS_RULES: Rules = _API_RULES
+_API_RULES: Rules = {
+    **_METRICS_RULES,
+    "http_port": (lambda v: v == -1 or _port(v), "a port 0..65535 (0: any free port), -1: off"),
+}
 _LOGGING_RULES: Rules = {
     "format": (lambda v: v.lower() in LOG_FORMATS, " | ".join(LOG_FORMATS)),
     "level": (lambda v: v.lower() in LOG_LEVELS, " | ".join(LOG_LEVELS)),
