@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.stamp-python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check unit bench soak clean system venv fuzz
+.PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check chromium unit bench soak clean system venv fuzz
 .PHONY: dist wheel-check constraints
 
 all: test
@@ -35,6 +35,15 @@ promtool:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus >/dev/null; \
+	fi
+
+# Headless Chromium renders the daemon's HTML page in tests/integration/test_http_page_browser.py.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "installing Debian package: chromium (for the HTML page's browser test)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    chromium >/dev/null; \
 	fi
 
 venv: $(STAMP_PY)
@@ -77,7 +86,7 @@ promtool-check: promtool
 	@promtool check rules deploy/prometheus/java-compat-rules.yaml >/dev/null
 	@cd deploy/prometheus && promtool test rules java-compat-rules_test.yaml
 
-unit: $(STAMP_PY)
+unit: $(STAMP_PY) chromium
 	@$(PY) -m pytest -q
 
 # --- release ------------------------------------------------------------------------

@@ -218,6 +218,7 @@ class HttpViews:
                         request = await read_request(reader)
                 except _BadRequest as exc:
                     await self._send(writer, _error(400, str(exc)), keep=False, head=False)
+                    await _discard(reader)
                     return
                 if request is None:
                     return
@@ -365,6 +366,18 @@ class HttpViews:
         if printing:
             return _json(200, {str(lid): reps for lid, reps in found.items()}, compact=True)
         return _json(200, list(found), compact=True)
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    """Reads what the client still sends (bounded) before closing, so that the kernel does
+    not answer it with a reset that could destroy the response in flight."""
+    left = MAX_HEAD_BYTES * 4
+    try:
+        async with asyncio.timeout(1.0):
+            while left > 0 and (chunk := await reader.read(min(left, 65536))):
+                left -= len(chunk)
+    except (TimeoutError, ConnectionError, ssl.SSLError):
+        pass
 
 
 def _server_tls(

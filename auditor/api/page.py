@@ -52,11 +52,19 @@ def _when(ts: float | None) -> str:
     return _e(iso(ts)) if ts is not None else '<span class="muted">never</span>'
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    """`rows` hold HTML already escaped."""
-    th = "".join(f"<th>{_e(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+def _table(head: list[str] | None, rows: list[list[str]]) -> str:
+    """`rows` hold HTML already escaped; no `head`: a table of names (first column) and
+    values."""
+    thead = "" if head is None else "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head)
+    if head is None:
+        body = "".join(
+            f"<tr><th>{_e(r[0])}</th>" + "".join(f"<td>{c}</td>" for c in r[1:]) + "</tr>"
+            for r in rows
+        )
+    else:
+        thead += "</tr></thead>"
+        body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table>{thead}<tbody>{body}</tbody></table>"
 
 
 def _leader(state: DaemonState) -> str:
@@ -77,7 +85,7 @@ def _leader(state: DaemonState) -> str:
         ["Lost bookies", _e(", ".join(state.lost_bookies) or "none")],
         ["Started", _when(state.started_at)],
     ]
-    return "<h2>Auditor</h2>" + _table(["", ""], rows)
+    return "<h2>Auditor</h2>" + _table(None, rows)
 
 
 def _check_row(cs: CheckState, now: float) -> list[str]:
@@ -164,7 +172,7 @@ def _worker(state: DaemonState, now: float) -> str:
         ["Failures", _e(failures)],
         ["Unrecoverable ledgers", _e(", ".join(str(i) for i in sorted(w.unrecoverable)) or "none")],
     ]
-    out = "<h2>Replication worker</h2>" + _table(["", ""], rows)
+    out = "<h2>Replication worker</h2>" + _table(None, rows)
     if w.in_hand:
         held = [
             [
