@@ -80,7 +80,7 @@ from auditor.bookie.protocol import (
     encode_message,
     get_list_of_entries_request,
 )
-from auditor.metadata.serde import HEADER_PREFIX, decode_ledger_metadata
+from auditor.metadata.serde import HEADER_PREFIX, decode_ledger_metadata, varint
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 from auditor.proto.data_formats_pb2 import LedgerMetadataFormat
 
@@ -111,22 +111,13 @@ _LEN = struct.Struct(">I")
 # --- the wire, by hand ---------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 _HEADER_START = bytes([0x08, pb.VERSION_THREE, 0x10, int(Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)])
-_LIST_TAG = _varint((108 << 3) | 2)
+_LIST_TAG = varint((108 << 3) | 2)
 
 
 def list_request(ledger_id: int) -> bytes:
     """One framed GET_LIST_OF_ENTRIES_OF_LEDGER request for `ledger_id`, txnId = ledger id."""
-    v = _varint(ledger_id)
+    v = varint(ledger_id)
     header = _HEADER_START + b"\x18" + v
     body = b"\x08" + v
     payload = b"\x0a" + bytes([len(header)]) + header + _LIST_TAG + bytes([len(body)]) + body

@@ -32,6 +32,7 @@ from google.protobuf.message import Message
 
 from auditor.errors import FormatError
 from auditor.metadata.model import DigestType
+from auditor.metadata.serde import varint
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 
 __all__ = [
@@ -315,16 +316,6 @@ def get_list_of_entries_request(txn_id: int, ledger_id: int) -> pb.Request:
     )
 
 
-def _varint(value: int) -> bytes:
-    """A protobuf base-128 varint of a value in 0..2^64-1."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 #: Request.header (field 1, length-delimited) holds version = VERSION_THREE (field 1),
 #: operation = GET_LIST_OF_ENTRIES_OF_LEDGER (field 2) and then txnId (field 3).
 _LIST_HEADER_START: Final = b"\x08\x03\x10\x0b\x18"
@@ -340,8 +331,8 @@ def list_request_frame(txn_id: int, ledger_id: int) -> bytes:
     protobuf writes (fields in number order), which the tests check against
     `encode_message` of the built request.
     """
-    header = _LIST_HEADER_START + _varint(_check_txn(txn_id))
-    body = b"\x08" + _varint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
+    header = _LIST_HEADER_START + varint(_check_txn(txn_id))
+    body = b"\x08" + varint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
     message = b"\x0a" + bytes((len(header),)) + header + _LIST_BODY_TAG + bytes((len(body),)) + body
     return _LENGTH.pack(len(message)) + message
 

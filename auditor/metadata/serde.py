@@ -242,7 +242,7 @@ def encode_ledger_metadata(md: LedgerMetadata, *, text_style: EscapeStyle = DEFA
             body = to_text(_build_format(md, include_ctoken=False), style=text_style)
             return _header(FORMAT_VERSION_2) + body
         raw = _build_format(md, include_ctoken=True).SerializeToString()
-        return _header(FORMAT_VERSION_3) + _varint32(len(raw)) + raw
+        return _header(FORMAT_VERSION_3) + varint(len(raw)) + raw
     except _Invalid as e:
         raise LedgerMetadataFormatError(md.ledger_id, f"cannot encode: {e}") from None
     except (TextFormatError, ValueError, TypeError) as e:
@@ -507,7 +507,9 @@ def _validate(md: LedgerMetadata) -> None:
 # Encoding
 
 
-def _varint32(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """A protobuf base-128 varint of a value in 0..2^64-1 (a delimited message's length
+    here; the bookie protocol's hand-encoded requests too)."""
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
