@@ -323,8 +323,8 @@ class Daemon:
             self.log.info(d.message, **fields)
         if d.ends_term and self._term_end is not None and not self._term_end.done():
             self._term_end.set_result(d)
-        if self._notify is not None:  # `systemctl status` shows the last decision
-            self._notify.status(f"{d.phase}: {d.message}")
+        if self._notify is not None:  # `systemctl status` shows where it stands
+            self._notify.show(self.state)
         self._readiness()
         self.decided.set()
         return d
@@ -436,6 +436,7 @@ class Daemon:
             self.state.heartbeat = time.monotonic()
             if notify is not None:
                 notify.watchdog()
+                notify.show(self.state)  # sent only when the line changed
             await asyncio.sleep(1.0)
 
     def _install_signals(self) -> None:
@@ -933,6 +934,8 @@ class Daemon:
         d = self.config.daemon
         check_api_token(self.config.api.token)
         self._notify = notify
+        if notify is not None:
+            notify.show(self.state)  # "waiting for ZooKeeper"
         if signals:
             self._install_signals()
         zk = ZkClient(
