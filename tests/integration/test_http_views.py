@@ -1,0 +1,333 @@
+"""The read-only HTTP views, served by a real in-process daemon on a seeded cluster.
+
+The daemon runs with `views_factory` (as `bk-auditor run` does) on a small copy of
+the demo's cluster: one seeded fault per category, a dead and a silent bookie, and
+one more ledger on the dead bookie that Pulsar owns. Every JSON route is compared
+with the document the CLI prints for the same thing (`status --json`,
+`check --json`, `explain --json`); BookKeeper's two reads with what its bookie
+HTTP server answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from auditor.analysis.explain import document_text
+from auditor.api import convert
+from auditor.api.http import (
+    BK_LIST_UNDER_REPLICATED,
+    BK_WHO_IS_AUDITOR,
+    HttpViews,
+    start_http_views,
+)
+from auditor.checks.findings import Check
+from auditor.checks.owners import owner_of
+from auditor.daemon.service import Daemon
+from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
+from auditor.testing.bookie import BookieEmulator
+from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.inprocess import fast_config
+from auditor.testing.pki import issue, new_ca
+from auditor.testing.seeded import ROOT, build_seeded_cluster
+from auditor.zk import ZkClient
+
+TOKEN = "http-views-token"
+#: Healthy ledgers of the seeded cluster (the demo has 2,000).
+HEALTHY = 20
+#: A ledger on the bookie that dies, with the custom metadata a Pulsar broker writes.
+PULSAR_LEDGER = 3101
+PULSAR_CUSTOM = (
+    ("application", b"pulsar"),
+    ("component", b"managed-ledger"),
+    ("pulsar/managed-ledger", b"public/default/persistent/orders"),
+)
+#: The checks that run in the first round (all of them, at FAST's hourly intervals).
+FIRST_ROUND = (Check.BOOKIES, Check.LEDGERS, Check.PLACEMENT, Check.REPLICAS, Check.GRACE)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        assert self.headers["content-type"] == "application/json", self.headers
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+
+async def request(
+    port: int,
+    path: str,
+    *,
+    method: str = "GET",
+    headers: Sequence[tuple[str, str]] = (),
+    raw: bytes | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> Reply:
+    """One request on a fresh connection (`Connection: close`), read to the end."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
+    try:
+        if raw is None:
+            lines = [f"{method} {path} HTTP/1.1", "Host: auditor", "Connection: close"]
+            lines += [f"{k}: {v}" for k, v in headers]
+            raw = ("\r\n".join(lines) + "\r\n\r\n").encode()
+        writer.write(raw)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+    if not data:
+        raise ConnectionError("the server closed the connection without an answer")
+    head, _, body = data.partition(b"\r\n\r\n")
+    first, *rest = head.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in rest)}
+    if method != "HEAD":  # HEAD: the length GET would have, and no body
+        assert int(fields["content-length"]) == len(body)
+    return Reply(int(first.split()[1]), fields, body)
+
+
+async def _until(what: str, done: Callable[[], bool], within: float = 90) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, f"not within {within}s: {what}"
+        await asyncio.sleep(0.1)
+
+
+async def seed(zk: ZkClient, healthy: int = HEALTHY) -> list[BookieEmulator]:
+    """The demo's cluster, smaller, plus a Pulsar-owned ledger on the bookie that dies;
+    bookie 6 crashed and bookie 7 silent (the caller stops them: `stop_all`)."""
+    bookies = [BookieEmulator(zk, ledgers_root=ROOT) for _ in range(8)]
+    for b in bookies:
+        await b.start()
+    await build_seeded_cluster(zk, bookies, healthy=healthy)
+    for i in (0, 2, 6):
+        bookies[i].put_ledger(PULSAR_LEDGER, list(range(10)))
+    ids = [b.bookie_id for b in bookies]
+    await ClusterWriter(zk, ROOT).write_ledger(
+        make_metadata(
+            PULSAR_LEDGER,
+            [ids[0], ids[2], ids[6]],
+            write_quorum=2,
+            last_entry_id=9,
+            length=160,
+            custom_metadata=PULSAR_CUSTOM,
+        )
+    )
+    await bookies[6].crash()
+    bookies[7].pause()
+    return bookies
+
+
+async def stop_all(bookies: list[BookieEmulator]) -> None:
+    bookies[7].resume()
+    for b in bookies:
+        if b.running:
+            await b.stop()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    zk: ZkClient, identity: str, extra: Sequence[str] = (), *, first_round: bool = True
+) -> AsyncIterator[tuple[Daemon, HttpViews]]:
+    """A daemon that serves the views (`api.http_port=0`: a free port), as `run` wires them;
+    with `first_round`, once every check has reported."""
+    cfg = fast_config(zk.hosts, identity, ["api.http_port=0", *extra])
+    daemon = Daemon(cfg)
+
+    async def views_factory(d: Daemon) -> HttpViews:
+        api = cfg.api
+        return await start_http_views(
+            d,
+            host="127.0.0.1",
+            port=api.http_port,
+            token=api.token or None,
+            tls_cert=api.tls_cert or None,
+            tls_key=api.tls_key or None,
+            tls_client_ca=api.tls_client_ca or None,
+            protect_reads=api.protect_reads,
+        )
+
+    run = asyncio.ensure_future(daemon.run(views_factory=views_factory, signals=False))
+    try:
+        await _until("the views", lambda: daemon.views is not None or run.done(), 30)
+        assert not run.done(), run.exception()
+        views = daemon.views
+        assert isinstance(views, HttpViews)
+        if first_round:
+            checks = daemon.state.checks
+            await _until("the first round", lambda: all(checks[c].last_report for c in FIRST_ROUND))
+        yield daemon, views
+    finally:
+        daemon.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(run), 30)
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(BaseException):
+                await run
+    # Stopped with the daemon: nothing listens any more.
+    with pytest.raises(OSError):
+        await request(views.port, "/status")
+
+
+def _without_ages(doc: dict[str, Any]) -> dict[str, Any]:
+    for c in doc["checks"].values():
+        c.pop("last_success_age_s")
+    return doc
+
+
+async def test_json_views_are_the_cli_documents(zk: ZkClient) -> None:
+    bookies = await seed(zk)
+    try:
+        async with serving(zk, "views-auditor:1") as (daemon, views):
+            port, state = views.port, daemon.state
+            status = await request(port, "/status")
+            assert status.status == 200
+            expected = convert.status_json(convert.status_response(state))
+            assert _without_ages(status.json()) == _without_ages(expected)
+            assert status.json()["leader"] == "views-auditor:1"
+
+            for check in FIRST_ROUND:
+                report = state.checks[check].last_report
+                assert report is not None
+                got = await request(port, f"/reports/{check}")
+                assert got.status == 200
+                assert got.body == (convert.report_json_text(report) + "\n").encode()
+                assert got.json() == report.to_json()
+            bookies_report = state.checks[Check.BOOKIES].last_report
+            assert bookies_report is not None
+            owner = owner_of(PULSAR_CUSTOM)
+            assert owner is not None and bookies_report.owners[PULSAR_LEDGER] == owner
+
+            # Explain: the `explain --json` document, as the daemon's gRPC Explain gives it.
+            got = await request(port, "/explain/3003")
+            assert got.status == 200
+            assert got.body == (document_text(await daemon.explain(3003)) + "\n").encode()
+            assert got.json()["ledger_id"] == 3003
+
+            # Errors: JSON bodies with a reason.
+            missing = await request(port, "/explain/999999")
+            assert missing.status == 404 and "999999" in missing.json()["error"]
+            assert (await request(port, "/explain/12abc")).status == 400
+            unknown = await request(port, "/reports/nonsense")
+            assert unknown.status == 404 and "unknown check" in unknown.json()["error"]
+            assert (await request(port, "/nowhere")).status == 404
+            post = await request(port, "/status", method="POST")
+            assert post.status == 405 and post.headers["allow"] == "GET, HEAD"
+            assert "GET only" in post.json()["error"]
+            bad = await request(port, "", raw=b"GARBAGE\r\n\r\n")
+            assert bad.status == 400 and bad.json()["error"] == "malformed request line"
+            body = await request(port, "", raw=b"GET / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc")
+            assert body.status == 400
+            huge = await request(port, "", raw=b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n")
+            assert huge.status == 400
+            head = await request(port, "/status", method="HEAD")
+            assert head.status == 200 and head.body == b""
+            assert int(head.headers["content-length"]) > 0
+
+            # HTML: the page, rendered on the server.
+            page = await request(port, "/")
+            assert page.status == 200 and page.headers["content-type"].startswith("text/html")
+            assert "views-auditor:1" in page.text and "<script" not in page.text
+    finally:
+        await stop_all(bookies)
+
+
+async def test_bookkeeper_reads_answer_as_the_bookie_http_server(zk: ZkClient) -> None:
+    bookies = await seed(zk)
+    ids = [b.bookie_id for b in bookies]
+    try:
+        async with serving(zk, "bk-views:1") as (_daemon, views):
+            port = views.port
+            who = await request(port, BK_WHO_IS_AUDITOR)
+            assert (who.status, who.text) == (200, "Auditor: bk-views:1")
+
+            urm = UnderreplicationManager(zk, ROOT)
+            marks = [m async for m in urm.list_marks()]
+            assert all(isinstance(m, UnderreplicatedLedger) for m in marks)
+            listed = [m for m in marks if isinstance(m, UnderreplicatedLedger)]
+            assert 3006 in [m.ledger_id for m in listed]
+
+            got = await request(port, BK_LIST_UNDER_REPLICATED)
+            assert got.status == 200
+            assert got.body == json.dumps([m.ledger_id for m in listed]).replace(" ", "").encode()
+            printed = await request(port, f"{BK_LIST_UNDER_REPLICATED}?printmissingreplica")
+            assert printed.json() == {str(m.ledger_id): list(m.replicas) for m in listed}
+            assert b" " not in printed.body  # Jackson's compact form
+
+            lost = ids[5]
+            with_5 = [m.ledger_id for m in listed if lost in m.replicas]
+            got = await request(port, f"{BK_LIST_UNDER_REPLICATED}?missingreplica={lost}")
+            assert got.json() == with_5
+            without = [m.ledger_id for m in listed if lost not in m.replicas]
+            got = await request(port, f"{BK_LIST_UNDER_REPLICATED}?excludingmissingreplica={lost}")
+            if without:
+                assert got.json() == without
+            else:
+                assert (got.status, got.text) == (404, "No under replicated ledgers found")
+            both = f"?missingreplica={lost}&excludingmissingreplica={lost}"
+            none = await request(port, BK_LIST_UNDER_REPLICATED + both)
+            assert (none.status, none.text) == (404, "No under replicated ledgers found")
+            blank = await request(port, f"{BK_LIST_UNDER_REPLICATED}?missingreplica=")
+            assert blank.json() == [m.ledger_id for m in listed]  # blank: no filter
+    finally:
+        await stop_all(bookies)
+
+
+async def test_protected_reads_need_the_token(zk: ZkClient) -> None:
+    await ClusterWriter(zk, ROOT).init_cluster()
+    extra = ["api.protect_reads=true", f"api.token={TOKEN}"]
+    async with serving(zk, "guarded:1", extra, first_round=False) as (_daemon, views):
+        port = views.port
+        routes = ["/", "/status", "/reports/replicas", "/explain/1", BK_WHO_IS_AUDITOR]
+        for path in routes:
+            refused = await request(port, path)
+            assert refused.status == 401, path
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+            assert "Authorization: Bearer" in refused.json()["error"]
+            wrong = await request(port, path, headers=[("Authorization", "Bearer nope")])
+            assert wrong.status == 401 and "not valid" in wrong.json()["error"]
+        good = [("Authorization", f"Bearer {TOKEN}")]
+        assert (await request(port, "/status", headers=good)).status == 200
+        assert (await request(port, "/", headers=good)).status == 200
+        who = await request(port, BK_WHO_IS_AUDITOR, headers=good)
+        assert who.status in (200, 404)
+
+
+async def test_client_certificates_open_protected_reads_over_https(
+    zk: ZkClient, tmp_path: Path
+) -> None:
+    await ClusterWriter(zk, ROOT).init_cluster()
+    ca = new_ca(tmp_path, "ca")
+    server = issue(tmp_path, "server", ca, "localhost", ["IP:127.0.0.1"])
+    client = issue(tmp_path, "client", ca, "operator")
+    extra = [
+        "api.protect_reads=true",
+        f"api.tls_cert={server.cert}",
+        f"api.tls_key={server.key}",
+        f"api.tls_client_ca={ca.cert}",
+    ]
+    async with serving(zk, "mtls:1", extra, first_round=False) as (_daemon, views):
+        ctx = ssl.create_default_context(cafile=str(ca.cert))
+        ctx.load_cert_chain(str(client.cert), str(client.key))
+        got = await request(views.port, "/status", tls=ctx)
+        assert got.status == 200 and got.json()["identity"] == "mtls:1"
+        # Without a certificate the handshake itself fails.
+        bare = ssl.create_default_context(cafile=str(ca.cert))
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await request(views.port, "/status", tls=bare)
