@@ -30,9 +30,12 @@ from auditor.api.http import (
     HttpViews,
     start_http_views,
 )
+from auditor.api.page import render_page
 from auditor.checks.findings import Check
 from auditor.checks.owners import owner_of
 from auditor.daemon.service import Daemon
+from auditor.daemon.state import DaemonState
+from auditor.errors import ConfigError
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import ClusterWriter, make_metadata
@@ -331,3 +334,41 @@ async def test_client_certificates_open_protected_reads_over_https(
         bare = ssl.create_default_context(cafile=str(ca.cert))
         with pytest.raises((ssl.SSLError, ConnectionError)):
             await request(views.port, "/status", tls=bare)
+
+
+async def test_views_are_off_unless_a_port_is_configured(zk: ZkClient) -> None:
+    await ClusterWriter(zk, ROOT).init_cluster()
+    cfg = fast_config(zk.hosts, "no-views:1")
+    assert cfg.api.http_port == -1
+    daemon = Daemon(cfg)
+    started: list[Daemon] = []
+
+    async def views_factory(d: Daemon) -> HttpViews:
+        started.append(d)
+        raise AssertionError("the views started with api.http_port = -1")
+
+    run = asyncio.ensure_future(daemon.run(views_factory=views_factory, signals=False))
+    try:
+        await _until("leadership", lambda: daemon.state.is_leader or run.done(), 30)
+        assert not run.done() and daemon.views is None and not started
+    finally:
+        daemon.stop()
+        assert await asyncio.wait_for(run, 30) == 0
+
+
+def test_http_port_is_validated() -> None:
+    with pytest.raises(ConfigError, match="http_port"):
+        fast_config("127.0.0.1:2181", "x:1", ["api.http_port=-2"])
+    with pytest.raises(ConfigError, match="http_port"):
+        fast_config("127.0.0.1:2181", "x:1", ["api.http_port=70000"])
+    assert fast_config("127.0.0.1:2181", "x:1", ["api.http_port=9878"]).api.http_port == 9878
+
+
+def test_the_page_escapes_what_it_shows() -> None:
+    state = DaemonState(identity='<script>alert("x")</script>:1')
+    state.leader = "<img src=x onerror=alert(1)>"
+    state.lost_bookies = ("<b>bookie</b>:3181",)
+    page = render_page(state)
+    assert "<script" not in page and "<img" not in page and "<b>" not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;:1" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
