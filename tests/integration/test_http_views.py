@@ -39,10 +39,13 @@ from auditor.errors import ConfigError
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.harness import test_cluster
 from auditor.testing.inprocess import fast_config
 from auditor.testing.pki import issue, new_ca
 from auditor.testing.seeded import ROOT, build_seeded_cluster
+from auditor.testing.zkserver import free_port
 from auditor.zk import ZkClient
+from tests.integration.test_daemon import daemons, leader_becomes
 
 TOKEN = "http-views-token"
 #: Healthy ledgers of the seeded cluster (the demo has 2,000).
@@ -372,3 +375,34 @@ def test_the_page_escapes_what_it_shows() -> None:
     assert "<script" not in page and "<img" not in page and "<b>" not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;:1" in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
+
+
+async def test_bk_auditor_run_serves_the_views_on_api_http_port(zk: ZkClient) -> None:
+    """As deployed: `bk-auditor run` processes; the follower points at the auditor."""
+    http = [free_port(), free_port()]
+    async with test_cluster(zk, 3), contextlib.AsyncExitStack() as stack:
+        procs = [
+            await stack.enter_async_context(
+                daemons(zk.hosts, [name], "--set", f"api.http_port={port}")
+            )
+            for name, port in zip(["first", "second"], http, strict=True)
+        ]
+        leader = await leader_becomes(zk, {d.identity for p in procs for d in p}, 60)
+        for port in http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    who = await request(port, BK_WHO_IS_AUDITOR)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"nothing serves on {port}"
+                    await asyncio.sleep(0.2)
+            assert (who.status, who.text) == (200, f"Auditor: {leader}")
+            # A node learns who leads from its watch on the election: soon, not at once.
+            while (status := (await request(port, "/status")).json())["leader"] != leader:
+                assert time.monotonic() < deadline, f"{status['identity']}: {status['leader']}"
+                await asyncio.sleep(0.2)
+            if status["identity"] != leader:
+                report = await request(port, "/reports/replicas")
+                assert report.status == 404
+                assert f"the auditor is {leader}" in report.json()["error"]
