@@ -21,12 +21,14 @@ the API the views are served over HTTPS with the same certificate.
 
 The request parser is strict and small: one request line and at most
 `MAX_HEADERS` headers within `MAX_HEAD_BYTES`, read within `HEAD_TIMEOUT`
-seconds; no request body; errors answer with a JSON body `{"error": ...}`.
+seconds; no request body; at most `MAX_CONNECTIONS` connections at once; errors
+answer with a JSON body `{"error": ...}`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import ssl
@@ -51,6 +53,8 @@ MAX_HEADERS = 64
 #: Seconds a client has to send a whole request head; also how long a kept-alive
 #: connection may sit idle.
 HEAD_TIMEOUT = 10.0
+#: Connections served at once; one more is answered 503 and closed.
+MAX_CONNECTIONS = 64
 
 BK_WHO_IS_AUDITOR = "/api/v1/autorecovery/who_is_auditor"
 BK_LIST_UNDER_REPLICATED = "/api/v1/autorecovery/list_under_replicated_ledger"
@@ -210,6 +214,12 @@ class HttpViews:
     # --- connections ------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._connections) >= MAX_CONNECTIONS:
+            busy = _error(503, f"too many connections (at most {MAX_CONNECTIONS})")
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                await self._send(writer, busy, keep=False, head=False)
+            writer.close()
+            return
         self._connections.add(writer)
         try:
             while True:

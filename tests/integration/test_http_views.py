@@ -246,6 +246,19 @@ async def test_json_views_are_the_cli_documents(zk: ZkClient) -> None:
             assert head.status == 200 and head.body == b""
             assert int(head.headers["content-length"]) > 0
 
+            # Keep-alive: two requests on one connection.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                for _ in range(2):
+                    writer.write(b"GET /status HTTP/1.1\r\nHost: auditor\r\n\r\n")
+                    answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+                    assert b"Connection: keep-alive" in answer
+                    length = int(answer.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                    assert json.loads(await reader.readexactly(length))["identity"]
+            finally:
+                writer.close()
+
             # HTML: the page, rendered on the server.
             page = await request(port, "/")
             assert page.status == 200 and page.headers["content-type"].startswith("text/html")
