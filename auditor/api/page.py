@@ -111,7 +111,13 @@ def _check_row(cs: CheckState, now: float) -> list[str]:
 def _checks(state: DaemonState, now: float) -> str:
     rows = [_check_row(state.checks[c], now) for c in Check if c in state.checks]
     head = ["Check", "Outcome", "Last run", "Age", "Next run", "Ledgers", "Violations"]
-    return "<h2>Checks</h2>" + _table(head, rows)
+    note = ""
+    if not state.is_leader:
+        note = (
+            '<p class="muted">Only the auditor runs checks; it is '
+            f"{_e(state.leader or 'not elected yet')}.</p>"
+        )
+    return "<h2>Checks</h2>" + note + _table(head, rows)
 
 
 def _violations(state: DaemonState) -> str:

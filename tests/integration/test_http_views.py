@@ -391,6 +391,8 @@ def test_the_page_escapes_what_it_shows() -> None:
     assert "<script" not in page and "<img" not in page and "<b>" not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;:1" in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    # A follower says where the checks run.
+    assert "Only the auditor runs checks; it is &lt;img src=x onerror=alert(1)&gt;." in page
 
 
 async def test_bk_auditor_run_serves_the_views_on_api_http_port(zk: ZkClient) -> None:
