@@ -40,6 +40,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from auditor.analysis.explain import document_text
 from auditor.api import AUTH_SCHEME, convert
 from auditor.api.page import render_page
+from auditor.api.server import tls_wanted
 from auditor.daemon.preflight import check_api_token
 from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
@@ -393,12 +394,9 @@ async def _discard(reader: asyncio.StreamReader) -> None:
 def _server_tls(
     tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None
 ) -> ssl.SSLContext | None:
-    if not tls_cert and not tls_key:
-        if tls_client_ca:
-            raise ConfigError("mTLS (a client CA) needs TLS: give the server certificate and key")
+    if not tls_wanted(tls_cert, tls_key, tls_client_ca):
         return None
-    if not tls_cert or not tls_key:
-        raise ConfigError("TLS needs both the server certificate and its private key")
+    assert tls_cert and tls_key
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         ctx.load_cert_chain(tls_cert, tls_key)

@@ -370,15 +370,24 @@ def _read(path: str, what: str) -> bytes:
         raise ConfigError(f"cannot read the API's {what} {path}: {exc.strerror or exc}") from exc
 
 
-def _credentials(
-    tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None
-) -> grpc.ServerCredentials | None:
+def tls_wanted(tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None) -> bool:
+    """Whether the API's settings ask for TLS (gRPC and the HTTP views alike); a
+    ConfigError for a half-given pair, or a client CA without TLS."""
     if not tls_cert and not tls_key:
         if tls_client_ca:
             raise ConfigError("mTLS (a client CA) needs TLS: give the server certificate and key")
-        return None
+        return False
     if not tls_cert or not tls_key:
         raise ConfigError("TLS needs both the server certificate and its private key")
+    return True
+
+
+def _credentials(
+    tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None
+) -> grpc.ServerCredentials | None:
+    if not tls_wanted(tls_cert, tls_key, tls_client_ca):
+        return None
+    assert tls_cert and tls_key
     pair = (_read(tls_key, "TLS key"), _read(tls_cert, "TLS certificate"))
     ca = _read(tls_client_ca, "client CA") if tls_client_ca else None
     # gRPC either ignores client certificates or requires and verifies them on
