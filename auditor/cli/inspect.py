@@ -11,10 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from auditor.checks.placement import PlacementPolicy, policy_kind
+from auditor.config import AuditorConfig
+from auditor.errors import ConfigError, shown_name
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.registry import all_known_bookies, read_bookies, resolve_bookie
@@ -25,6 +29,8 @@ from auditor.metadata.underreplication import (
 )
 from auditor.metadata.walk import LedgerWalker
 from auditor.timefmt import iso_datetime
+from auditor.topology.locations import normalize_location
+from auditor.topology.racks import open_rack_resolver
 
 
 def ledger_json(md: LedgerMetadata, path: str) -> dict[str, Any]:
@@ -178,12 +184,61 @@ async def cmd_list_underreplicated(
     return 1 if corrupt else 0
 
 
-async def cmd_bookies(target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout) -> int:
+#: The states `bookies` shows: registered writable, registered read-only, or down (a cookie
+#: says the bookie belongs to the cluster, but it is not registered).
+BOOKIE_STATES = ("writable", "readonly", "down")
+
+
+@dataclass(frozen=True)
+class BookieFilter:
+    """`bookies --state S` and `--rack R` (each repeatable; empty: any). A rack is compared
+    as BookKeeper normalises it (`rack-a` is `/rack-a`)."""
+
+    states: frozenset[str] = frozenset()
+    racks: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, states: Sequence[str], racks: Sequence[str]) -> BookieFilter:
+        wanted = set()
+        for rack in racks:
+            loc = normalize_location(rack)
+            if loc is None:
+                raise ConfigError(f"--rack {shown_name(rack)} names no location")
+            wanted.add(loc)
+        return cls(frozenset(states), frozenset(wanted))
+
+    def wants(self, row: Mapping[str, Any]) -> bool:
+        if self.states and row["state"] not in self.states:
+            return False
+        return not self.racks or row["rack"] in self.racks
+
+
+def bookie_line(row: Mapping[str, Any]) -> str:
+    return f"{row['bookie_id']:<30} {row['state']:<9} {row['rack']:<20} {row['address'] or '-'}\n"
+
+
+async def cmd_bookies(
+    target: ClusterTarget,
+    as_json: bool,
+    config: AuditorConfig | None = None,
+    only: BookieFilter = BookieFilter(),
+    out: TextIO = sys.stdout,
+) -> int:
+    """Every bookie the cluster knows (registered, or with a cookie), with its state and its
+    rack: from the rack sources the placement check reads (`checks.racks_file`, the
+    topology script, Pulsar's `/bookies` znode), else the placement policy's default
+    location (`rack_source` null)."""
+    config = config if config is not None else AuditorConfig()
+    default_rack = PlacementPolicy(
+        kind=policy_kind(config.bookkeeper.ensemblePlacementPolicy)
+    ).default_location
     async with connect(target) as (zk, _):
         current = await read_bookies(zk, target.root)
         known = await all_known_bookies(zk, target.root)
-        rows = []
-        for bookie in sorted(known | current.available):
+        bookies = sorted(known | current.available)
+        resolver = await open_rack_resolver(zk, target.root, config)
+        racks = await resolver.locations(bookies)
+        for bookie in bookies:
             state = (
                 "writable"
                 if bookie in current.writable
@@ -192,17 +247,15 @@ async def cmd_bookies(target: ClusterTarget, as_json: bool, out: TextIO = sys.st
                 else "down"
             )
             addr = await resolve_bookie(zk, target.root, bookie)
-            rows.append(
-                {
-                    "bookie_id": bookie,
-                    "state": state,
-                    "address": f"{addr[0]}:{addr[1]}" if addr else None,
-                    "cookie": bookie in known,
-                }
-            )
-        for row in rows:
-            if as_json:
-                out.write(json.dumps(row) + "\n")
-            else:
-                out.write(f"{row['bookie_id']:<30} {row['state']:<9} {row['address'] or '-'}\n")
+            row = {
+                "bookie_id": bookie,
+                "state": state,
+                "rack": racks.get(bookie, default_rack),
+                "rack_source": resolver.source_of(bookie),
+                "address": f"{addr[0]}:{addr[1]}" if addr else None,
+                "cookie": bookie in known,
+            }
+            if not only.wants(row):
+                continue
+            out.write(json.dumps(row) + "\n" if as_json else bookie_line(row))
     return 0

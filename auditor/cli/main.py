@@ -131,11 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bk-auditor", description="Audits an Apache BookKeeper cluster.")
     parser.add_argument("--version", action="version", version=f"bk-auditor {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, help_text in [
-        ("ledgers", "list ledgers with state, quorum sizes and ensembles"),
-        ("bookies", "list bookies: writable, read-only, down"),
-    ]:
-        _cluster_args(sub.add_parser(name, help=help_text))
+    _cluster_args(
+        sub.add_parser("ledgers", help="list ledgers with state, quorum sizes and ensembles")
+    )
+    bookies = sub.add_parser("bookies", help="list bookies: state (writable, readonly, down), rack")
+    _cluster_args(bookies)
+    _config_args(bookies)
+    bookies.add_argument(
+        "--state",
+        dest="states",
+        action="append",
+        default=[],
+        choices=["writable", "readonly", "down"],
+        help="only bookies in this state (repeatable)",
+    )
+    bookies.add_argument(
+        "--rack",
+        dest="racks",
+        action="append",
+        default=[],
+        metavar="LOCATION",
+        help="only bookies at this location, e.g. /rack-a (repeatable)",
+    )
     lur = sub.add_parser("list-underreplicated", help="list ledgers marked under-replicated")
     _cluster_args(lur)
     lur.add_argument(
@@ -250,10 +267,15 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
     commands: dict[str, Callable[[ClusterTarget, bool], Awaitable[int]]] = {
         "ledgers": inspect.cmd_ledgers,
-        "bookies": inspect.cmd_bookies,
     }
     if args.command in commands:
         return await commands[args.command](target_of_args(args), args.json)
+    if args.command == "bookies":
+        from auditor.config import load_config
+
+        only = inspect.BookieFilter.of(args.states, args.racks)
+        config = load_config(args.config, args.overrides)
+        return await inspect.cmd_bookies(target_of_args(args, config), args.json, config, only)
     if args.command == "list-underreplicated":
         return await inspect.cmd_list_underreplicated(
             target_of_args(args),
