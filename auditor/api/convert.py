@@ -122,6 +122,13 @@ def check_status(cs: CheckState, now: float | None = None) -> pb.CheckStatus:
         stamp = timestamp(ts)
         if stamp is not None:
             getattr(msg, name).CopyFrom(stamp)
+    if cs.progress is not None:
+        p = cs.progress
+        msg.progress.ledgers_done = p.done
+        if p.total is not None:
+            msg.progress.ledgers_total = p.total
+        msg.progress.total_kind = p.total_kind
+        _stamp(msg.progress.updated, p.updated)
     if cs.last_report is not None:
         msg.counts.update(cs.last_report.counts())
         msg.ledgers_checked = cs.last_report.ledgers_checked
@@ -265,6 +272,7 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
                     dict(sorted(c.would_be_violations_dropped.items())) if c.has_report else None
                 ),
                 "false_alarm_share": c.false_alarm_share if c.has_report else None,
+                "progress": progress_json(c),
                 "invalid_znodes": (
                     {
                         "total": c.invalid_znodes_total,
@@ -323,6 +331,33 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
         },
         "worker": worker_json(msg.worker) if msg.HasField("worker") else None,
     }
+
+
+def progress_json(c: pb.CheckStatus) -> dict[str, Any] | None:
+    """A running check's `progress` in `status --json` (null when it has none)."""
+    if not c.HasField("progress"):
+        return None
+    p = c.progress
+    return {
+        "ledgers_done": p.ledgers_done,
+        "ledgers_total": p.ledgers_total if p.HasField("ledgers_total") else None,
+        "total_kind": p.total_kind or None,
+        "updated": stamp_iso(p, "updated"),
+    }
+
+
+def progress_text(outcome: str, progress: dict[str, Any] | None) -> str:
+    """A check's outcome with its walk's progress while it runs, for the text `status`:
+    "running, 12,345 of ~100,000 ledgers" ("~": estimated from the largest ledger id;
+    none: the metadata index's size), "running, 12 ledgers so far" while the total is
+    unknown, and the outcome alone otherwise."""
+    if progress is None or outcome != str(Outcome.RUNNING):
+        return outcome
+    done, total = progress["ledgers_done"], progress["ledgers_total"]
+    if total is None:
+        return f"{outcome}, {done:,} ledger{'' if done == 1 else 's'} so far"
+    about = "" if progress["total_kind"] == "ledgers" else "~"
+    return f"{outcome}, {done:,} of {about}{total:,} ledgers"
 
 
 def worker_json(w: pb.WorkerStatus) -> dict[str, Any]:

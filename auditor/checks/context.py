@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from auditor.bookie.client import BookieClient
 from auditor.bookie.tls import bookie_tls
 from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMark
+from auditor.checks.progress import reporting_progress
 from auditor.checks.tally import ViolationLog
 from auditor.config import AuditorConfig
 from auditor.logs import get_logger
@@ -49,6 +51,10 @@ class CheckContext:
     deferred_marks: list[PendingMark] | None = None
     #: Told how many ledgers wait for the replicas check's delayed re-check.
     on_retry_queue: Callable[[int], None] | None = None
+    #: Told, while a check walks, (check, ledgers done, an estimate of the ledgers the walk
+    #: will see or None): on its first ledger, then at most every 0.5 s
+    #: (`checks.progress.HOOK_INTERVAL`). Active inside `reporting_progress(check)`.
+    on_progress: Callable[[Check, int, int | None], None] | None = None
     #: The leader's metadata index; walks read it while it is current.
     index: IndexSync | None = None
     #: Bookies whose lost-bookie delay is pending (the daemon's restart rule): the
@@ -68,6 +74,11 @@ class CheckContext:
         return CheckReport(
             check, started_at=self.clock(), violations=ViolationLog(limit=limit), **fields
         )
+
+    def reporting_progress(self, check: Check) -> AbstractContextManager[None]:
+        """Around one run of `check`: its walk's `Progress` reports to `on_progress`."""
+        hook = self.on_progress
+        return reporting_progress(None if hook is None else partial(hook, check))
 
     def walker(self) -> Walker:
         if self.index is not None and self.index.ready.is_set():

@@ -36,7 +36,7 @@ from auditor.bookie.results import CannotList, ErrorStatus, NoAnswer, Ok
 from auditor.daemon.leadership import Reason
 from auditor.daemon.metrics_http import MetricsServer
 from auditor.daemon.state import DaemonState
-from auditor.daemon.tallies import BOOKIE_OPS, DURATION_BUCKETS, OUTCOMES
+from auditor.daemon.tallies import BOOKIE_OPS, COVERAGE_HOW, DURATION_BUCKETS, OUTCOMES
 from auditor.worker.state import Failure
 
 __all__ = ["BOOKIE_OPS", "DURATION_BUCKETS", "OUTCOMES", "ZNODES", "Metrics", "bookie_status"]
@@ -293,6 +293,36 @@ class _StateCollector(Collector):
             "Requests to bookies by operation and outcome.",
             ["op", "status"],
             sorted(t.bookie_requests.items()),
+        )
+        running = sorted(
+            (str(c), cs.progress) for c, cs in state.checks.items() if cs.progress is not None
+        )
+        yield _labelled(
+            GaugeMetricFamily,
+            "check_progress_ledgers",
+            "Ledgers the running check has walked so far (in process); absent while the "
+            "check does not run.",
+            ["check"],
+            (((c,), p.done) for c, p in running),
+        )
+        yield _labelled(
+            GaugeMetricFamily,
+            "check_progress_total",
+            "Ledgers the running check's walk will see: the metadata index's size "
+            '(total_kind="ledgers") or an estimate from the largest ledger id '
+            '(total_kind="max_ledger_id"); absent while the check does not run or the '
+            "total is unknown.",
+            ["check", "total_kind"],
+            (((c, p.total_kind), p.total) for c, p in running if p.total is not None),
+        )
+        yield _labelled(
+            GaugeMetricFamily,
+            "replicas_coverage_pairs",
+            "(ledger, bookie) pairs of the last completed replicas run, by how they were "
+            "verified: listed (the bookie's entry list), probed (entries read), unverified "
+            "(neither); 0 before a run and on followers.",
+            ["how"],
+            (((how,), t.replicas_coverage.get(how, 0)) for how in COVERAGE_HOW),
         )
         yield _gauge(
             "retry_queue_ledgers",

@@ -174,7 +174,9 @@ class LeaderWork:
     async def _run(self, check: Check) -> CheckReport:
         if self.scan is not None and self.scan.runs(check):
             return await self.scan.run(self.ctx, check)
-        return await driver(check)(self.ctx)
+        # A scan's partitions walk at once: only a run in one walk reports its progress.
+        with self.ctx.reporting_progress(check):
+            return await driver(check)(self.ctx)
 
     async def run_check(self, check: Check, *, periodic: bool) -> None:
         if periodic and check is not Check.BOOKIES and self.delay.should_skip_periodic_check():

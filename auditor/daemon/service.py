@@ -47,6 +47,7 @@ import random
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any, Protocol
 
 from auditor.analysis.risk import RiskReport
@@ -360,6 +361,18 @@ class Daemon:
             )
             self._spawn(self._count_marks())
 
+    def _on_progress(
+        self, ctx: CheckContext, check: Check, done: int, estimate: int | None
+    ) -> None:
+        """The total is the index's size while the walk reads the index (at least what the
+        walk saw: ledgers created meanwhile), else the driver's estimate."""
+        sync = ctx.index
+        if sync is not None and sync.ready.is_set():
+            total = max(len(sync.index), done)
+            self.state.check_progress(check, done, total, "ledgers", time.time())
+        else:
+            self.state.check_progress(check, done, estimate, "max_ledger_id", time.time())
+
     def _set_retry_queue(self, n: int) -> None:
         self.state.retry_queue = n
 
@@ -500,6 +513,7 @@ class Daemon:
                 self._index_reader = ctx if index is None and ctx.index is not None else None
                 ctx.bookies.observer = self.state.tallies.bookie_request
                 ctx.on_retry_queue = self._set_retry_queue
+                ctx.on_progress = partial(self._on_progress, ctx)
                 bk = self.config.auditor.bookkeeper
                 reads = ContainedReads(
                     self.state,

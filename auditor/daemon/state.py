@@ -70,6 +70,20 @@ class RunSkipped:
 RunOutcome = RunCompleted | RunFailed | RunSkipped
 
 
+@dataclass(frozen=True, slots=True)
+class CheckProgress:
+    """How far a running check's walk is."""
+
+    done: int
+    #: The ledgers the walk will see; None while unknown.
+    total: int | None
+    #: Where `total` comes from: "ledgers" (the size of the metadata index the check
+    #: walks) or "max_ledger_id" (an estimate: how densely the ids walked so far are
+    #: used, over the range up to the largest ledger id).
+    total_kind: str
+    updated: float
+
+
 @dataclass
 class CheckState:
     check: Check
@@ -88,6 +102,9 @@ class CheckState:
     #: Since when this node has waited for a first completion: its start, then
     #: each election (where no completion is known, the age counts from here).
     waiting_since: float = field(default_factory=time.time)
+    #: While the check runs in this process, how far its walk is (None before its first
+    #: ledger, between runs, and for a check that walks nothing or runs as a scan).
+    progress: CheckProgress | None = None
 
     def last_success_age(self, now: float) -> float:
         """Seconds since the last known completion, else since `waiting_since`."""
@@ -198,6 +215,8 @@ class DaemonState:
 
     def stepped_down(self) -> None:
         self.is_leader = False
+        for cs in self.checks.values():
+            cs.progress = None
         self.tallies.leader_changed(False)
 
     # --- check runs -----------------------------------------------------------------------
@@ -207,6 +226,7 @@ class DaemonState:
         if what is RunState.RUNNING:
             cs.outcome = Outcome.RUNNING
             cs.last_started = time.time()
+            cs.progress = None
         elif what is RunState.OFF:
             cs.enabled = False
         elif what is RunState.SCHEDULED:
@@ -215,6 +235,7 @@ class DaemonState:
     def check_ended(self, check: Check, outcome: RunOutcome, now: float) -> None:
         cs = self.checks[check]
         cs.last_finished = now
+        cs.progress = None
         match outcome:
             case RunCompleted(report=report, duration=duration):
                 cs.last_report = report
@@ -232,6 +253,14 @@ class DaemonState:
                 cs.outcome = Outcome.FAILED
                 cs.last_error = error
                 self.tallies.record_failure(check, duration)
+
+    def check_progress(
+        self, check: Check, done: int, total: int | None, total_kind: str, now: float
+    ) -> None:
+        """A running check's walk: `done` ledgers, of `total` (see `CheckProgress`)."""
+        cs = self.checks[check]
+        if cs.outcome is Outcome.RUNNING:
+            cs.progress = CheckProgress(done, total, total_kind, now)
 
     def check_recorded(self, check: Check, timestamp: float) -> None:
         """The check's last completion as stored in ZooKeeper (read by a new leader)."""

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 OUTCOMES = ("ok", "violations", "failed", "skipped")
 #: The bookie client's calls, as `op` label values.
 BOOKIE_OPS = ("read_entry", "read_lac", "get_list_of_entries", "get_bookie_info")
+#: How the replicas check verified its (ledger, bookie) pairs (`Coverage`'s fields).
+COVERAGE_HOW = ("listed", "probed", "unverified")
 #: Seconds: check runs take from seconds (bookies) to hours (replicas on large clusters).
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)
 
@@ -103,6 +105,11 @@ class Tallies:
     invalid_znodes: dict[str, int] = field(default_factory=dict)
     #: Corrupt under-replication marks the last grace run saw.
     marks_invalid: int = 0
+    #: (ledger, bookie) pairs of the last replicas report, by how they were verified
+    #: (`checks.findings.Coverage`): listed, probed, unverified. Zero on followers.
+    replicas_coverage: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(COVERAGE_HOW, 0)
+    )
     leading: bool = False
     #: ZooKeeper connection events, as the daemon's connection listener sees them:
     #: reconnects (connected again after a suspension or a lost session; the first
@@ -148,6 +155,8 @@ class Tallies:
         if report.check is Check.GRACE:
             # The grace check reads every mark and names only corrupt ones.
             self.marks_invalid = report.invalid_znodes.total
+        if report.check is Check.REPLICAS and report.coverage is not None:
+            self.replicas_coverage = report.coverage.to_json()
         finished = report.finished_at or self.clock()
         self.last_success[check] = report.finished_at or time.time()
         self._succeeded(check, finished)
@@ -197,6 +206,7 @@ class Tallies:
                 self.invalid_znodes[check] = 0
             self.marks_invalid = 0
             self.at_risk.clear()
+            self.replicas_coverage = dict.fromkeys(COVERAGE_HOW, 0)
             for check in self.consecutive_failures:
                 self.consecutive_failures[check] = 0
 

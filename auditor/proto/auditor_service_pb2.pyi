@@ -140,6 +140,7 @@ class CheckStatus(_message.Message):
     FALSE_ALARM_SHARE_FIELD_NUMBER: _builtins.int
     INVALID_ZNODES_TOTAL_FIELD_NUMBER: _builtins.int
     INVALID_ZNODES_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     check: _builtins.str
     enabled: _builtins.bool
     interval_seconds: _builtins.float
@@ -181,6 +182,12 @@ class CheckStatus(_message.Message):
 
     @_builtins.property
     def invalid_znodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___BadZnode]: ...
+    @_builtins.property
+    def progress(self) -> Global___CheckProgress:
+        """While the check runs in this process and has walked a first ledger: how far
+        its walk is. Absent between runs, and for a run as a scan (Spark, partitions).
+        """
+
     def __init__(
         self,
         *,
@@ -201,14 +208,53 @@ class CheckStatus(_message.Message):
         false_alarm_share: _builtins.float = ...,
         invalid_znodes_total: _builtins.int = ...,
         invalid_znodes: _abc.Iterable[Global___BadZnode] | None = ...,
+        progress: Global___CheckProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "next_run", b"next_run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "next_run", b"next_run", "progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "enabled", b"enabled", "false_alarm_share", b"false_alarm_share", "has_report", b"has_report", "interval_seconds", b"interval_seconds", "invalid_znodes", b"invalid_znodes", "invalid_znodes_total", b"invalid_znodes_total", "last_error", b"last_error", "last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "last_success_age_seconds", b"last_success_age_seconds", "ledgers_checked", b"ledgers_checked", "next_run", b"next_run", "outcome", b"outcome", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "counts", b"counts", "enabled", b"enabled", "false_alarm_share", b"false_alarm_share", "has_report", b"has_report", "interval_seconds", b"interval_seconds", "invalid_znodes", b"invalid_znodes", "invalid_znodes_total", b"invalid_znodes_total", "last_error", b"last_error", "last_finished", b"last_finished", "last_started", b"last_started", "last_success", b"last_success", "last_success_age_seconds", b"last_success_age_seconds", "ledgers_checked", b"ledgers_checked", "next_run", b"next_run", "outcome", b"outcome", "progress", b"progress", "would_be_violations_dropped", b"would_be_violations_dropped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckStatus: _TypeAlias = CheckStatus  # noqa: Y015
+
+@_typing.final
+class CheckProgress(_message.Message):
+    """How far a running check's walk is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGERS_DONE_FIELD_NUMBER: _builtins.int
+    LEDGERS_TOTAL_FIELD_NUMBER: _builtins.int
+    TOTAL_KIND_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    ledgers_done: _builtins.int
+    ledgers_total: _builtins.int
+    """The ledgers the walk will see; unset while unknown (has_ledgers_total false)."""
+    total_kind: _builtins.str
+    """Where ledgers_total comes from: "ledgers" (the size of the metadata index
+    the walk reads) or "max_ledger_id" (an estimate from how densely the ids
+    walked so far are used, up to the largest ledger id).
+    """
+    @_builtins.property
+    def updated(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        ledgers_done: _builtins.int = ...,
+        ledgers_total: _builtins.int | None = ...,
+        total_kind: _builtins.str = ...,
+        updated: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ledgers_total", b"_ledgers_total", "ledgers_total", b"ledgers_total", "updated", b"updated"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ledgers_total", b"_ledgers_total", "ledgers_done", b"ledgers_done", "ledgers_total", b"ledgers_total", "total_kind", b"total_kind", "updated", b"updated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ledgers_total: _TypeAlias = _typing.Literal["ledgers_total"]  # noqa: Y015
+    _WhichOneofArgType__ledgers_total: _TypeAlias = _typing.Literal["_ledgers_total", b"_ledgers_total"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ledgers_total) -> _WhichOneofReturnType__ledgers_total | None: ...
+
+Global___CheckProgress: _TypeAlias = CheckProgress  # noqa: Y015
 
 @_typing.final
 class BadZnode(_message.Message):
