@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from auditor.checks.context import open_context
 from auditor.checks.findings import Category, Check, CheckReport, Violation
 from auditor.checks.runner import ALL_CHECKS, driver
+from auditor.cli.progress import ProgressBar
 from auditor.config import AuditorConfig
 from auditor.errors import AuditorError, ServiceUnavailableError
 from auditor.metadata.cluster import ClusterTarget, connect
@@ -112,7 +113,9 @@ async def cmd_check(
     mark: bool,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
+    bar: ProgressBar | None = None,
 ) -> int:
+    """`bar`: drawn for each check on a terminal (`cli/progress.py`)."""
     checks = list(ALL_CHECKS) if which == "all" else [Check(which)]
     reports: list[CheckReport] = []
     failed: dict[str, str] = {}
@@ -121,15 +124,29 @@ async def cmd_check(
         open_context(zk, target.root, manager, config, mark=mark) as ctx,
     ):
         for check in checks:
+            if bar is not None:
+                bar.begin(str(check))
             try:
-                reports.append(await driver(check)(ctx))
+                report = await driver(check)(ctx)
             except ServiceUnavailableError:
+                if bar is not None:
+                    bar.abandon()
                 raise
             except AuditorError as exc:
+                if bar is not None:
+                    bar.abandon()
                 if which != "all":
                     raise  # one check asked for: its error is the answer (exit 2)
                 failed[str(check)] = str(exc)
                 err.write(f"bk-auditor: error: check {check} could not run: {exc}\n")
+                continue
+            except BaseException:
+                if bar is not None:
+                    bar.abandon()
+                raise
+            if bar is not None:
+                bar.finish(report.ledgers_checked + sum(report.ledgers_skipped.values()))
+            reports.append(report)
     if as_json:
         if which == "all":
             doc: dict[str, Any] = {

@@ -181,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(chk)
     _config_args(chk)
     chk.add_argument("--mark", action="store_true", help="write under-replication marks")
+    chk.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar on a terminal (the periodic progress log line instead)",
+    )
     scan = sub.add_parser(
         "scan", help="bulk scrutiny in process or on Spark, to Parquet; exit 0 / 1 / 2"
     )
@@ -369,12 +374,26 @@ async def _failing_is_2(run: Awaitable[int]) -> int:
 
 
 async def _check(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from auditor.cli import progress
     from auditor.cli.check import cmd_check
-    from auditor.config import load_config
+    from auditor.config import ChecksConfig, load_config
 
     config = load_config(args.config, args.overrides)
+    bar = None
+    if not args.no_progress and progress.stderr_is_terminal(sys.stderr):
+        bar = progress.install_bar(sys.stderr)
+        if config.checks.progress_interval == ChecksConfig().progress_interval:
+            checks = dataclasses.replace(config.checks, progress_interval=progress.BAR_INTERVAL)
+            config = dataclasses.replace(config, checks=checks)
     return await cmd_check(
-        target_of_args(args, config), args.which, config, as_json=args.json, mark=args.mark
+        target_of_args(args, config),
+        args.which,
+        config,
+        as_json=args.json,
+        mark=args.mark,
+        bar=bar,
     )
 
 
