@@ -326,6 +326,10 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
             out.write(f"  {'':<10} invalid znodes: {invalid['total']}\n")
             for z in invalid["listed"]:
                 out.write(f"  {'':<10}   {z['path']}: {z['reason']}\n")
+        if c.get("progress") is not None:
+            from auditor.api.convert import progress_text
+
+            out.write(f"  {'':<10} {progress_text(c['outcome'], c['progress'])}\n")
         if c["last_error"]:
             out.write(f"  {'':<10} last error: {c['last_error']}\n")
     _render_leadership(doc, out)

@@ -223,3 +223,23 @@ def test_status_text_of_a_running_check() -> None:
     assert progress_text(running, p(0, None, "ledgers")) == "running, 0 ledgers so far"
     assert progress_text(running, None) == "running"
     assert progress_text("ok", p(5, 5, "ledgers")) == "ok"
+
+
+def test_the_text_status_shows_a_running_checks_progress_under_its_row() -> None:
+    import io
+
+    from auditor.api.convert import status_json, status_response
+    from auditor.cli.admin import render_status
+    from auditor.proto import auditor_service_pb2 as pb
+
+    state = DaemonState("a:1", started_at=1_700_000_000.0)
+    state.check_run_state(Check.REPLICAS, RunState.RUNNING, None)
+    state.check_progress(Check.REPLICAS, 12_345, 100_000, "max_ledger_id", 1.0)
+    msg = status_response(state, now=1_700_000_010.0)
+    doc = status_json(pb.GetStatusResponse.FromString(msg.SerializeToString()))
+    out = io.StringIO()
+    render_status(doc, out)
+    lines = out.getvalue().splitlines()
+    [row] = [i for i, line in enumerate(lines) if line.startswith("  replicas ")]
+    assert lines[row + 1] == f"  {'':<10} running, 12,345 of ~100,000 ledgers"
+    assert sum("running, " in line for line in lines) == 1  # the other checks show none
