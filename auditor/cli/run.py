@@ -28,35 +28,27 @@ async def cmd_run(
     )
     metrics = Metrics()
 
+    def api_settings() -> dict[str, Any]:
+        """What the gRPC API and the HTTP views share: address, token, TLS, protection."""
+        api = cfg.api
+        return {
+            "host": api.host,
+            "token": api.token or None,
+            "tls_cert": api.tls_cert or None,
+            "tls_key": api.tls_key or None,
+            "tls_client_ca": api.tls_client_ca or None,
+            "protect_reads": api.protect_reads,
+        }
+
     async def api_factory(control: Daemon) -> Any:
         from auditor.api.server import start_api_server
 
-        api = cfg.api
-        return await start_api_server(
-            control,
-            host=api.host,
-            port=api.port,
-            token=api.token or None,
-            tls_cert=api.tls_cert or None,
-            tls_key=api.tls_key or None,
-            tls_client_ca=api.tls_client_ca or None,
-            protect_reads=api.protect_reads,
-        )
+        return await start_api_server(control, port=cfg.api.port, **api_settings())
 
     async def views_factory(control: Daemon) -> Any:
         from auditor.api.http import start_http_views
 
-        api = cfg.api
-        return await start_http_views(
-            control,
-            host=api.host,
-            port=api.http_port,
-            token=api.token or None,
-            tls_cert=api.tls_cert or None,
-            tls_key=api.tls_key or None,
-            tls_client_ca=api.tls_client_ca or None,
-            protect_reads=api.protect_reads,
-        )
+        return await start_http_views(control, port=cfg.api.http_port, **api_settings())
 
     notifier = Notifier()
     try:
