@@ -86,8 +86,8 @@ async def test_a_bar_on_a_terminal_ending_at_100(zk: ZkClient) -> None:
 
 async def test_no_progress_on_a_terminal(zk: ZkClient) -> None:
     await _cluster(zk)
-    args = ("check", "placement", "--zk", zk.hosts, "--no-progress")
-    args += ("--set", "checks.progress_interval=0.001")
+    args = ["check", "placement", "--zk", zk.hosts, "--no-progress"]
+    args += ["--set", "checks.progress_interval=0.001"]
     rc, _, shown = await asyncio.to_thread(_run_on_a_terminal, *args)
     assert rc in (0, 1), shown
     assert "\r" not in shown
