@@ -64,7 +64,6 @@ from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerWalker
 from auditor.proto import bookkeeper_protocol_pb2 as pb
-from auditor.testing.bookie import write_seed_file
 from auditor.testing.cluster import make_metadata
 from auditor.worker.copy import stored_entries
 from auditor.worker.loop import ReplicationWorker, WorkerConnection
@@ -86,18 +85,6 @@ WIDE = ("--parallel", "4", "--set", "rereplicationEntryBatchSize=64")
 FLOOR_WINDOW = 64
 
 
-def held_runs(position: int) -> list[tuple[int, int]]:
-    """The entries the bookie at `position` stores (round robin), as half-open runs."""
-    runs: list[tuple[int, int]] = []
-    for e in range(ENTRIES):
-        if (position - e) % E < W:
-            if runs and runs[-1][1] == e:
-                runs[-1] = (runs[-1][0], e + 1)
-            else:
-                runs.append((e, e + 1))
-    return runs
-
-
 def _append(path: Path) -> BinaryIO:
     """A log file a child process writes to (kept across a bookie's restarts)."""
     return open(path, "ab")
@@ -106,22 +93,7 @@ def _append(path: Path) -> BinaryIO:
 class RereplicationCluster(BenchCluster):
     """The bench cluster with long ledgers of 1 KiB payloads, and a restartable bookie."""
 
-    def _write_seeds(self) -> list[Path]:
-        per_bookie: list[list[tuple[int, list[tuple[int, int]]]]] = [
-            [] for _ in range(self.bookie_count)
-        ]
-        runs = [held_runs(i) for i in range(E)]
-        for ledger_id in range(1, self.n + 1):
-            for position in range(E):
-                per_bookie[(ledger_id + position) % self.bookie_count].append(
-                    (ledger_id, runs[position])
-                )
-        paths = []
-        for i, ledgers in enumerate(per_bookie):
-            path = self.work / f"bookie-{i}.seed"
-            write_seed_file(path, ledgers)
-            paths.append(path)
-        return paths
+    entries_per_ledger = ENTRIES
 
     def metadata(self) -> Iterator[LedgerMetadata]:
         template = make_metadata(

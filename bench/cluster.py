@@ -45,10 +45,10 @@ STATS_TIMEOUT = 60.0
 WORKER_TIMEOUT = 7200.0
 
 
-def held_runs(position: int) -> list[tuple[int, int]]:
+def held_runs(position: int, entries: int = ENTRIES) -> list[tuple[int, int]]:
     """The entries the bookie at `position` of the ensemble stores, as half-open runs."""
     runs: list[tuple[int, int]] = []
-    for e in range(ENTRIES):
+    for e in range(entries):
         if (position - e) % E < W:
             if runs and runs[-1][1] == e:
                 runs[-1] = (runs[-1][0], e + 1)
@@ -133,6 +133,9 @@ class Measured:
 class BenchCluster:
     """`async with BenchCluster(n) as c:` a cluster of `n` ledgers, torn down on exit."""
 
+    #: Entries of every ledger (a subclass with longer ledgers says so here).
+    entries_per_ledger = ENTRIES
+
     def __init__(self, n: int, *, latency_ms: float = 0.0, bookies: int = BOOKIES) -> None:
         self.n = n
         self.latency_ms = latency_ms
@@ -192,7 +195,7 @@ class BenchCluster:
         per_bookie: list[list[tuple[int, list[tuple[int, int]]]]] = [
             [] for _ in range(self.bookie_count)
         ]
-        runs = [held_runs(i) for i in range(E)]
+        runs = [held_runs(i, self.entries_per_ledger) for i in range(E)]
         for ledger_id in range(1, self.n + 1):
             for position, bookie in enumerate(ensemble_of(ledger_id, self.bookie_count)):
                 per_bookie[bookie].append((ledger_id, runs[position]))
