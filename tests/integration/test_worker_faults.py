@@ -143,6 +143,16 @@ async def lose_and_mark(zk: ZkClient, tc: TestCluster, lid: int, lost: str) -> M
     )
 
 
+async def lose_the_first_of_three(zk: ZkClient, tc: TestCluster) -> Marked:
+    """The fault tests' common start: LEDGER (30 entries, E3/W2/A2) on the cluster's
+    first three bookies, the first of them lost and the ledger marked (`lose_and_mark`)."""
+    b = tc.ids
+    await tc.writer.write_ledger(
+        LEDGER, [b[0], b[1], b[2]], write_quorum=2, ack_quorum=2, num_entries=30
+    )
+    return await lose_and_mark(zk, tc, LEDGER, b[0])
+
+
 async def assert_untouched(zk: ZkClient, m: Marked) -> None:
     """The ledger's metadata and its mark are byte for byte what they were."""
     data, stat = await zk.get(m.path)
@@ -529,10 +539,7 @@ async def test_kill_9_mid_copy_leaves_the_ledger_to_the_other_worker(
     async with test_cluster(zk, 6) as tc:
         b = tc.ids
         racks = racks_file(tmp_path, tc)
-        await tc.writer.write_ledger(
-            LEDGER, [b[0], b[1], b[2]], write_quorum=2, ack_quorum=2, num_entries=30
-        )
-        m = await lose_and_mark(zk, tc, LEDGER, b[0])
+        m = await lose_the_first_of_three(zk, tc)
         lost, target = tc.by_id(b[0]), tc.by_id(b[3])
         wanted = stored(m.md, 0, 0)  # what position 0 holds: 20 entries
         # The sixth entry's RECOVERY_ADD is held: five are on the target, the copy waits.
@@ -594,10 +601,7 @@ async def test_kill_9_between_the_copy_and_the_commit_then_a_restart_finishes(
         async with test_cluster(zk, 6) as tc:
             b = tc.ids
             racks = racks_file(tmp_path, tc)
-            await tc.writer.write_ledger(
-                LEDGER, [b[0], b[1], b[2]], write_quorum=2, ack_quorum=2, num_entries=30
-            )
-            m = await lose_and_mark(zk, tc, LEDGER, b[0])
+            m = await lose_the_first_of_three(zk, tc)
             lost, target = tc.by_id(b[0]), tc.by_id(b[3])
             wanted = stored(m.md, 0, 0)
 
@@ -649,10 +653,7 @@ async def test_kill_9_between_the_commit_and_the_unmark_leaves_a_mark_a_restart_
         async with test_cluster(zk, 6) as tc:
             b = tc.ids
             racks = racks_file(tmp_path, tc)
-            await tc.writer.write_ledger(
-                LEDGER, [b[0], b[1], b[2]], write_quorum=2, ack_quorum=2, num_entries=30
-            )
-            m = await lose_and_mark(zk, tc, LEDGER, b[0])
+            m = await lose_the_first_of_three(zk, tc)
             lost, target = tc.by_id(b[0]), tc.by_id(b[3])
             wanted = stored(m.md, 0, 0)
             last = Trip(
@@ -723,10 +724,7 @@ async def test_a_session_expired_during_a_copy_stops_it_and_nothing_is_committed
         async with test_cluster(zk, 6) as tc:
             b = tc.ids
             racks = racks_file(tmp_path, tc)
-            await tc.writer.write_ledger(
-                LEDGER, [b[0], b[1], b[2]], write_quorum=2, ack_quorum=2, num_entries=30
-            )
-            m = await lose_and_mark(zk, tc, LEDGER, b[0])
+            m = await lose_the_first_of_three(zk, tc)
             lost, target = tc.by_id(b[0]), tc.by_id(b[3])
             wanted = stored(m.md, 0, 0)
 
@@ -775,10 +773,7 @@ async def test_the_target_crashing_mid_copy_sends_the_ledger_to_another_target(
     async with test_cluster(zk, 7) as tc:
         b = tc.ids
         racks = racks_file(tmp_path, tc)
-        await tc.writer.write_ledger(
-            LEDGER, [b[0], b[1], b[2]], write_quorum=2, ack_quorum=2, num_entries=30
-        )
-        m = await lose_and_mark(zk, tc, LEDGER, b[0])
+        m = await lose_the_first_of_three(zk, tc)
         lost = tc.by_id(b[0])
         wanted = stored(m.md, 0, 0)
         crasher = Crasher(zk)
