@@ -47,6 +47,8 @@ DAEMON_SETTINGS = [
     "readEntryTimeout=1",
     "checks.retry_delay=1",
     "daemon.jitter=0",
+    # The soak's accounting reads every violation line: none is summarised away.
+    "checks.violation_log_limit=-1",
     # The soak judges the auditor against its own simulated worker (whole ledgers
     # unmarked on schedule); a real worker would race it.
     "worker.enabled=false",
