@@ -19,13 +19,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+# Re-exported: callers took it from here before it moved to metadata/.
+from auditor.metadata.pulsar.naming import topic_of_managed_ledger as topic_of_managed_ledger
+
 APPLICATION = "application"
 COMPONENT = "component"
 _MANAGED_LEDGER = ("pulsar/managed-ledger", "psr/managed-ledger")
 _CURSOR = ("pulsar/cursor", "psr/cursor")
 _COMPACTED_TOPIC = ("pulsar/compactedTopic", "compactedTopic")
 _SCHEMA_ID = ("pulsar/schemaId", "schemaId")
-_DOMAINS = ("persistent", "non-persistent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +61,6 @@ class Owner:
             cursor=doc.get("cursor"),
             schema_id=doc.get("schema_id"),
         )
-
-
-def topic_of_managed_ledger(name: str) -> str | None:
-    """`tenant/ns/persistent/topic` -> `persistent://tenant/ns/topic` (None if not that shape).
-
-    Pulsar names a topic's managed ledger by its persistence naming
-    (`<namespace>/<domain>/<local name>`, the namespace having two parts, or
-    three for pre-2.0 cluster-scoped ones); the domain is the first
-    `persistent` / `non-persistent` component after the namespace.
-    """
-    parts = name.split("/")
-    for i in range(2, min(len(parts) - 1, 4)):
-        if parts[i] in _DOMAINS:
-            local = "/".join(parts[i + 1 :])
-            if local:
-                return f"{parts[i]}://{'/'.join(parts[:i])}/{local}"
-    return None
 
 
 def _text(value: bytes) -> str | None:

@@ -1,0 +1,228 @@
+"""Reads which ledgers Pulsar references from its ZooKeeper tree (`PulsarRefs`).
+
+Where Pulsar keeps them, under its metadata root (`root`, "" for a Pulsar whose
+metadata store is ZooKeeper's root):
+
+* `<root>/managed-ledgers/<tenant>/<ns>/persistent/<topic>`: a managed ledger
+  (`ManagedLedgerInfo`); its children are its cursors (`ManagedCursorInfo`).
+  Namespaces created before Pulsar 2.0 have a cluster:
+  `<tenant>/<cluster>/<ns>/persistent/<topic>`. Under a tenant, a second-level
+  znode whose child is `persistent` is a namespace; any other child makes the
+  second level a cluster and the third a namespace (Pulsar's domain is the
+  first `persistent` component after the namespace).
+* `<root>/schemas/<tenant>/<ns>/<topic>` (`BookkeeperSchemaStorage`: the schema
+  id, a topic name without its domain; pre-2.0: `<tenant>/<cluster>/<ns>/<topic>`):
+  a `SchemaLocator`. Intermediate znodes are empty; a leaf with data is a locator.
+
+Data is read in batches (`ZkClient.get_many`: one multiRead per batch). A znode
+deleted while we read (NoNode, on a listing or a read) is skipped: a topic
+deleted meanwhile is no error. A znode whose bytes do not decode is a
+`BadPulsarZnode` (path and reason) and the read goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from auditor.metadata.pulsar.formats import (
+    PulsarFormatError,
+    cursor_refs,
+    managed_ledger_refs,
+    schema_refs,
+)
+from auditor.metadata.pulsar.refs import BadPulsarZnode, PulsarRefs
+from auditor.zk import NoNodeError, ZkClient
+
+MANAGED_LEDGERS = "managed-ledgers"
+SCHEMAS = "schemas"
+PERSISTENT = "persistent"
+#: Znodes read per batch (one multiRead each).
+BATCH = 250
+#: Listings in flight at once.
+LISTINGS = 32
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def managed_ledgers_root(root: str) -> str:
+    return f"{root.rstrip('/')}/{MANAGED_LEDGERS}"
+
+
+def schemas_root(root: str) -> str:
+    return f"{root.rstrip('/')}/{SCHEMAS}"
+
+
+async def _children(zk: ZkClient, path: str) -> list[str] | None:
+    """Sorted children, or None when the znode is gone."""
+    try:
+        return sorted(await zk.get_children(path))
+    except NoNodeError:
+        return None
+
+
+async def _bounded(
+    items: Sequence[_T], call: Callable[[_T], Awaitable[_R]], limit: int = LISTINGS
+) -> list[_R]:
+    slots = asyncio.Semaphore(limit)
+
+    async def one(item: _T) -> _R:
+        async with slots:
+            return await call(item)
+
+    return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+def _batches(items: Sequence[_T], size: int = BATCH) -> list[Sequence[_T]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+@dataclass(frozen=True, slots=True)
+class _ManagedLedger:
+    name: str
+    path: str
+
+
+async def _managed_ledger_names(zk: ZkClient, root: str) -> list[_ManagedLedger]:
+    """Every managed ledger znode under `<root>/managed-ledgers`, in name order."""
+    base = managed_ledgers_root(root)
+    tenants = await _children(zk, base) or []
+
+    async def level2(tenant: str) -> list[tuple[str, list[str]]]:
+        names = await _children(zk, f"{base}/{tenant}") or []
+
+        async def level3(name: str) -> tuple[str, list[str]]:
+            return f"{tenant}/{name}", await _children(zk, f"{base}/{tenant}/{name}") or []
+
+        return await _bounded(names, level3)
+
+    # (tenant/x, children of it) for every second-level znode.
+    seconds = [pair for group in await _bounded(tenants, level2) for pair in group]
+    # Domain znodes: `t/ns/persistent` (2.0 and later) or `t/cluster/ns/persistent`.
+    domains: list[str] = []
+    v1_namespaces: list[str] = []
+    for prefix, names in seconds:
+        for name in names:
+            if name == PERSISTENT:
+                domains.append(f"{prefix}/{name}")
+            else:
+                v1_namespaces.append(f"{prefix}/{name}")
+
+    async def v1(namespace: str) -> list[str]:
+        names = await _children(zk, f"{base}/{namespace}") or []
+        return [f"{namespace}/{n}" for n in names if n == PERSISTENT]
+
+    for group in await _bounded(v1_namespaces, v1):
+        domains.extend(group)
+
+    async def topics(domain: str) -> list[str]:
+        return [f"{domain}/{t}" for t in await _children(zk, f"{base}/{domain}") or []]
+
+    names = sorted(n for group in await _bounded(domains, topics) for n in group)
+    return [_ManagedLedger(n, f"{base}/{n}") for n in names]
+
+
+async def _read_managed_ledgers(zk: ZkClient, mls: Sequence[_ManagedLedger]) -> PulsarRefs:
+    out = PulsarRefs()
+    for batch in _batches(mls):
+        datas = await zk.get_many([m.path for m in batch])
+        cursor_lists = await _bounded(batch, lambda m: _children(zk, m.path))
+        cursors: list[tuple[_ManagedLedger, str, str]] = []
+        for ml, got, names in zip(batch, datas, cursor_lists, strict=True):
+            if got is None or names is None:
+                continue  # deleted while we read
+            out.managed_ledgers.add(ml.name)
+            try:
+                out.add_all(managed_ledger_refs(ml.name, ml.path, got[0]))
+            except PulsarFormatError as exc:
+                out.bad_znodes.append(BadPulsarZnode(ml.path, str(exc)))
+            cursors.extend((ml, c, f"{ml.path}/{c}") for c in names)
+        for cbatch in _batches(cursors):
+            cdatas = await zk.get_many([p for _, _, p in cbatch])
+            for (ml, name, path), cgot in zip(cbatch, cdatas, strict=True):
+                if cgot is None:
+                    continue
+                try:
+                    read = cursor_refs(ml.name, name, path, cgot[0])
+                except PulsarFormatError as exc:
+                    out.bad_znodes.append(BadPulsarZnode(path, str(exc)))
+                    continue
+                out.cursors.append(read.record)
+                out.add_all(read.refs)
+                out.bad_znodes.extend(BadPulsarZnode(path, p) for p in read.problems)
+    return out
+
+
+async def _schema_ids(zk: ZkClient, root: str) -> list[str]:
+    """Candidate schema ids: every znode three levels under `<root>/schemas`, and four
+    levels under those of them that have children (pre-2.0 namespaces)."""
+    base = schemas_root(root)
+
+    async def below(prefix: str) -> list[str]:
+        path = f"{base}/{prefix}" if prefix else base
+        return [f"{prefix}/{n}" if prefix else n for n in await _children(zk, path) or []]
+
+    level: list[str] = [""]
+    for _ in range(3):
+        level = [n for group in await _bounded(level, below) for n in group]
+    return level
+
+
+async def _read_schemas(zk: ZkClient, root: str, ids: Sequence[str], out: PulsarRefs) -> None:
+    base = schemas_root(root)
+    deeper: list[str] = []
+    for batch in _batches(ids):
+        datas = await zk.get_many([f"{base}/{i}" for i in batch])
+        for schema_id, got in zip(batch, datas, strict=True):
+            if got is None:
+                continue
+            if not got[0]:
+                deeper.append(schema_id)  # an intermediate znode (or an empty leaf)
+                continue
+            path = f"{base}/{schema_id}"
+            out.schemas.add(schema_id)
+            try:
+                out.add_all(schema_refs(schema_id, path, got[0]))
+            except PulsarFormatError as exc:
+                out.bad_znodes.append(BadPulsarZnode(path, str(exc)))
+    if deeper and all(i.count("/") == 2 for i in deeper):
+
+        async def below(prefix: str) -> list[str]:
+            return [f"{prefix}/{n}" for n in await _children(zk, f"{base}/{prefix}") or []]
+
+        fourth = [n for group in await _bounded(deeper, below) for n in group]
+        if fourth:
+            await _read_schemas(zk, root, fourth, out)
+
+
+async def read_pulsar_refs(zk: ZkClient, root: str = "") -> PulsarRefs:
+    """Every ledger reference in Pulsar's tree under `root`: managed ledgers, their
+    cursors, schemas. Bad znodes are named in `bad_znodes`; nothing read is dropped."""
+    out = await _read_managed_ledgers(zk, await _managed_ledger_names(zk, root))
+    await _read_schemas(zk, root, await _schema_ids(zk, root), out)
+    return out
+
+
+async def read_managed_ledger(zk: ZkClient, root: str, name: str) -> PulsarRefs:
+    """One managed ledger (`tenant/ns/persistent/topic`) and its cursors, read again.
+    A managed ledger that is gone gives empty refs (`name not in managed_ledgers`)."""
+    ml = _ManagedLedger(name, f"{managed_ledgers_root(root)}/{name}")
+    return await _read_managed_ledgers(zk, [ml])
+
+
+async def read_schema(zk: ZkClient, root: str, schema_id: str) -> PulsarRefs:
+    """One schema locator (`tenant/ns/topic`), read again; gone: empty refs."""
+    out = PulsarRefs()
+    path = f"{schemas_root(root)}/{schema_id}"
+    (got,) = await zk.get_many([path])
+    if got is None or not got[0]:
+        return out
+    out.schemas.add(schema_id)
+    try:
+        out.add_all(schema_refs(schema_id, path, got[0]))
+    except PulsarFormatError as exc:
+        out.bad_znodes.append(BadPulsarZnode(path, str(exc)))
+    return out
