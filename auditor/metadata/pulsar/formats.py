@@ -32,6 +32,7 @@ escapes from decoding arbitrary bytes.
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -63,6 +64,9 @@ DELAYED_BUCKET_KEY_PREFIX = "#pulsar.internal.delayed.bucket"
 MAX_UNCOMPRESSED = 64 * 1024 * 1024
 
 Compression = ml.CompressionType.ValueType
+LONG_MAX = 2**63 - 1
+#: A Java long as `String.valueOf` writes it (how bucket ids are kept).
+_LONG = re.compile(r"-?[0-9]{1,19}")
 
 _M = TypeVar("_M", bound=Message)
 
@@ -164,6 +168,10 @@ def decompress(kind: int, payload: bytes, size: int) -> bytes:
         if kind == ml.NONE:
             out = payload
         elif kind == ml.LZ4:
+            # A raw LZ4 block expands at most 255-fold: refuse a size it cannot hold
+            # before allocating it.
+            if size > 255 * len(payload) + 16:
+                raise PulsarFormatError(f"LZ4 payload of {len(payload)} bytes cannot hold {size}")
             out = bytes(cramjam.lz4.decompress_block(payload, output_len=size))
         elif kind == ml.ZLIB:
             # Pulsar's deflater ends with a sync flush, not a finished stream.
@@ -315,6 +323,12 @@ def managed_ledger_refs(name: str, znode: str, data: bytes) -> list[LedgerRef]:
     return refs
 
 
+def _text(value: str | bytes) -> str:
+    """A proto2 string field: Python's protobuf hands over bytes that are not UTF-8 as
+    bytes; Java reads them with replacement characters, and so do we."""
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
 @dataclass
 class CursorRefs:
     """A cursor znode as read: the record, the ledgers it names, and values it holds that
@@ -341,17 +355,17 @@ def cursor_refs(managed_ledger: str, cursor: str, znode: str, data: bytes) -> Cu
         out.refs.append(ref(ledger_id, RefKind.CURSOR))
     if cursor == COMPACTION_CURSOR:
         for prop in info.properties:
-            if prop.name == COMPACTED_TOPIC_LEDGER and prop.value >= 0:
+            if _text(prop.name) == COMPACTED_TOPIC_LEDGER and prop.value >= 0:
                 out.refs.append(ref(prop.value, RefKind.COMPACTED))
     for sprop in info.cursorProperties:
-        if not sprop.name.startswith(DELAYED_BUCKET_KEY_PREFIX + "_"):
+        key, value = _text(sprop.name), _text(sprop.value)
+        if not key.startswith(DELAYED_BUCKET_KEY_PREFIX + "_"):
             continue
-        try:
-            bucket = int(sprop.value)
-        except ValueError:
+        bucket = int(value) if _LONG.fullmatch(value) else None
+        if bucket is None or bucket > LONG_MAX:
             out.problems.append(
-                f"cursor property {_one_line(sprop.name, 80)} names no ledger: "
-                f"{_one_line(repr(sprop.value), 80)}"
+                f"cursor property {_one_line(key, 80)} names no ledger: "
+                f"{_one_line(repr(value), 80)}"
             )
             continue
         if bucket >= 0:
