@@ -35,7 +35,7 @@ async def test_refs_of_a_written_tree(zk: ZkClient) -> None:
         await w.topic(OLD, ledgers=[14])
         await w.topic("persistent://shop/orders/empty")
         await w.schema(A, ledgers=[40, 41])
-        await w.schema("legacy/us-east/orders/events", ledgers=[42])
+        await w.schema(OLD, ledgers=[42])  # schema id legacy/orders/events: no cluster
         await w.topic("persistent://shop/orders/gone", ledgers=[15], cursors={"s": Cursor(22)})
         await w.delete_topic("persistent://shop/orders/gone")
 
@@ -86,10 +86,10 @@ async def test_refs_of_a_written_tree(zk: ZkClient) -> None:
         LedgerRef(
             42,
             RefKind.SCHEMA,
-            "legacy/us-east/orders/events",
+            "legacy/orders/events",
             None,
-            "legacy/us-east/orders",
-            "/pulsar/schemas/legacy/us-east/orders/events",
+            "legacy/orders",
+            "/pulsar/schemas/legacy/orders/events",
         ),
     ]
     assert sorted((r for rs in got.refs.values() for r in rs), key=repr) == sorted(
@@ -102,7 +102,7 @@ async def test_refs_of_a_written_tree(zk: ZkClient) -> None:
         CursorRecord(ML_A, "idle", f"{za}/idle", None),
         CursorRecord(ML_A, "sub", f"{za}/sub", 20),
     ]
-    assert got.schemas == {"shop/orders/payments", "legacy/us-east/orders/events"}
+    assert got.schemas == {"shop/orders/payments", "legacy/orders/events"}
     assert got.bad_znodes == []
     assert 15 not in got and 22 not in got  # the deleted topic's ledgers: referenced by nobody
 

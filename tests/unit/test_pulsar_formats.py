@@ -225,5 +225,8 @@ def test_naming() -> None:
     assert managed_ledger_of_topic(TOPIC) == ML
     assert managed_ledger_of_topic("persistent://t/c/ns/a") == "t/c/ns/persistent/a"
     assert schema_id_of_topic(TOPIC) == "shop/orders/payments"
+    assert schema_id_of_topic("persistent://t/c/ns/a-partition-3") == "t/ns/a"
+    assert schema_id_of_topic("persistent://t/ns/a-partition-03") == "t/ns/a-partition-03"
+    assert managed_ledger_of_topic("persistent://t/ns/a b~") == "t/ns/persistent/a+b%7E"
     with pytest.raises(ValueError, match="not a topic name"):
         managed_ledger_of_topic("shop/orders/payments")

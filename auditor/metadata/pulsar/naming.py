@@ -7,10 +7,13 @@ Pulsar 2.0 have three parts (`tenant/cluster/ns`), so their managed ledgers are
 `tenant/cluster/ns/persistent/local`. The domain is the first component after
 the namespace that is `persistent` (or `non-persistent`, which has no managed
 ledger but may appear in names handed to us). A schema id is the topic's name
-without the domain: `tenant/ns/local`.
+without the domain and the cluster, `tenant/ns/local`, shared by a partitioned
+topic's partitions. Local names are stored URL-encoded.
 """
 
 from __future__ import annotations
+
+import urllib.parse
 
 DOMAINS = ("persistent", "non-persistent")
 
@@ -44,31 +47,53 @@ def namespace_of_managed_ledger(name: str) -> str | None:
     return None if split is None else split[0]
 
 
+#: `-partition-<n>`: a partition of a partitioned topic (its own managed ledger, the
+#: partitioned topic's schema).
+PARTITION_SUFFIX = "-partition-"
+
+
+def encode_local_name(local: str) -> str:
+    """A topic's local name as Pulsar stores it in paths (`Codec.encode`: Java's
+    URLEncoder, which keeps letters, digits and `.-*_` and writes a space as `+`)."""
+    return urllib.parse.quote_plus(local, safe="*").replace("~", "%7E")
+
+
+def _topic_parts(topic: str) -> tuple[str, list[str], str]:
+    """(domain, namespace parts, local name) of `<domain>://<namespace>/<local>`."""
+    domain, sep, rest = topic.partition("://")
+    parts = rest.split("/")
+    if not sep or domain not in DOMAINS or len(parts) < 3 or not all(parts):
+        raise ValueError(f"not a topic name: {topic!r}")
+    ns_parts = 3 if len(parts) >= 4 else 2
+    return domain, parts[:ns_parts], "/".join(parts[ns_parts:])
+
+
 def managed_ledger_of_topic(topic: str) -> str:
-    """`persistent://tenant/ns/topic` -> `tenant/ns/persistent/topic`.
+    """`persistent://tenant/ns/topic` -> `tenant/ns/persistent/topic` (Pulsar's
+    `getPersistenceNamingEncoding`; pre-2.0 `tenant/cluster/ns/persistent/topic`).
 
     Raises ValueError for a name that is not `<domain>://<namespace>/<local>`.
     """
-    domain, sep, rest = topic.partition("://")
-    if not sep or domain not in DOMAINS:
-        raise ValueError(f"not a topic name: {topic!r}")
-    parts = rest.split("/")
-    if len(parts) < 3 or not all(parts):
-        raise ValueError(f"not a topic name: {topic!r}")
-    ns_parts = 3 if len(parts) >= 4 else 2
-    namespace = "/".join(parts[:ns_parts])
-    local = "/".join(parts[ns_parts:])
-    return f"{namespace}/{domain}/{local}"
+    domain, namespace, local = _topic_parts(topic)
+    return f"{'/'.join(namespace)}/{domain}/{encode_local_name(local)}"
+
+
+def _partitioned(local: str) -> str:
+    """The partitioned topic's local name of a partition's (`getPartitionedTopicName`)."""
+    base, sep, index = local.rpartition(PARTITION_SUFFIX)
+    if sep and index.isascii() and index.isdigit() and str(int(index)) == index:
+        return base
+    return local
 
 
 def schema_id_of_topic(topic: str) -> str:
-    """`persistent://tenant/ns/topic` -> `tenant/ns/topic` (the znode under `/schemas`)."""
-    domain, sep, rest = topic.partition("://")
-    if not sep or domain not in DOMAINS or not rest:
-        raise ValueError(f"not a topic name: {topic!r}")
-    return rest
+    """`persistent://tenant/ns/topic` -> `tenant/ns/topic`, the znode under `/schemas`
+    (Pulsar's `getSchemaName`): no domain, no cluster (a pre-2.0 name loses it), and a
+    partition's is its partitioned topic's."""
+    _, namespace, local = _topic_parts(topic)
+    return f"{namespace[0]}/{namespace[-1]}/{encode_local_name(_partitioned(local))}"
 
 
 def namespace_of_schema_id(schema_id: str) -> str:
-    """`tenant/ns/topic` -> `tenant/ns`; `tenant/cluster/ns/topic` -> `tenant/cluster/ns`."""
+    """`tenant/ns/topic` -> `tenant/ns` (for a pre-2.0 topic, without its cluster)."""
     return schema_id.rsplit("/", 1)[0]

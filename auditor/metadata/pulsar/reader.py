@@ -10,9 +10,10 @@ metadata store is ZooKeeper's root):
   znode whose child is `persistent` is a namespace; any other child makes the
   second level a cluster and the third a namespace (Pulsar's domain is the
   first `persistent` component after the namespace).
-* `<root>/schemas/<tenant>/<ns>/<topic>` (`BookkeeperSchemaStorage`: the schema
-  id, a topic name without its domain; pre-2.0: `<tenant>/<cluster>/<ns>/<topic>`):
-  a `SchemaLocator`. Intermediate znodes are empty; a leaf with data is a locator.
+* `<root>/schemas/<tenant>/<ns>/<topic>` (`BookkeeperSchemaStorage`; the schema
+  id is `TopicName.getSchemaName`: no domain, no cluster even for pre-2.0 topics,
+  partitions share their topic's): a `SchemaLocator`. Intermediate znodes are
+  empty; an empty znode at a locator's level is none (skipped).
 
 Data is read in batches (`ZkClient.get_many`: one multiRead per batch). A znode
 deleted while we read (NoNode, on a listing or a read) is skipped: a topic
@@ -157,8 +158,7 @@ async def _read_managed_ledgers(zk: ZkClient, mls: Sequence[_ManagedLedger]) -> 
 
 
 async def _schema_ids(zk: ZkClient, root: str) -> list[str]:
-    """Candidate schema ids: every znode three levels under `<root>/schemas`, and four
-    levels under those of them that have children (pre-2.0 namespaces)."""
+    """Every znode three levels under `<root>/schemas` (tenant, namespace, topic)."""
     base = schemas_root(root)
 
     async def below(prefix: str) -> list[str]:
@@ -173,29 +173,17 @@ async def _schema_ids(zk: ZkClient, root: str) -> list[str]:
 
 async def _read_schemas(zk: ZkClient, root: str, ids: Sequence[str], out: PulsarRefs) -> None:
     base = schemas_root(root)
-    deeper: list[str] = []
     for batch in _batches(ids):
         datas = await zk.get_many([f"{base}/{i}" for i in batch])
         for schema_id, got in zip(batch, datas, strict=True):
-            if got is None:
-                continue
-            if not got[0]:
-                deeper.append(schema_id)  # an intermediate znode (or an empty leaf)
-                continue
+            if got is None or not got[0]:
+                continue  # deleted while we read, or no locator
             path = f"{base}/{schema_id}"
             out.schemas.add(schema_id)
             try:
                 out.add_all(schema_refs(schema_id, path, got[0]))
             except PulsarFormatError as exc:
                 out.bad_znodes.append(BadPulsarZnode(path, str(exc)))
-    if deeper and all(i.count("/") == 2 for i in deeper):
-
-        async def below(prefix: str) -> list[str]:
-            return [f"{prefix}/{n}" for n in await _children(zk, f"{base}/{prefix}") or []]
-
-        fourth = [n for group in await _bounded(deeper, below) for n in group]
-        if fourth:
-            await _read_schemas(zk, root, fourth, out)
 
 
 async def read_pulsar_refs(zk: ZkClient, root: str = "") -> PulsarRefs:
