@@ -39,6 +39,9 @@ class Check(enum.StrEnum):
     #: Decoding every ledger's metadata, nothing else (scan and `check metadata`;
     #: the other checks report undecodable metadata too, so the daemon does not run it).
     METADATA = "metadata"
+    #: Pulsar's references against BookKeeper's ledgers (`pulsar_audit.py`): off by
+    #: default, so not in `ALL_CHECKS`; run on request (`pulsar-audit`).
+    PULSAR = "pulsar"
 
 
 #: The order `check all` runs them in (and the daemon's checks): `metadata` is not among
@@ -64,6 +67,12 @@ CATEGORIES: dict[Check, tuple[Category, ...]] = {
     Check.BOOKIES: (Category.LEDGERS_ON_LOST_BOOKIES, Category.METADATA_INVALID),
     Check.LEDGERS: (Category.UNREADABLE_FRAGMENTS, Category.METADATA_INVALID),
     Check.METADATA: (Category.METADATA_INVALID,),
+    Check.PULSAR: (
+        Category.MISSING,
+        Category.ORPHAN,
+        Category.DANGLING_CURSOR,
+        Category.METADATA_INVALID,
+    ),
 }
 
 
@@ -101,6 +110,9 @@ class DropCause(enum.StrEnum):
     MARKED_MEANWHILE = "marked_meanwhile"
     #: Bookie check: every lost bookie of the ledger registered again before the report.
     BOOKIE_RETURNED = "bookie_returned"
+    #: Pulsar audit: a fresh read of Pulsar's metadata no longer supports the finding
+    #: (the ledger was trimmed or offloaded, or an orphan was added to a managed ledger).
+    REFERENCES_CHANGED = "references_changed"
 
 
 #: The drop causes each check can produce (the metric's series exist for these).
@@ -116,6 +128,11 @@ DROP_CAUSES: dict[Check, tuple[DropCause, ...]] = {
     Check.PLACEMENT: (),
     Check.GRACE: (),
     Check.METADATA: (),
+    Check.PULSAR: (
+        DropCause.REFERENCES_CHANGED,
+        DropCause.LEDGER_DELETED,
+        DropCause.METADATA_CHANGED,
+    ),
 }
 
 

@@ -26,6 +26,10 @@ class Category(enum.StrEnum):
     LEDGERS_ON_LOST_BOOKIES = "ledgers_on_lost_bookies"
     # ledger check
     UNREADABLE_FRAGMENTS = "unreadable_fragments"
+    # Pulsar audit (off by default: `pulsar-audit`)
+    MISSING = "missing"
+    ORPHAN = "orphan"
+    DANGLING_CURSOR = "dangling_cursor"
     # every check
     METADATA_INVALID = "metadata_invalid"
 

@@ -24,6 +24,7 @@ from auditor.checks.bookie_check import loss_violations
 from auditor.checks.findings import Category
 from auditor.checks.ledger_check import ReadFailure, Verdict
 from auditor.checks.placement import PlacementPolicy, PolicyKind
+from auditor.checks.pulsar_audit import LedgerFact
 from auditor.checks.replicas import (
     BookieAnswer,
     Listed,
@@ -32,6 +33,7 @@ from auditor.checks.replicas import (
     unanswered_registered,
 )
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
+from auditor.metadata.pulsar.refs import LedgerRef, PulsarRefs, RefKind
 from auditor.metadata.serde import LedgerMetadataFormatError, encode_ledger_metadata
 from auditor.schedule.lost_bookie_delay import (
     AuditReason,
@@ -606,6 +608,84 @@ def metadata_cases() -> list[Case]:
     ]
 
 
+# --- pulsar ----------------------------------------------------------------------------
+
+_ML = "selftest/ns/persistent/topic"
+_ORPHAN_GRACE_MS = 3600 * 1000
+_OLD = NOW_MS - 2 * _ORPHAN_GRACE_MS
+
+
+def _pulsar_ref(
+    kind: RefKind = RefKind.LEDGER, *, cursor: str | None = None, offloaded: bool = False
+) -> LedgerRef:
+    znode = f"/managed-ledgers/{_ML}" + (f"/{cursor}" if cursor else "")
+    topic = "persistent://selftest/ns/topic"
+    return LedgerRef(LEDGER, kind, _ML, topic, "selftest/ns", znode, cursor, offloaded)
+
+
+def _pulsar_case(
+    name: str,
+    refs: Sequence[LedgerRef],
+    fact: LedgerFact | None,
+    expected: object,
+    no_replica: tuple[tuple[int, int], ...] = (),
+) -> Case:
+    def run(cores: Cores) -> object:
+        pulsar = PulsarRefs()
+        pulsar.add_all(refs)
+        pulsar.managed_ledgers.add(_ML)
+        result = cores.pulsar(
+            pulsar,
+            [] if fact is None else [fact],
+            now_ms=NOW_MS,
+            grace_ms=_ORPHAN_GRACE_MS,
+            no_replica={LEDGER: no_replica} if no_replica else {},
+        )
+        return tuple(
+            (
+                v.ledger_id,
+                str(v.category),
+                v.detail.get("reason"),
+                tuple(tuple(r) for r in v.detail.get("entries", ())),
+            )
+            for v in result.violations()
+        )
+
+    return Case("pulsar", name, run, expected)
+
+
+def pulsar_cases() -> list[Case]:
+    mine = LedgerFact(LEDGER, None, True, _OLD, 100)
+    missing = str(Category.MISSING)
+    return [
+        _pulsar_case("referenced_ok", [_pulsar_ref()], mine, ()),
+        _pulsar_case(
+            "missing_no_metadata", [_pulsar_ref()], None, ((LEDGER, missing, "no metadata", ()),)
+        ),
+        _pulsar_case(
+            "missing_entries",
+            [_pulsar_ref()],
+            mine,
+            ((LEDGER, missing, "no replica", ((3, 5),)),),
+            no_replica=((3, 5),),
+        ),
+        _pulsar_case("offloaded_not_missing", [_pulsar_ref(offloaded=True)], None, ()),
+        _pulsar_case(
+            "dangling_cursor",
+            [_pulsar_ref(RefKind.CURSOR, cursor="sub")],
+            None,
+            ((LEDGER, str(Category.DANGLING_CURSOR), None, ()),),
+        ),
+        _pulsar_case(
+            "cursor_ledger_referenced", [_pulsar_ref(RefKind.CURSOR, cursor="s")], mine, ()
+        ),
+        _pulsar_case("orphan", [], mine, ((LEDGER, str(Category.ORPHAN), None, ()),)),
+        _pulsar_case("young_unreferenced", [], replace(mine, ctime_ms=NOW_MS - 1000), ()),
+        _pulsar_case("unreferenced_without_ctime", [], replace(mine, ctime_ms=None), ()),
+        _pulsar_case("not_pulsars", [], replace(mine, pulsar=False), ()),
+    ]
+
+
 def all_cases() -> list[Case]:
     return [
         *replicas_cases(),
@@ -614,6 +694,7 @@ def all_cases() -> list[Case]:
         *bookies_cases(),
         *ledgers_cases(),
         *metadata_cases(),
+        *pulsar_cases(),
     ]
 
 
@@ -659,6 +740,9 @@ COVERAGE: dict[str, tuple[str, ...]] = {
         "metadata/v2_short_ensemble",
         "metadata/v1_garbage",
     ),
+    "missing": ("pulsar/missing_no_metadata", "pulsar/missing_entries"),
+    "orphan": ("pulsar/orphan",),
+    "dangling_cursor": ("pulsar/dangling_cursor",),
 }
 
 

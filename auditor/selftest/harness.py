@@ -34,6 +34,7 @@ from auditor.checks.ledger_check import (
     plan_ledger,
 )
 from auditor.checks.placement import LedgerPlacement, PlacementPolicy, analyse_ledger
+from auditor.checks.pulsar_audit import PulsarAudit, audit
 from auditor.checks.replicas import BookieAnswer, ReplicasVerdict, analyse
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.serde import decode_ledger_metadata
@@ -41,7 +42,7 @@ from auditor.schedule.lost_bookie_delay import LostBookieDelay
 
 #: The checks the self-test covers, in report order (`Check` values; metadata is the
 #: decoder every check shares).
-SELFTEST_CHECKS = ("replicas", "placement", "grace", "bookies", "ledgers", "metadata")
+SELFTEST_CHECKS = ("replicas", "placement", "grace", "bookies", "ledgers", "metadata", "pulsar")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,8 @@ class Cores:
         evaluate
     )
     decode: Callable[[bytes, int], LedgerMetadata] = decode_ledger_metadata
+    #: The Pulsar audit's one pass (`pulsar_audit.audit`).
+    pulsar: Callable[..., PulsarAudit] = audit
 
 
 @dataclass(frozen=True, slots=True)

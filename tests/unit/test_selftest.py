@@ -21,12 +21,15 @@ from auditor.checks.findings import CATEGORIES, Category
 from auditor.checks.grace import past_grace
 from auditor.checks.ledger_check import classify_read
 from auditor.checks.placement import LedgerPlacement, PlacementPolicy, analyse_ledger
+from auditor.checks.pulsar_audit import PulsarAudit
+from auditor.checks.pulsar_audit import audit as pulsar_audit
 from auditor.checks.replicas import BookieAnswer, ReplicasVerdict, analyse
 from auditor.cli.main import main
 from auditor.daemon.config import SelfTestSection, load_daemon_config
 from auditor.daemon.metrics import Metrics
 from auditor.errors import ConfigError
 from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.pulsar.refs import PulsarRefs
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.schedule.lost_bookie_delay import LostBookieDelay
@@ -46,7 +49,15 @@ from auditor.selftest.harness import (
     SelfTestResult,
 )
 
-FIXTURES = {"replicas": 9, "placement": 9, "grace": 4, "bookies": 8, "ledgers": 5, "metadata": 10}
+FIXTURES = {
+    "replicas": 9,
+    "placement": 9,
+    "grace": 4,
+    "bookies": 8,
+    "ledgers": 5,
+    "metadata": 10,
+    "pulsar": 10,
+}
 
 
 def _failed(results: list[SelfTestResult]) -> dict[str, list[str]]:
@@ -124,6 +135,14 @@ def _lenient_decoder(data: bytes, ledger_id: int) -> LedgerMetadata:
         return _LAST_GOOD
 
 
+def _offload_forgotten(refs: PulsarRefs, facts: Any, **kw: Any) -> PulsarAudit:
+    """Offloaded ledgers judged like any other: their BookKeeper copy counts as data."""
+    forgetful = PulsarRefs()
+    forgetful.add_all(replace(r, offloaded=False) for rs in refs.refs.values() for r in rs)
+    forgetful.managed_ledgers |= refs.managed_ledgers
+    return pulsar_audit(forgetful, facts, **kw)
+
+
 def _raises(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> ReplicasVerdict:
     raise RuntimeError("core crashed")
 
@@ -158,6 +177,7 @@ def _raises(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
                 "v1_garbage",
             ],
         ),
+        (Cores(pulsar=_offload_forgotten), "pulsar", ["offloaded_not_missing"]),
     ],
     ids=[
         "replicas",
@@ -167,6 +187,7 @@ def _raises(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
         "bookie-delay",
         "ledgers",
         "metadata",
+        "pulsar",
     ],
 )
 def test_a_broken_core_fails_exactly_its_check(
