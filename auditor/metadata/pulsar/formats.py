@@ -145,11 +145,13 @@ _ZSTD_MAGIC = 0xFD2FB528
 
 
 def _zstd_content_size(payload: bytes) -> int:
-    """The content size a zstd frame header declares (Pulsar's codecs always write it)."""
+    """The content size the one zstd frame of `payload` declares (Pulsar's codecs always
+    write it). The frame must end where the payload does: its blocks are walked (their
+    3-byte headers), so that no second frame, which could claim any size, is decompressed."""
     if len(payload) < 5 or struct.unpack_from("<I", payload)[0] != _ZSTD_MAGIC:
         raise PulsarFormatError("ZSTD payload is not a zstd frame")
     descriptor = payload[4]
-    fcs_flag, single = descriptor >> 6, (descriptor >> 5) & 1
+    fcs_flag, single, checksum = descriptor >> 6, (descriptor >> 5) & 1, (descriptor >> 2) & 1
     at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
     width = (1 if single else 0, 2, 4, 8)[fcs_flag]
     if width == 0:
@@ -157,6 +159,17 @@ def _zstd_content_size(payload: bytes) -> int:
     if len(payload) < at + width:
         raise PulsarFormatError("ZSTD frame header cut short")
     value = int.from_bytes(payload[at : at + width], "little")
+    at += width
+    while True:
+        if len(payload) < at + 3:
+            raise PulsarFormatError("ZSTD frame cut short")
+        block = int.from_bytes(payload[at : at + 3], "little")
+        last, kind, length = block & 1, (block >> 1) & 3, block >> 3
+        at += 3 + (1 if kind == 1 else length)
+        if last:
+            break
+    if at + 4 * checksum != len(payload):
+        raise PulsarFormatError("ZSTD payload is not exactly one frame")
     return value + 256 if width == 2 else value
 
 
