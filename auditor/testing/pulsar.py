@@ -29,8 +29,12 @@ API (everything is a coroutine but the constructor and `Cursor`)::
     await w.raw_schema("t/ns/a", b"...")
 
 Every ledger a call names is written to the bookies (entries and metadata) unless
-it is in `bk_deleted` or `write_ledgers=False` is passed; `ledger_metadata(...)`
-gives the custom metadata a broker would have set.
+it is in `bk_deleted` or `write_ledgers=False` is passed, with the custom metadata
+a broker sets (`managed_ledger_metadata`, `compacted_ledger_metadata`,
+`schema_metadata`). Bucket snapshot ledgers carry only `application=pulsar`
+(the bucket storage's own keys are not reproduced). Metadata is written as
+current brokers write it (binary, compressed on request); the TextFormat of the
+oldest brokers is covered by the decoders' unit tests, not written here.
 """
 
 from __future__ import annotations
