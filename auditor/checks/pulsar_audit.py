@@ -520,6 +520,19 @@ class PulsarAudit:
         }
 
 
+@dataclass(slots=True)
+class PulsarPartial:
+    """A partition's partial result without the refs (small to ship back from a worker)."""
+
+    seen: set[int]
+    findings: list[Finding]
+    rollup: Rollup
+    ledgers_seen: int
+    unaged: Sample
+    held: Sample
+    young: int
+
+
 class PulsarAuditor:
     """Accumulates per-ledger facts against Pulsar's references; partial results merge.
 
@@ -623,7 +636,19 @@ class PulsarAuditor:
 
     # --- whole ----------------------------------------------------------------------
 
-    def merge(self, other: PulsarAuditor) -> None:
+    def partial(self) -> PulsarPartial:
+        """What a partition sends back to be merged: everything but the (large) refs."""
+        return PulsarPartial(
+            self.seen,
+            self.findings,
+            self.rollup,
+            self.ledgers_seen,
+            self.unaged,
+            self.held,
+            self.young,
+        )
+
+    def merge(self, other: PulsarAuditor | PulsarPartial) -> None:
         """Adds another partition's partial result (disjoint ledgers, the same refs)."""
         self.seen |= other.seen
         self.findings.extend(other.findings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 from collections import Counter
 
 import pytest
@@ -362,8 +363,8 @@ def test_merge_of_partials_equals_one_pass(cuts: tuple[int, ...]) -> None:
     bounds = [0, *cuts, len(facts)]
     parts = [_partial(facts[a:b], refs) for a, b in itertools.pairwise(bounds)]
     whole = parts[-1]
-    for p in reversed(parts[:-1]):  # any order
-        whole.merge(p)
+    for p in reversed(parts[:-1]):  # any order, as auditors or as shipped partials
+        whole.merge(p.partial() if p.ledgers_seen % 2 else p)
     merged = whole.finish(RISK)
     one = _audit()
     assert merged.findings == one.findings
@@ -547,3 +548,12 @@ def test_names() -> None:
         "t/a",
         "persistent://t/a/x",
     )
+
+
+def test_a_partial_survives_pickling() -> None:
+    refs, facts = _refs(), _facts()
+    first, second = _partial(facts[:6], refs), _partial(facts[6:], refs)
+    driver = PulsarAuditor(refs, now_ms=NOW)
+    driver.merge(pickle.loads(pickle.dumps(first.partial())))
+    driver.merge(pickle.loads(pickle.dumps(second.partial())))
+    assert driver.finish(RISK).to_json() == _audit().to_json()
