@@ -19,6 +19,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from auditor.cli import admin
 from auditor.cli import explain as explain_cli
@@ -26,6 +27,10 @@ from auditor.cli.cluster import ZK_ENV, target_of_args
 from auditor.errors import AuditorError, ConfigError, shown_name
 from auditor.metadata.cluster import ClusterTarget
 from auditor.scan.options import ENGINES
+
+if TYPE_CHECKING:
+    from auditor.cli.progress import ProgressBar
+    from auditor.config import AuditorConfig
 
 EXIT_INTERNAL = 70
 
@@ -181,11 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(chk)
     _config_args(chk)
     chk.add_argument("--mark", action="store_true", help="write under-replication marks")
-    chk.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress bar on a terminal (the periodic progress log line instead)",
-    )
+    _progress_args(chk)
     scan = sub.add_parser(
         "scan", help="bulk scrutiny in process or on Spark, to Parquet; exit 0 / 1 / 2"
     )
@@ -209,10 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="judge a snapshot instead of the live cluster (placement, metadata)",
     )
+    _progress_args(scan)
     snap = sub.add_parser("snapshot", help="write all ledger metadata as Parquet")
     _cluster_args(snap)
     _config_args(snap)
     _engine_args(snap)
+    _progress_args(snap)
     snap.add_argument("--out", required=True, metavar="DIR", help="output directory")
     snap.add_argument("--overwrite", action="store_true", help="replace a previous snapshot")
     emu = sub.add_parser("bookie-emulator", help="run one emulated bookie (tests, demos)")
@@ -373,20 +376,37 @@ async def _failing_is_2(run: Awaitable[int]) -> int:
         return 2
 
 
-async def _check(args: argparse.Namespace) -> int:
+def _progress_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar on a terminal (the periodic progress log line instead)",
+    )
+
+
+def _progress_bar(
+    args: argparse.Namespace, config: AuditorConfig, *, scan: bool = False
+) -> tuple[ProgressBar | None, AuditorConfig]:
+    """A bar on a terminal (and its redraw interval, unless the user chose one)."""
     import dataclasses
 
     from auditor.cli import progress
-    from auditor.cli.check import cmd_check
-    from auditor.config import ChecksConfig, load_config
+    from auditor.config import ChecksConfig
 
-    config = load_config(args.config, args.overrides)
-    bar = None
-    if not args.no_progress and progress.stderr_is_terminal(sys.stderr):
-        bar = progress.install_bar(sys.stderr)
-        if config.checks.progress_interval == ChecksConfig().progress_interval:
-            checks = dataclasses.replace(config.checks, progress_interval=progress.BAR_INTERVAL)
-            config = dataclasses.replace(config, checks=checks)
+    if args.no_progress or not progress.stderr_is_terminal(sys.stderr):
+        return None, config
+    bar = progress.install_bar(sys.stderr, scan=scan)
+    if config.checks.progress_interval == ChecksConfig().progress_interval:
+        checks = dataclasses.replace(config.checks, progress_interval=progress.BAR_INTERVAL)
+        config = dataclasses.replace(config, checks=checks)
+    return bar, config
+
+
+async def _check(args: argparse.Namespace) -> int:
+    from auditor.cli.check import cmd_check
+    from auditor.config import load_config
+
+    bar, config = _progress_bar(args, load_config(args.config, args.overrides))
     return await cmd_check(
         target_of_args(args, config),
         args.which,
@@ -404,7 +424,7 @@ async def _scan(args: argparse.Namespace) -> int:
     from auditor.config import load_config
     from auditor.scan.engine import EngineOptions
 
-    config = load_config(args.config, args.overrides)
+    bar, config = _progress_bar(args, load_config(args.config, args.overrides), scan=True)
     options = EngineOptions(args.engine, args.master, scan.parse_spark_conf(args.spark_conf))
     if args.command == "snapshot":
         return await scan.cmd_snapshot(
@@ -414,6 +434,7 @@ async def _scan(args: argparse.Namespace) -> int:
             args.partitions,
             Path(args.out),
             args.overwrite,
+            bar=bar,
         )
     scan_args = scan.ScanArgs(
         checks=scan.parse_checks(
@@ -428,8 +449,8 @@ async def _scan(args: argparse.Namespace) -> int:
         as_json=args.json,
     )
     if args.from_snapshot:
-        return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args)
-    return await scan.cmd_scan(target_of_args(args, config), config, scan_args)
+        return await scan.cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args, bar=bar)
+    return await scan.cmd_scan(target_of_args(args, config), config, scan_args, bar=bar)
 
 
 async def _risk(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""A progress bar with an ETA for `check` when stderr is a terminal.
+"""A progress bar with an ETA for `check`, `scan` and `snapshot` when stderr is a terminal.
 
 The checks already say how far they are: every `checks.progress_interval` seconds their
 `Progress` logs a "check progress" line (`ledgers_done`, `rate_per_s`, and `eta_s` once the
@@ -12,6 +12,11 @@ check ends, its bar is drawn once more at 100% with the ledgers it walked and th
 took. The interval becomes `BAR_INTERVAL` unless the user set one. Not on a terminal
 (a pipe, a file, journald) or with `--no-progress`, nothing changes: the periodic
 "check progress" log line, as before.
+
+`scan` and `snapshot` (either engine) draw the same bar from the scan driver's
+"scan progress" events instead (`auditor.scan.progress`): the stage, partitions done,
+ledgers walked where the engine knows them, and an ETA from the stage's share done;
+the partitions' own "check progress" lines are dropped while the bar shows.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 import structlog
+
+from auditor.scan.progress import SCAN_PROGRESS_EVENT
 
 #: The event `auditor.checks.progress.Progress` logs.
 PROGRESS_EVENT = "check progress"
@@ -37,6 +44,29 @@ def format_duration(seconds: float) -> str:
     if hours:
         return f"{hours}:{minutes:02d}:{secs:02d}"
     return f"{minutes}:{secs:02d}"
+
+
+def render_share(share: float, detail: str, eta: float | None, *, width: int = BAR_WIDTH) -> str:
+    """A bar drawn from a share of the work (a scan's stage), starting with `\\r`; below 100%
+    until the stage says it is done."""
+    share = min(max(share, 0.0), 1.0)
+    filled = min(int(share * width), width if share >= 1 else width - 1)
+    bar = "#" * filled + "-" * (width - filled)
+    percent = 100 if share >= 1 else min(int(share * 100), 99)
+    shown_eta = format_duration(eta) if eta is not None else "?"
+    tail = "" if share >= 1 else f", ETA {shown_eta}"
+    return f"\r[{bar}] {percent}% {detail}{tail}"
+
+
+def scan_detail(fields: MutableMapping[str, Any]) -> str:
+    """`scan of 8 id ranges: 3/8 partitions, 12,345 ledgers` from a "scan progress" event."""
+    text = (
+        f"{fields.get('stage', 'scan')}: "
+        f"{int(fields.get('partitions_done', 0))}/{int(fields.get('partitions', 0))} partitions"
+    )
+    if "ledgers_done" in fields:
+        text += f", {int(fields['ledgers_done']):,} ledgers"
+    return text
 
 
 def render_bar(
@@ -63,9 +93,13 @@ def render_bar(
 class ProgressBar:
     """The structlog processor that draws the bar; `begin` and `finish` frame each check."""
 
-    def __init__(self, stream: TextIO, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, stream: TextIO, clock: Callable[[], float] = time.monotonic, *, scan: bool = False
+    ) -> None:
         self.stream = stream
         self.clock = clock
+        #: Drawing a scan's or a snapshot's stages ("scan progress") instead of one check's.
+        self.scan = scan
         self.name = ""
         self.started = clock()
         self._shown = 0  # characters of the bar on the screen's last line (0: none)
@@ -77,6 +111,14 @@ class ProgressBar:
     def finish(self, done: int) -> None:
         """The check walked `done` ledgers: the bar at 100%, and a new line."""
         self._draw(render_bar(done, done, self.clock() - self.started, final=True))
+        self.stream.write("\n")
+        self.stream.flush()
+        self._shown = 0
+
+    def finish_scan(self, what: str) -> None:
+        """The scan or snapshot ended: one last line at 100%, and a new line."""
+        took = format_duration(self.clock() - self.started)
+        self._draw(render_share(1.0, f"{what}, in {took}", None))
         self.stream.write("\n")
         self.stream.flush()
         self._shown = 0
@@ -98,7 +140,18 @@ class ProgressBar:
     def __call__(
         self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
-        if event_dict.get("event") != PROGRESS_EVENT:
+        event = event_dict.get("event")
+        if self.scan and event in (PROGRESS_EVENT, SCAN_PROGRESS_EVENT):
+            if event == PROGRESS_EVENT:  # a partition's own walk: the scan's bar says it
+                raise structlog.DropEvent
+            eta = event_dict.get("eta_s")
+            share = float(event_dict.get("percent", 0.0)) / 100
+            line = render_share(
+                share, scan_detail(event_dict), float(eta) if eta is not None else None
+            )
+            self._draw(line)
+            raise structlog.DropEvent
+        if event != PROGRESS_EVENT:
             if self._shown:  # a log line goes on a clean line; the next event redraws
                 self.stream.write("\r" + " " * self._shown + "\r")
                 self._shown = 0
@@ -118,9 +171,9 @@ def stderr_is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def install_bar(stream: TextIO) -> ProgressBar:
+def install_bar(stream: TextIO, *, scan: bool = False) -> ProgressBar:
     """Puts a bar first in structlog's processors (after `configure_logging`)."""
-    bar = ProgressBar(stream)
+    bar = ProgressBar(stream, scan=scan)
     processors = list(structlog.get_config()["processors"])
     structlog.configure(processors=[bar, *processors])
     return bar

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
@@ -21,6 +22,7 @@ from typing import TextIO
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check
 from auditor.cli.check import render_text
+from auditor.cli.progress import ProgressBar
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
@@ -90,8 +92,27 @@ def _print(result: ScanResult, as_json: bool, out: TextIO) -> None:
         render_text(report, out)
 
 
+@contextmanager
+def _drawn(bar: ProgressBar | None, what: str) -> Iterator[None]:
+    """The bar finished at 100% when the run ends, or left as it is when it fails."""
+    if bar is None:
+        yield
+        return
+    bar.begin("")
+    try:
+        yield
+    except BaseException:
+        bar.abandon()
+        raise
+    bar.finish_scan(what)
+
+
 async def cmd_scan(
-    target: ClusterTarget, config: AuditorConfig, args: ScanArgs, out: TextIO = sys.stdout
+    target: ClusterTarget,
+    config: AuditorConfig,
+    args: ScanArgs,
+    out: TextIO = sys.stdout,
+    bar: ProgressBar | None = None,
 ) -> int:
     if args.partitions < 0:
         raise ConfigError(
@@ -108,13 +129,14 @@ async def cmd_scan(
             engine = await start_engine(args.engine, args.out)
             try:
                 spec = ScanSpec(replace(target, manager=manager), config, args.checks)
-                result = await run_scan(
-                    ctx,
-                    engine,
-                    spec,
-                    partitions=args.partitions or engine.default_partitions(),
-                    out=args.out,
-                )
+                with _drawn(bar, "scan"):
+                    result = await run_scan(
+                        ctx,
+                        engine,
+                        spec,
+                        partitions=args.partitions or engine.default_partitions(),
+                        out=args.out,
+                    )
             finally:
                 await engine.close()
     _print(result, args.as_json, out)
@@ -129,6 +151,7 @@ async def cmd_snapshot(
     out_dir: Path,
     overwrite: bool,
     out: TextIO = sys.stdout,
+    bar: ProgressBar | None = None,
 ) -> int:
     if partitions < 0:
         raise ConfigError(f"--partitions must be >= 0 (0: the engine's default), got {partitions}")
@@ -143,13 +166,14 @@ async def cmd_snapshot(
             engine = await start_engine(engine_options, out_dir)
             try:
                 spec = ScanSpec(replace(target, manager=manager), config, ())
-                cluster = await run_snapshot(
-                    ctx,
-                    engine,
-                    spec,
-                    partitions=partitions or engine.default_partitions(),
-                    out=out_dir,
-                )
+                with _drawn(bar, "snapshot"):
+                    cluster = await run_snapshot(
+                        ctx,
+                        engine,
+                        spec,
+                        partitions=partitions or engine.default_partitions(),
+                        out=out_dir,
+                    )
             finally:
                 await engine.close()
     out.write(
@@ -160,7 +184,11 @@ async def cmd_snapshot(
 
 
 async def cmd_scan_snapshot(
-    snapshot: Path, config: AuditorConfig, args: ScanArgs, out: TextIO = sys.stdout
+    snapshot: Path,
+    config: AuditorConfig,
+    args: ScanArgs,
+    out: TextIO = sys.stdout,
+    bar: ProgressBar | None = None,
 ) -> int:
     if args.mark:
         raise ConfigError("--mark needs the live cluster; a snapshot scan writes no marks")
@@ -173,7 +201,8 @@ async def cmd_scan_snapshot(
         engine = await start_engine(args.engine, args.out)
         try:
             job = SnapshotJudge(config, checks, cluster)
-            result = await run_scan_from_snapshot(engine, job, snapshot, args.out)
+            with _drawn(bar, "scan of the snapshot"):
+                result = await run_scan_from_snapshot(engine, job, snapshot, args.out)
         finally:
             await engine.close()
     _print(result, args.as_json, out)

@@ -306,7 +306,14 @@ class LedgerWalker:
                 yield ledger_id, path
 
     async def max_ledger_id(self) -> int | None:
-        """The largest ledger id, from the last child at each level (for ETAs)."""
+        """The largest ledger id, from the last child at each level (for ETAs); a walk of
+        one id range says no more than its range's last id, so that its ETA is its own."""
+        found = await self._max_ledger_id()
+        if found is not None and self.id_range is not None and not self.id_range.last:
+            return min(found, self.id_range.hi - 1)
+        return found
+
+    async def _max_ledger_id(self) -> int | None:
         if self.manager is LedgerManager.FLAT:
             names = [n for n in await self._children(self.root) if FLAT_LEAF.match(n)]
             return ledger_id_from_path(self.root, f"{self.root}/{names[-1]}") if names else None

@@ -18,6 +18,7 @@ from auditor.metadata.walk import IdRange
 from auditor.scan.options import ENGINES
 from auditor.scan.output import ViolationRow
 from auditor.scan.partition import PartitionResult, ScanSpec, Sink
+from auditor.scan.progress import StageTally
 from auditor.scan.snapshot import SnapshotJudge, SnapshotPart
 
 T = TypeVar("T")
@@ -60,6 +61,10 @@ class Engine(Protocol):
     ) -> list[PartitionResult]: ...
 
     async def write_violations(self, rows: list[ViolationRow]) -> None: ...
+
+    def progress(self) -> StageTally | None:
+        """The stage running now, as far as the engine can see it (None between stages)."""
+        ...
 
     async def close(self) -> None: ...
 

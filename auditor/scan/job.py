@@ -25,6 +25,8 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
+
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport, PendingMark
 from auditor.checks.grace_run import run_grace_check
@@ -40,6 +42,7 @@ from auditor.scan.output import (
     write_json,
 )
 from auditor.scan.partition import PartitionResult, ScanSpec
+from auditor.scan.progress import reporting_stages
 from auditor.scan.ranges import plan_ranges
 from auditor.scan.snapshot import (
     CLUSTER,
@@ -107,21 +110,22 @@ async def run_scan(
     marks: list[PendingMark] = []
     partitioned = [c for c in spec.checks if c is not Check.GRACE]
     retry: list[int] = []
-    if partitioned:
-        retry = _absorb(await engine.scan_ranges(spec, ranges), reports, marks)
     checks_cfg = spec.config.checks
-    for attempt in range(1, checks_cfg.retry_attempts + 1):
-        if not retry:
-            break
-        log.info(
-            "re-checking potentially faulty ledgers after a delay",
-            ledgers=len(retry),
-            delay_s=checks_cfg.retry_delay,
-            attempt=attempt,
-        )
-        # The delay is the point (BP-34): give a slow or restarting bookie time.
-        await asyncio.sleep(checks_cfg.retry_delay)
-        retry = _absorb(await engine.recheck(spec, retry, attempt, partitions), reports, marks)
+    async with reporting_stages(log, engine.progress, checks_cfg.progress_interval):
+        if partitioned:
+            retry = _absorb(await engine.scan_ranges(spec, ranges), reports, marks)
+        for attempt in range(1, checks_cfg.retry_attempts + 1):
+            if not retry:
+                break
+            log.info(
+                "re-checking potentially faulty ledgers after a delay",
+                ledgers=len(retry),
+                delay_s=checks_cfg.retry_delay,
+                attempt=attempt,
+            )
+            # The delay is the point (BP-34): give a slow or restarting bookie time.
+            await asyncio.sleep(checks_cfg.retry_delay)
+            retry = _absorb(await engine.recheck(spec, retry, attempt, partitions), reports, marks)
     if Check.GRACE in spec.checks:
         previous = ctx.on_ledger
         ctx.on_ledger = engine.sink
@@ -154,7 +158,8 @@ async def run_snapshot(
 ) -> SnapshotCluster:
     """Every ledger's metadata into DIR/ledgers/; cluster.json last (it marks completion)."""
     ranges = await plan_ranges(ctx.zk, ctx.root, ctx.manager, partitions)
-    parts = await engine.snapshot_ranges(spec, ranges)
+    async with reporting_stages(ctx.log, engine.progress, spec.config.checks.progress_interval):
+        parts = await engine.snapshot_ranges(spec, ranges)
     seen: set[str] = set()
     for p in parts:
         seen |= p.bookies
@@ -181,7 +186,9 @@ async def run_scan_from_snapshot(
 ) -> ScanResult:
     """The placement and metadata checks over a snapshot: no cluster is contacted."""
     reports: dict[Check, CheckReport] = {}
-    _absorb(await engine.judge_snapshot(job, directory), reports, [])
+    log = structlog.get_logger("auditor.scan").bind(engine=engine.name)
+    async with reporting_stages(log, engine.progress, job.config.checks.progress_interval):
+        _absorb(await engine.judge_snapshot(job, directory), reports, [])
     for report in reports.values():
         job.cluster.name_invalid_znodes(report)
     result = ScanResult([reports[c] for c in SCAN_CHECKS if c in reports], [])

@@ -9,7 +9,8 @@ batch at a time, so memory stays flat however many ledgers there are.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ from auditor.scan.output import (
     arrow_table,
     coverage_row,
 )
-from auditor.scan.partition import PartitionResult, ScanSpec, Sink, recheck, scan_range
+from auditor.scan.partition import (
+    PartitionResult,
+    ScanSpec,
+    Sink,
+    partitioned_checks,
+    recheck,
+    scan_range,
+)
+from auditor.scan.progress import PartitionProgress, StageTally, local_stage
 from auditor.scan.snapshot import (
     LEDGER_COLUMNS,
     LEDGERS,
@@ -78,6 +87,7 @@ class LocalEngine:
     def __init__(self, out: Path | None) -> None:
         self.out = out
         self._coverage: ParquetSink | None = None
+        self._stage: StageTally | None = None
 
     def default_partitions(self) -> int:
         return 1
@@ -93,11 +103,31 @@ class LocalEngine:
             self._coverage = ParquetSink(self.out / COVERAGE, COVERAGE_COLUMNS)
         return self._coverage.add_outcome
 
+    def progress(self) -> StageTally | None:
+        return self._stage
+
+    @contextmanager
+    def _running(self, stage: StageTally) -> Iterator[list[PartitionProgress]]:
+        self._stage = stage
+        try:
+            yield stage.parts or []
+        finally:
+            self._stage = None
+
     async def snapshot_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[SnapshotPart]:
         assert self.out is not None
         rows = ParquetSink(self.out / LEDGERS, LEDGER_COLUMNS)
+        stage = local_stage(f"snapshot of {len(ranges)} id ranges", len(ranges))
         try:
-            return list(await asyncio.gather(*(snapshot_range(spec, r, rows.add) for r in ranges)))
+            with self._running(stage) as parts:
+                return list(
+                    await asyncio.gather(
+                        *(
+                            snapshot_range(spec, r, rows.add, p)
+                            for r, p in zip(ranges, parts, strict=True)
+                        )
+                    )
+                )
         finally:
             rows.close()
 
@@ -106,24 +136,40 @@ class LocalEngine:
 
         judgement = SnapshotJudgement(job, self.sink)
         dataset = ds.dataset(str(directory / LEDGERS), format="parquet")
-        for batch in dataset.to_batches(batch_size=BATCH):
-            await judgement.judge(batch.to_pylist())
+        total = dataset.count_rows()
+        with self._running(local_stage(f"judge snapshot {directory}", 1)) as (part,):
+            done = 0
+            for batch in dataset.to_batches(batch_size=BATCH):
+                await judgement.judge(batch.to_pylist())
+                done += batch.num_rows
+                part.tick(done, total)
+            part.finish()
         return [judgement.result()]
 
     async def scan_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[PartitionResult]:
-        return list(await asyncio.gather(*(scan_range(spec, r, self.sink) for r in ranges)))
+        checks = len(partitioned_checks(spec))
+        stage = local_stage(f"scan of {len(ranges)} id ranges", len(ranges), checks)
+        with self._running(stage) as parts:
+            return list(
+                await asyncio.gather(
+                    *(scan_range(spec, r, self.sink, p) for r, p in zip(ranges, parts, strict=True))
+                )
+            )
 
     async def recheck(
         self, spec: ScanSpec, ledger_ids: list[int], attempt: int, partitions: int
     ) -> list[PartitionResult]:
-        return list(
-            await asyncio.gather(
-                *(
-                    recheck(spec, part, attempt, self.sink)
-                    for part in chunks(ledger_ids, partitions)
+        batches = chunks(ledger_ids, partitions)
+        stage = local_stage(f"re-check {attempt} of {len(ledger_ids)} ledgers", len(batches))
+        with self._running(stage) as parts:
+            return list(
+                await asyncio.gather(
+                    *(
+                        recheck(spec, batch, attempt, self.sink, p)
+                        for batch, p in zip(batches, parts, strict=True)
+                    )
                 )
             )
-        )
 
     async def write_violations(self, rows: list[ViolationRow]) -> None:
         if self.out is None:

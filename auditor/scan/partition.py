@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from array import array
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -22,10 +22,12 @@ from auditor.checks.context import CheckContext, open_context
 from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMark
 from auditor.checks.metadata_run import run_metadata_check
 from auditor.checks.placement_run import run_placement_check
+from auditor.checks.progress import reporting_progress
 from auditor.checks.replicas_run import ReplicasRun
 from auditor.config import AuditorConfig
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.walk import IdRange
+from auditor.scan.progress import PartitionProgress
 
 #: Checks that walk the ledgers, so run per partition (grace reads only the marks
 #: and runs once, on the scan's driver).
@@ -84,35 +86,66 @@ async def _partition_context(
         yield ctx, result
 
 
-async def scan_range(spec: ScanSpec, id_range: IdRange, sink: Sink | None) -> PartitionResult:
+def partitioned_checks(spec: ScanSpec) -> list[Check]:
+    """The checks each first-stage partition runs, in the order it runs them."""
+    return [c for c in PARTITIONED if c in spec.checks]
+
+
+@contextmanager
+def _reporting(progress: PartitionProgress | None) -> Iterator[None]:
+    """The checks' progress hook set to `progress` (and left alone without one: a daemon's
+    hook around an in-process scan keeps hearing from it)."""
+    if progress is None:
+        yield
+        return
+    with reporting_progress(progress.tick):
+        yield
+    progress.finish()
+
+
+async def scan_range(
+    spec: ScanSpec,
+    id_range: IdRange,
+    sink: Sink | None,
+    progress: PartitionProgress | None = None,
+) -> PartitionResult:
     """The first stage over one id range: every partitioned check, in turn."""
     async with _partition_context(spec, id_range, sink) as (ctx, result):
-        for check in PARTITIONED:
-            if check not in spec.checks:
-                continue
-            if check is Check.METADATA:
-                result.reports[check] = await run_metadata_check(ctx)
-            elif check is Check.PLACEMENT:
-                result.reports[check] = await run_placement_check(ctx)
-            else:
-                run = ReplicasRun(ctx)
-                await run.begin()
-                await run.first_pass()
-                result.retry = list(run.retry)
-                result.reports[check] = run.finish()
+        with _reporting(progress):
+            for check in partitioned_checks(spec):
+                if check is Check.METADATA:
+                    result.reports[check] = await run_metadata_check(ctx)
+                elif check is Check.PLACEMENT:
+                    result.reports[check] = await run_placement_check(ctx)
+                else:
+                    run = ReplicasRun(ctx)
+                    await run.begin()
+                    await run.first_pass()
+                    result.retry = list(run.retry)
+                    result.reports[check] = run.finish()
+                if progress is not None:
+                    report = result.reports[check]
+                    progress.end_check(
+                        report.ledgers_checked + sum(report.ledgers_skipped.values())
+                    )
     return result
 
 
 async def recheck(
-    spec: ScanSpec, ledger_ids: Iterable[int], attempt: int, sink: Sink | None
+    spec: ScanSpec,
+    ledger_ids: Iterable[int],
+    attempt: int,
+    sink: Sink | None,
+    progress: PartitionProgress | None = None,
 ) -> PartitionResult:
     """A retry stage of the replicas check over some of the ledgers that did not answer."""
     async with _partition_context(spec, None, sink) as (ctx, result):
-        run = ReplicasRun(ctx)
-        await run.begin()
-        await run.retry_pass(array("q", ledger_ids), attempt)
-        result.retry = list(run.retry)
-        result.reports[Check.REPLICAS] = run.finish()
+        with _reporting(progress):
+            run = ReplicasRun(ctx)
+            await run.begin()
+            await run.retry_pass(array("q", ledger_ids), attempt)
+            result.retry = list(run.retry)
+            result.reports[Check.REPLICAS] = run.finish()
     return result
 
 

@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from auditor.checks.findings import (
     Check,
     CheckReport,
@@ -36,6 +38,7 @@ from auditor.checks.findings import (
 )
 from auditor.checks.metadata_run import MetadataRun
 from auditor.checks.placement_run import PlacementRun, placement_policy
+from auditor.checks.progress import Progress
 from auditor.checks.recorder import RunRecorder
 from auditor.checks.tally import ViolationLog
 from auditor.config import AuditorConfig
@@ -46,6 +49,7 @@ from auditor.metadata.serde import LedgerMetadataFormatError
 from auditor.metadata.walk import UNEXPECTED_KEPT, IdRange, LedgerRecord
 from auditor.scan.output import Column
 from auditor.scan.partition import PartitionResult, ScanSpec
+from auditor.scan.progress import PartitionProgress
 from auditor.timefmt import iso_datetime
 from auditor.zk import ZkClient
 
@@ -161,14 +165,25 @@ class SnapshotPart:
 
 
 async def snapshot_range(
-    spec: ScanSpec, id_range: IdRange, emit: Callable[[LedgerRow], None]
+    spec: ScanSpec,
+    id_range: IdRange,
+    emit: Callable[[LedgerRow], None],
+    progress: PartitionProgress | None = None,
 ) -> SnapshotPart:
     part = SnapshotPart()
     async with connect(spec.target) as (zk, manager):
         from auditor.metadata.walk import LedgerWalker
 
         walker = LedgerWalker(zk, spec.target.root, manager, id_range)
+        ticks = Progress(
+            structlog.get_logger("auditor.scan").bind(range=f"{id_range.lo}-{id_range.hi}"),
+            "snapshot",
+            interval=spec.config.checks.progress_interval,
+            max_ledger_id=await walker.max_ledger_id(),
+            on_progress=progress.tick if progress is not None else None,
+        )
         async for rec in walker.ledgers(concurrency=spec.config.checks.walk_window):
+            ticks.tick(rec.ledger_id)
             emit(ledger_row(rec))
             part.ledgers += 1
             if rec.metadata is None:
@@ -180,6 +195,9 @@ async def snapshot_range(
             InvalidZnode(u.path, u.reason) for u in walker.stats.unexpected if u.invalid_ledger
         ]
         part.invalid_znodes_total = walker.stats.invalid_ledgers
+    if progress is not None:
+        progress.end_check(part.ledgers)
+        progress.finish()
     return part
 
 

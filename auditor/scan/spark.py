@@ -47,6 +47,7 @@ from auditor.scan.partition import (
     run_blocking,
     scan_range,
 )
+from auditor.scan.progress import StageTally
 from auditor.scan.snapshot import (
     LEDGER_COLUMNS,
     LEDGERS,
@@ -140,6 +141,10 @@ def _payload(item: tuple[str, Any]) -> Any:
     return item[1]
 
 
+def _new_group() -> str:
+    return f"bk-auditor-{uuid.uuid4().hex[:12]}"
+
+
 class SparkJobError(AuditorError):
     """A Spark job of the scan failed."""
 
@@ -204,6 +209,8 @@ class SparkEngine:
         self.out = out
         self._driver_rows: list[CoverageRow] = []
         self._coverage_written = False
+        #: The stage being computed and its Spark job group (for `progress`).
+        self._running: tuple[StageTally, str] | None = None
 
     def default_partitions(self) -> int:
         # A few tasks per core, so one slow range does not hold the whole stage.
@@ -216,8 +223,29 @@ class SparkEngine:
     def sink(self) -> Sink | None:
         return _row_sink(self._driver_rows) if self.out is not None else None
 
-    async def _job(self, what: str, fn: Callable[[], T]) -> T:
-        group = f"bk-auditor-{uuid.uuid4().hex[:12]}"
+    def progress(self) -> StageTally | None:
+        """The running stage from Spark's status tracker: tasks finished of the stage's
+        first job (the one that computes it; the second reads its persisted partitions)."""
+        running = self._running
+        if running is None:
+            return None
+        tally, group = running
+        try:
+            tracker = self.sc.statusTracker()
+            jobs = sorted(tracker.getJobIdsForGroup(group))
+            info = tracker.getJobInfo(jobs[0]) if jobs else None
+            done = 0
+            for stage_id in info.stageIds if info is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    done += int(stage.numCompletedTasks)
+        except Exception:  # a progress line is not worth failing the scan
+            return tally
+        tally.partitions_done = max(tally.partitions_done, min(done, tally.partitions))
+        return tally
+
+    async def _job(self, what: str, fn: Callable[[], T], group: str = "") -> T:
+        group = group or _new_group()
 
         def work() -> T:
             self.sc.setJobGroup(group, what, interruptOnCancel=True)
@@ -239,15 +267,20 @@ class SparkEngine:
         from pyspark import StorageLevel
 
         staged = rdd.persist(StorageLevel.MEMORY_AND_DISK)
+        tally = StageTally(what, int(rdd.getNumPartitions()))
+        group = _new_group()
+        self._running = (tally, group)
         try:
             results: list[Any] = await self._job(
-                what, lambda: staged.filter(_is_result).map(_payload).collect()
+                what, lambda: staged.filter(_is_result).map(_payload).collect(), group
             )
+            tally.partitions_done = tally.partitions
             if self.out is not None:
                 rows = staged.filter(_is_row).map(_payload)
                 await self._job(what, lambda: self._append(rows, dataset, columns))
             return results
         finally:
+            self._running = None
             staged.unpersist()
 
     def _append(self, rows: Any, dataset: str, columns: Sequence[Column]) -> None:

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
+import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +39,33 @@ async def bk(
         raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+def on_a_terminal(*args: str, within: float = 120) -> tuple[int, str, str]:
+    """`bk-auditor ARGS...` with stderr on a pseudo-terminal (blocking: run it in a thread):
+    exit status, stdout, and what the terminal showed (line ends as `\\n`)."""
+    master, slave = pty.openpty()
+    # stdout to a file: a pipe nobody reads until the terminal closes would fill and stall
+    # the child on a long report
+    with tempfile.TemporaryFile() as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "auditor", *args], stdout=stdout, stderr=slave
+        )
+        os.close(slave)
+        shown = bytearray()
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(master)
+        code = proc.wait(within)
+        stdout.seek(0)
+        out = stdout.read().decode()
+    return code, out, shown.decode().replace("\r\n", "\n")
 
 
 def one_json(stdout: str) -> dict[str, Any]:

@@ -6,12 +6,11 @@ Real ZooKeeper, the CLI in a child process whose stderr is a pseudo-terminal (or
 from __future__ import annotations
 
 import asyncio
-import os
-import pty
 import re
 import subprocess
 import sys
 
+from auditor.testing.cli import on_a_terminal
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.zk import ZkClient
 
@@ -32,28 +31,6 @@ async def _cluster(zk: ZkClient) -> None:
     await w.write_ledgers(make_metadata(i, ENSEMBLE, write_quorum=2) for i in range(1, LEDGERS + 1))
 
 
-def _run_on_a_terminal(*args: str) -> tuple[int, str, str]:
-    """Exit status, stdout, and what the terminal on stderr showed."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "auditor", *args], stdout=subprocess.PIPE, stderr=slave
-    )
-    os.close(slave)
-    shown = bytearray()
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(master)
-    assert proc.stdout is not None
-    out = proc.stdout.read().decode()
-    return proc.wait(60), out, shown.decode().replace("\r\n", "\n")
-
-
 def _run_in_a_pipe(*args: str) -> tuple[int, str, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "auditor", *args],
@@ -69,7 +46,7 @@ async def test_a_bar_on_a_terminal_ending_at_100(zk: ZkClient) -> None:
     await _cluster(zk)
     # a short interval of the user's own: it is kept, so the bar is drawn along the way too
     args = ("check", "placement", "--zk", zk.hosts, "--set", "checks.progress_interval=0.001")
-    rc, out, shown = await asyncio.to_thread(_run_on_a_terminal, *args)
+    rc, out, shown = await asyncio.to_thread(on_a_terminal, *args)
     assert rc in (0, 1), shown
     assert out.startswith(f"check placement: {LEDGERS} ledgers checked"), out
     bars = BAR.findall(shown)
@@ -88,7 +65,7 @@ async def test_no_progress_on_a_terminal(zk: ZkClient) -> None:
     await _cluster(zk)
     args = ["check", "placement", "--zk", zk.hosts, "--no-progress"]
     args += ["--set", "checks.progress_interval=0.001"]
-    rc, _, shown = await asyncio.to_thread(_run_on_a_terminal, *args)
+    rc, _, shown = await asyncio.to_thread(on_a_terminal, *args)
     assert rc in (0, 1), shown
     assert "\r" not in shown
     assert "check progress" in shown
