@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.stamp-python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check chromium unit bench soak clean system venv fuzz
+.PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check chromium zsh unit bench soak clean system venv fuzz
 .PHONY: dist wheel-check constraints
 
 all: test
@@ -44,6 +44,15 @@ chromium:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    chromium >/dev/null; \
+	fi
+
+# zsh runs the generated completion script in tests/unit/test_cli_docs.py.
+zsh:
+	@if ! command -v zsh >/dev/null 2>&1; then \
+	  echo "installing Debian package: zsh (for the zsh completion's test)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    zsh >/dev/null; \
 	fi
 
 venv: $(STAMP_PY)
@@ -86,7 +95,7 @@ promtool-check: promtool
 	@promtool check rules deploy/prometheus/java-compat-rules.yaml >/dev/null
 	@cd deploy/prometheus && promtool test rules java-compat-rules_test.yaml
 
-unit: $(STAMP_PY) chromium
+unit: $(STAMP_PY) chromium zsh
 	@$(PY) -m pytest -q
 
 # --- release ------------------------------------------------------------------------

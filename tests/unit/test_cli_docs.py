@@ -107,8 +107,60 @@ def test_zsh_names_every_command_and_option(capsys: pytest.CaptureFixture[str]) 
             for flag in o.flags:
                 assert f"'{flag}:" in script, (c.name, flag)
     assert "'--api:" not in script
-    if shutil.which("zsh"):
-        subprocess.run(["zsh", "-n"], input=script, text=True, check=True, timeout=30)
+    assert shutil.which("zsh"), "zsh is missing: `make test` installs it (the zsh target)"
+    subprocess.run(["zsh", "-n"], input=script, text=True, check=True, timeout=30)
+
+
+#: zsh's completion functions stood in for by ones that print what they were given, so the
+#: generated function can run outside a completion (zsh's own `words` and `CURRENT`).
+_ZSH_STUBS = r"""
+_describe() {
+    local name=${@[-1]} item
+    for item in "${(@P)name}"; do print -r -- "${item%%:*}"; done
+}
+compadd() { shift; print -rl -- "$@" }
+_files() { print -r -- "<files $*>" }
+"""
+
+
+def _zsh_complete(script: str, *words: str) -> list[str]:
+    """What the completion offers after `bk-auditor WORDS...` (the last word is the one
+    being completed), run by a real zsh."""
+    quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in ("bk-auditor", *words))
+    program = (
+        _ZSH_STUBS
+        + script.replace('\n_bk_auditor "$@"\n', "\n")
+        + f"\nwords=({quoted}); CURRENT={len(words) + 1}; _bk_auditor\n"
+    )
+    proc = subprocess.run(
+        ["zsh", "-f"], input=program, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return [w for w in proc.stdout.splitlines() if w]
+
+
+def test_zsh_completes_commands_options_choices_and_files() -> None:
+    script = docs.zsh_completion(PARSER)
+    assert _zsh_complete(script, "") == NAMES
+    assert _zsh_complete(script, "-") == ["-h", "--help", "--version"]
+    for c in COMMANDS:
+        flags = [f for o in c.options for f in o.flags]
+        assert _zsh_complete(script, c.name, "-") == flags, c.name
+    assert _zsh_complete(script, "check", "") == [
+        "bookies",
+        "ledgers",
+        "placement",
+        "replicas",
+        "grace",
+        "metadata",
+        "all",
+    ]
+    assert _zsh_complete(script, "scan", "--engine", "") == ["asyncio", "spark"]
+    assert _zsh_complete(script, "completion", "") == ["bash", "zsh"]
+    assert _zsh_complete(script, "ledgers", "--bk-conf", "") == ["<files >"]
+    assert _zsh_complete(script, "scan", "--out", "") == ["<files -/>"]
+    assert _zsh_complete(script, "explain", "1", "--zk", "") == []
+    assert "--api" not in _zsh_complete(script, "explain", "--")
 
 
 def _roff(text: str) -> str:
