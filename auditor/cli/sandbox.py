@@ -46,7 +46,15 @@ from auditor.logs import configure_logging
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerWalker
 from auditor.testing.bookie import BookieEmulator
-from auditor.testing.seeded import EXPECTED, HEALTHY, RACKS, ROOT, build_seeded_cluster
+from auditor.testing.seeded import (
+    EXPECTED,
+    HEALTHY,
+    PULSAR_TOPICS,
+    RACKS,
+    ROOT,
+    build_pulsar_topics,
+    build_seeded_cluster,
+)
 from auditor.testing.zkserver import ZooKeeperServer, free_port
 from auditor.worker.repair import ranges_text
 from auditor.zk import ZkClient
@@ -140,11 +148,13 @@ async def run_sandbox(duration: float | None) -> int:
             for b in bookies:
                 await b.start()
             await build_seeded_cluster(zk, bookies)
+            await build_pulsar_topics(zk, bookies)
             await bookies[6].crash()
             bookies[SILENT].pause()
             print(
                 f"Cluster: {HEALTHY} healthy ledgers and 8 seeded faults on "
-                f"ZooKeeper {server.hosts}{ROOT}",
+                f"ZooKeeper {server.hosts}{ROOT}; {len(PULSAR_TOPICS)} Pulsar topics "
+                "(one with a lost ledger) and a deleted topic's orphan ledger",
                 flush=True,
             )
 

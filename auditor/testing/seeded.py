@@ -16,6 +16,12 @@ The seeded faults (ledger ids) and what the leader must find:
 - 3007 on a bookie that is registered but answers nothing:
   `bookie_unavailable_registered`, then `unreadable_fragments`;
 - 3008 metadata that does not decode: `metadata_invalid` in every check.
+
+`build_pulsar_topics` adds (the demo does, the scan tests do not) a few Pulsar
+topics over ledgers 4001..4030 on bookies of three racks, healthy for every
+BookKeeper check: topics with cursors and schemas, one topic whose ledger 4021
+lost its metadata (`missing`), and ledger 4030 of a deleted topic, created
+three days ago (`orphan`). `PULSAR_EXPECTED` is what the Pulsar audit finds.
 """
 
 from __future__ import annotations
@@ -25,10 +31,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from auditor.bookie.client import BookieClient
 from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.registry import resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.pulsar import Cursor, PulsarWriter, managed_ledger_metadata
+from auditor.testing.writer import LedgerWriter
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
@@ -120,3 +130,66 @@ async def build_seeded_cluster(
     await urm.mark_underreplicated(3006, [ids[5]], now_ms=two_hours_ago)
     group = {b.bookie_id: {"rack": RACKS[i], "hostname": b.host} for i, b in enumerate(bookies)}
     await zk.create("/bookies", json.dumps({"default": group}).encode())
+
+
+#: The Pulsar topics `build_pulsar_topics` writes (their namespaces: public/default, acme/iot).
+PULSAR_TOPICS = (
+    "persistent://public/default/orders",
+    "persistent://public/default/events",
+    "persistent://acme/iot/readings",
+)
+#: The ledger of `acme/iot/readings` whose metadata is deleted (Pulsar still lists it).
+PULSAR_LOST = 4021
+#: The ledger of the deleted topic `acme/iot/old-readings`, older than the orphan grace.
+PULSAR_ORPHAN = 4030
+#: What the Pulsar audit must find on the demo's cluster (category -> ledger ids).
+PULSAR_EXPECTED: dict[str, set[int]] = {
+    "missing": {PULSAR_LOST},
+    "orphan": {PULSAR_ORPHAN},
+    "dangling_cursor": set(),
+}
+#: Bookies the Pulsar ledgers sit on: one per rack, so every check finds them healthy.
+_PULSAR_RING = (0, 2, 4)
+
+
+async def build_pulsar_topics(zk: ZkClient, bookies: list[BookieEmulator]) -> None:
+    """Writes Pulsar's tree (at ZooKeeper's root, as a Pulsar cluster sharing its
+    ZooKeeper with BookKeeper has it) and its ledgers onto the started emulators of
+    `build_seeded_cluster` (see the module's docstring)."""
+    cw = ClusterWriter(zk, ROOT)
+
+    async def resolve(bookie_id: str) -> tuple[str, int] | None:
+        return await resolve_bookie(zk, ROOT, bookie_id)
+
+    client = BookieClient(resolve, request_timeout=5.0)
+    try:
+        lw = LedgerWriter(cw, client)
+        w = PulsarWriter(lw, [bookies[i].bookie_id for i in _PULSAR_RING], root="")
+        orders, events, readings = PULSAR_TOPICS
+        await w.topic(
+            orders,
+            ledgers=[4001, 4002, 4003],
+            cursors={"billing": Cursor(ledger=4004, mark_delete=(4002, 1)), "audit": Cursor()},
+        )
+        await w.schema(orders, ledgers=[4005])
+        await w.topic(events, ledgers=[4010, 4011], cursors={"ingest": Cursor(ledger=4012)})
+        await w.schema(events, ledgers=[4013, 4014])
+        await w.topic(
+            readings,
+            ledgers=[4020, PULSAR_LOST, 4022],
+            cursors={"dashboard": Cursor(ledger=4023)},
+        )
+        await zk.delete(cw.path(PULSAR_LOST))
+        # A topic deleted three days ago whose broker removed its znodes, not its ledger.
+        old = "acme/iot/persistent/old-readings"
+        three_days_ago = int((time.time() - 3 * 86400) * 1000)
+        await lw.write_ledger(
+            PULSAR_ORPHAN,
+            w.bookies,
+            write_quorum=2,
+            num_entries=w.entries,
+            ctime=three_days_ago,
+            custom_metadata=managed_ledger_metadata(old),
+        )
+    finally:
+        await client.close()
