@@ -52,6 +52,10 @@ def _driver(check: Check) -> Driver:
         from auditor.checks.bookie_check_run import run_bookie_check
 
         return run_bookie_check
-    # Check.PULSAR: its driver (`pulsar_audit_run.py`) is not written yet; never the
-    # bookie check by default.
+    if check is Check.PULSAR:
+        # Metadata only here (no bookie asked, no risk): `pulsar-audit` runs the
+        # replicas check first and hands its verdicts in (`run_pulsar_audit`).
+        from auditor.checks.pulsar_audit_run import run_pulsar_check
+
+        return run_pulsar_check
     raise ValueError(f"no driver for the {check} check")

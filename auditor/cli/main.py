@@ -241,9 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     admin.add_parsers(sub, _cluster_args)
     explain_cli.add_parser(sub, _cluster_args, _config_args)
-    from auditor.cli import risk
+    from auditor.cli import pulsar_audit, risk
 
     risk.add_parsers(sub, _cluster_args, _config_args)
+    pulsar_audit.add_parser(sub, _cluster_args, _config_args)
     from auditor.cli import selftest
 
     selftest.add_parser(sub)
@@ -325,6 +326,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await cmd_run(args.config, args.overrides, args.bk_conf, args.zk)
     if args.command in ("risk", "what-if"):
         return await _failing_is_2(_risk(args))
+    if args.command == "pulsar-audit":
+        return await _failing_is_2(_pulsar_audit(args))
     if args.command == "recover":
         from auditor.cli import recover
 
@@ -470,6 +473,29 @@ async def _risk(args: argparse.Namespace) -> int:
     request = risk.parse_request(args)
     return await risk.cmd_what_if(
         target, config, request, snapshot=args.from_snapshot, as_json=args.json
+    )
+
+
+async def _pulsar_audit(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from auditor.cli import pulsar_audit
+    from auditor.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    changed = {
+        k: v
+        for k, v in (("pulsar_metadata_zk", args.pulsar_zk), ("pulsar_root", args.pulsar_root))
+        if v is not None
+    }
+    if changed:
+        config = dataclasses.replace(config, checks=dataclasses.replace(config.checks, **changed))
+    return await pulsar_audit.cmd_pulsar_audit(
+        target_of_args(args, config),
+        config,
+        replicas=not args.no_replicas,
+        top=args.top,
+        as_json=args.json,
     )
 
 

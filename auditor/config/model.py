@@ -155,6 +155,13 @@ class ChecksConfig:
     #: counted in one summary line at the end of the run (reports keep every one).
     #: 0 logs none one by one; -1 logs every one.
     violation_log_limit: int = 100
+    #: Pulsar audit (`pulsar-audit`): the ZooKeeper connect string of Pulsar's metadata
+    #: store when it is not the cluster's ("": the same ZooKeeper), and the root of
+    #: Pulsar's tree in it ("": ZooKeeper's root, where `managed-ledgers` usually is).
+    pulsar_metadata_zk: str = ""
+    pulsar_root: str = ""
+    #: Seconds an unreferenced ledger Pulsar created must be old to be an orphan (24 h).
+    pulsar_orphan_grace: float = 86400.0
 
     @property
     def walk_window(self) -> int:
@@ -175,6 +182,11 @@ CHECKS_RULES: Rules = {
     "progress_interval": (_pos, "positive seconds"),
     "max_violations_listed": (_nonneg, "a count >= 0 (0: no limit)"),
     "violation_log_limit": (lambda v: v >= -1, "a count >= 0, or -1 (no limit)"),
+    "pulsar_root": (
+        lambda v: v == "" or (v.startswith("/") and not v.endswith("/")),
+        '"" or an absolute path without a trailing /',
+    ),
+    "pulsar_orphan_grace": (_nonneg, "seconds >= 0"),
 }
 
 

@@ -27,7 +27,7 @@ def _sub(name: str) -> argparse.ArgumentParser:
 def test_commands_are_the_parsers() -> None:
     assert list(docs._subparsers(PARSER).choices) == NAMES
     assert {"ledgers", "check", "explain", "health", "completion", "man"} <= set(NAMES)
-    assert len(NAMES) == len(set(NAMES)) == 25
+    assert len(NAMES) == len(set(NAMES)) == 26
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -214,7 +214,7 @@ def test_every_command_reaching_zookeeper_takes_bk_conf() -> None:
     test tool; `run` has the daemon's own --bk-conf and --zk)."""
     with_zk = {c.name for c in COMMANDS if any("--zk" in o.flags for o in c.options)}
     one_shot = with_zk - {"bookie-emulator", "run"}
-    assert len(one_shot) == 16
+    assert len(one_shot) == 17
     for c in COMMANDS:
         flags = {f for o in c.options for f in o.flags}
         if c.name in one_shot:

@@ -1,0 +1,263 @@
+"""Driving the Pulsar audit: Pulsar's references read, every ledger observed, candidates re-read.
+
+The pieces, reusable by the scan (one partition walks an id range, the driver
+merges and confirms):
+
+* `verdicts_of(reports, marked)`: what the other checks said of each ledger
+  (the replicas check's `no_replica` entry ranges, its and the placement
+  check's violations, the under-replication marks) as `LedgerVerdicts`;
+* `observe_ledgers(ctx, auditor, ...)`: walks `ctx`'s ledgers (its id range,
+  if any) into a `PulsarAuditor`; a ledger whose metadata does not decode is
+  observed too (with no owner and no age: never an orphan, never missing);
+* `rechecks(...)` and `confirm_audit(...)`: BP-34 before any report: each
+  candidate's owners (`Finding.reread`) are read again from Pulsar's tree and
+  its ledger znode looked up again, then `pulsar_audit.confirm`;
+* `report_of(...)`: the `CheckReport` (violations, Pulsar's bad znodes as
+  invalid znodes, drops);
+* `run_pulsar_audit(ctx, ...)`: the whole cluster, in process.
+
+Where Pulsar's tree is: `checks.pulsar_metadata_zk` ("" = the cluster's own
+ZooKeeper) under `checks.pulsar_root`. Nothing is written anywhere: the audit
+neither marks nor deletes (an orphan comes with the command that would delete it).
+The risk of a ledger (`analysis.risk`, a layer above) is handed in as `risk_of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Set
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import Category, Check, CheckReport, InvalidZnode
+from auditor.checks.progress import Progress
+from auditor.checks.pulsar_audit import (
+    DomainName,
+    LedgerFact,
+    LedgerVerdicts,
+    PulsarAudit,
+    PulsarAuditor,
+    confirm,
+    fact_of,
+)
+from auditor.checks.pulsar_audit import Recheck as Recheck
+from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.pulsar.reader import read_managed_ledger, read_pulsar_refs, read_schema
+from auditor.metadata.pulsar.refs import PulsarRefs
+from auditor.metadata.walk import Walker
+from auditor.zk import ZkClient
+
+__all__ = [
+    "PulsarSource",
+    "RiskOf",
+    "confirm_audit",
+    "observe_ledgers",
+    "pulsar_source",
+    "read_refs",
+    "rechecks",
+    "report_of",
+    "run_pulsar_audit",
+    "run_pulsar_check",
+    "verdicts_of",
+]
+
+#: The failure domains whose single loss would hurt a ledger (given by `analysis.risk`).
+RiskOf = Callable[[LedgerMetadata], tuple[DomainName, ...]]
+
+
+# --- verdicts of the other checks ----------------------------------------------------------
+
+
+def verdicts_of(
+    reports: Iterable[CheckReport], marked: Set[int] = frozenset()
+) -> dict[int, LedgerVerdicts]:
+    """Per ledger, what the replicas and placement reports (and the marks) say of it.
+
+    `no_replica` ranges are the `worst_entries` of the replicas check's
+    `no_replica` violations (their copies found is 0). Ledgers with nothing
+    said are absent (`LedgerVerdicts()` is the clean default).
+    """
+    no_replica: dict[int, tuple[tuple[int, int], ...]] = {}
+    replicas: set[int] = set()
+    unplaced: set[int] = set()
+    for report in reports:
+        for v in report.violations:
+            if report.check is Check.REPLICAS and v.category is not Category.METADATA_INVALID:
+                replicas.add(v.ledger_id)
+                if v.category is Category.NO_REPLICA:
+                    ranges = tuple((int(a), int(b)) for a, b in v.detail.get("worst_entries", ()))
+                    no_replica[v.ledger_id] = ranges
+            elif report.check is Check.PLACEMENT and v.category in (
+                Category.PLACEMENT_NOT_ADHERING,
+                Category.PLACEMENT_SOFTLY_ADHERING,
+            ):
+                unplaced.add(v.ledger_id)
+    out: dict[int, LedgerVerdicts] = {}
+    for i in sorted(replicas | unplaced | set(marked)):
+        out[i] = LedgerVerdicts(no_replica.get(i, ()), i in marked, i in replicas, i in unplaced)
+    return out
+
+
+# --- where Pulsar's tree is ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PulsarSource:
+    """Pulsar's metadata store: a ZooKeeper client and the root of Pulsar's tree in it."""
+
+    zk: ZkClient
+    root: str
+
+
+@asynccontextmanager
+async def pulsar_source(ctx: CheckContext) -> AsyncIterator[PulsarSource]:
+    """The cluster's ZooKeeper, or the one `checks.pulsar_metadata_zk` names (closed after)."""
+    cfg = ctx.config.checks
+    if not cfg.pulsar_metadata_zk:
+        yield PulsarSource(ctx.zk, cfg.pulsar_root)
+        return
+    zk = ZkClient(cfg.pulsar_metadata_zk, timeout=ctx.config.zk_timeout, security=ctx.zk.security)
+    await zk.start()
+    try:
+        yield PulsarSource(zk, cfg.pulsar_root)
+    finally:
+        await zk.close()
+
+
+async def read_refs(source: PulsarSource) -> PulsarRefs:
+    return await read_pulsar_refs(source.zk, source.root)
+
+
+# --- observing ledgers --------------------------------------------------------------------
+
+
+async def observe_ledgers(
+    ctx: CheckContext,
+    auditor: PulsarAuditor,
+    verdicts: Mapping[int, LedgerVerdicts] | None = None,
+    *,
+    risk_of: RiskOf | None = None,
+) -> int:
+    """Observes every ledger `ctx` walks (its `id_range`, if any); returns how many.
+
+    A ledger whose metadata does not decode is observed as `LedgerFact(id)`:
+    it exists, so a reference to it is not `missing`, and with no owner nor
+    age it is never an orphan.
+    """
+    given = verdicts or {}
+    walker = ctx.walker()
+    progress = Progress(
+        ctx.log,
+        str(Check.PULSAR),
+        interval=ctx.config.checks.progress_interval,
+        max_ledger_id=await walker.max_ledger_id(),
+    )
+    n = 0
+    async for rec in walker.ledgers(concurrency=ctx.config.checks.walk_window):
+        progress.tick(rec.ledger_id)
+        n += 1
+        md = rec.metadata
+        said = given.get(rec.ledger_id)
+        if md is None:
+            auditor.observe(LedgerFact(rec.ledger_id), said)
+            continue
+        domains = risk_of(md) if risk_of is not None else ()
+        if domains:
+            base = said or LedgerVerdicts()
+            said = LedgerVerdicts(
+                base.no_replica, base.marked, base.replicas_violation, base.unplaced, domains
+            )
+        auditor.observe(fact_of(md), said)
+    return n
+
+
+# --- the re-check -------------------------------------------------------------------------
+
+
+async def rechecks(audit: PulsarAudit, source: PulsarSource, walker: Walker) -> dict[int, Recheck]:
+    """A fresh look at every candidate: its owners' references read again, its znode's existence."""
+    mls: set[str] = set()
+    schemas: set[str] = set()
+    for f in audit.findings:
+        m, s = f.reread()
+        mls |= m
+        schemas |= s
+    fresh = PulsarRefs()
+    for name in sorted(mls):
+        fresh.merge(await read_managed_ledger(source.zk, source.root, name))
+    for schema_id in sorted(schemas):
+        fresh.merge(await read_schema(source.zk, source.root, schema_id))
+    out: dict[int, Recheck] = {}
+    for ledger_id in sorted({f.ledger_id for f in audit.findings}):
+        exists = await walker.read(ledger_id) is not None
+        out[ledger_id] = Recheck(exists, tuple(fresh.references(ledger_id)))
+    return out
+
+
+async def confirm_audit(audit: PulsarAudit, source: PulsarSource, walker: Walker) -> PulsarAudit:
+    """`confirm` on fresh looks (BP-34: no report before a re-check)."""
+    return confirm(audit, await rechecks(audit, source, walker))
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+def report_of(ctx: CheckContext, audit: PulsarAudit, refs: PulsarRefs, ledgers: int) -> CheckReport:
+    """The check report of a confirmed audit: its violations, Pulsar's bad znodes, its drops."""
+    report = ctx.new_report(Check.PULSAR)
+    report.ledgers_checked = ledgers
+    for v in audit.violations():
+        report.violations.append(v)
+    for bad in refs.bad_znodes:
+        report.invalid_znodes.append(InvalidZnode(bad.path, bad.reason))
+    report.dropped.update(audit.dropped)
+    report.finished_at = ctx.clock()
+    return report
+
+
+# --- the whole run ------------------------------------------------------------------------
+
+
+async def run_pulsar_audit(
+    ctx: CheckContext,
+    *,
+    verdicts: Mapping[int, LedgerVerdicts] | None = None,
+    risk_of: RiskOf | None = None,
+    grace_ms: int | None = None,
+) -> tuple[CheckReport, PulsarAudit]:
+    """The audit of the whole cluster (or `ctx.id_range`): the report and the rollups.
+
+    `verdicts` come from the replicas and placement checks run before (see
+    `verdicts_of`); without them `missing` covers ledgers without metadata only.
+    """
+    cfg = ctx.config.checks
+    grace = int(cfg.pulsar_orphan_grace * 1000) if grace_ms is None else grace_ms
+    async with pulsar_source(ctx) as source:
+        refs = await read_refs(source)
+        ctx.log.info(
+            "pulsar audit started",
+            referenced_ledgers=len(refs.refs),
+            managed_ledgers=len(refs.managed_ledgers),
+            schemas=len(refs.schemas),
+            bad_znodes=len(refs.bad_znodes),
+            orphan_grace_s=grace / 1000,
+        )
+        auditor = PulsarAuditor(refs, now_ms=int(ctx.clock() * 1000), grace_ms=grace)
+        with ctx.reporting_progress(Check.PULSAR):
+            ledgers = await observe_ledgers(ctx, auditor, verdicts, risk_of=risk_of)
+        audit = await confirm_audit(auditor.finish(), source, ctx.walker())
+    report = report_of(ctx, audit, refs, ledgers)
+    ctx.log.info(
+        "pulsar audit finished",
+        ledgers_checked=ledgers,
+        counts=report.counts(),
+        dropped=dict(audit.dropped),
+        invalid_znodes=report.invalid_znodes.total,
+    )
+    return report, audit
+
+
+async def run_pulsar_check(ctx: CheckContext) -> CheckReport:
+    """The runner's driver: the audit on metadata alone (no bookie asked, no risk)."""
+    report, _ = await run_pulsar_audit(ctx)
+    return report

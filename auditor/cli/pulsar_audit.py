@@ -1,0 +1,178 @@
+"""`bk-auditor pulsar-audit`: Pulsar's references against BookKeeper's ledgers; nothing written.
+
+Exit codes follow `check`: 0 nothing found, 1 findings (`missing`, `orphan`,
+`dangling_cursor`, or a Pulsar znode that could not be read), 2 the audit
+could not run. With `--json` stdout carries one JSON object: the report
+(`check --json`'s shape) and `pulsar`, the rollups (`PulsarAudit.to_json`).
+
+By default the replicas check runs first (bookies are asked) so that a ledger
+whose every copy of some entry is gone is `missing`; `--no-replicas` skips it,
+and then `missing` covers ledgers without metadata only (the output says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from auditor.analysis.risk import domain_keys, ledger_risk, place_of
+from auditor.checks.context import CheckContext, open_context
+from auditor.checks.findings import Category, Check, CheckReport
+from auditor.checks.placement import skip_reason
+from auditor.checks.pulsar_audit import DomainName, PulsarAudit
+from auditor.checks.pulsar_audit_run import RiskOf, run_pulsar_audit, verdicts_of
+from auditor.checks.runner import driver
+from auditor.config import AuditorConfig
+from auditor.errors import ConfigError
+from auditor.metadata.cluster import ClusterTarget, connect
+from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.registry import all_known_bookies
+from auditor.topology.racks import open_rack_resolver
+
+DEFAULT_TOP = 20
+
+
+def add_parser(sub: Any, cluster_args: Any, config_args: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "pulsar-audit",
+        help="Pulsar's ledgers against BookKeeper's: missing, orphans, cursors; exit 0 / 1 / 2",
+    )
+    cluster_args(p)
+    config_args(p)
+    p.add_argument(
+        "--no-replicas",
+        action="store_true",
+        help="do not ask the bookies (missing then covers ledgers without metadata only)",
+    )
+    p.add_argument(
+        "--pulsar-zk",
+        metavar="HOSTS",
+        help="ZooKeeper of Pulsar's metadata store (checks.pulsar_metadata_zk; default: the same)",
+    )
+    p.add_argument(
+        "--pulsar-root", metavar="PATH", help="root of Pulsar's tree in it (checks.pulsar_root)"
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=DEFAULT_TOP,
+        metavar="N",
+        help=f"rows per rollup table (default {DEFAULT_TOP})",
+    )
+
+
+async def _risk_of(ctx: CheckContext) -> RiskOf:
+    """Per closed ledger, the domains whose single loss would make it worse (`analysis.risk`)."""
+    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    available = (await ctx.registered()).available
+    known = available | await all_known_bookies(ctx.zk, ctx.root)
+    located = await resolver.locations(sorted(known))
+    keys = {b: domain_keys(b, place_of(located.get(b))) for b in known}
+
+    def keys_of(bookie: str) -> Any:
+        found = keys.get(bookie)
+        if found is None:
+            found = keys[bookie] = domain_keys(bookie, place_of(None))
+        return found
+
+    def risk_of(md: LedgerMetadata) -> tuple[DomainName, ...]:
+        if skip_reason(md) is not None:
+            return ()
+        lr = ledger_risk(md, keys_of, available)
+        return tuple((str(kind), name) for (kind, name), _ in lr.domains)
+
+    return risk_of
+
+
+async def audit_cluster(
+    target: ClusterTarget, config: AuditorConfig, *, replicas: bool
+) -> tuple[CheckReport, PulsarAudit]:
+    async with (
+        connect(target) as (zk, manager),
+        open_context(zk, target.root, manager, config) as ctx,
+    ):
+        reports: list[CheckReport] = []
+        if replicas:
+            reports.append(await driver(Check.REPLICAS)(ctx))
+        marks = (await ctx.urm.read_marks()).marked_ids()
+        risk_of = await _risk_of(ctx)
+        return await run_pulsar_audit(ctx, verdicts=verdicts_of(reports, marks), risk_of=risk_of)
+
+
+def document(
+    report: CheckReport, audit: PulsarAudit, *, replicas: bool, top: int
+) -> dict[str, Any]:
+    return {**report.to_json(), "replicas_checked": replicas, "pulsar": audit.to_json(top)}
+
+
+def _ranges(ranges: list[list[int]]) -> str:
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges)
+
+
+def render_text(doc: dict[str, Any], out: TextIO) -> None:
+    pulsar = doc["pulsar"]
+    out.write(f"pulsar-audit: {doc['ledgers_checked']} ledgers checked\n")
+    if not doc["replicas_checked"]:
+        out.write(
+            "  bookies not asked (--no-replicas): missing covers ledgers without metadata only\n"
+        )
+    for cat, n in doc["counts"].items():
+        out.write(f"  {cat:<20} {n}\n")
+    for cat in (Category.MISSING, Category.DANGLING_CURSOR, Category.ORPHAN):
+        found = [v for v in doc["violations"] if v["category"] == str(cat)]
+        if not found:
+            continue
+        out.write(f"\n{cat}:\n")
+        for v in found:
+            d = v["detail"]
+            line = f"  ledger {v['ledger_id']:>10}  {d.get('topic')}"
+            if cat is Category.MISSING:
+                line += f"  ({d['reason']}"
+                line += f": entries {_ranges(d['entries'])})" if d.get("entries") else ")"
+            elif cat is Category.DANGLING_CURSOR:
+                line += f"  cursor {d.get('cursor')}"
+            else:
+                size = d["size"] if d["size_known"] else "unknown"
+                line += f"  size {size}  {d['command']}"
+            out.write(line + "\n")
+    if doc["invalid_znodes"]["total"]:
+        out.write("\nunreadable Pulsar znodes:\n")
+        for z in doc["invalid_znodes"]["listed"]:
+            out.write(f"  {z['path']}: {z['reason']}\n")
+    out.write(
+        f"\n{'namespace':<32} {'ledgers':>8} {'bytes':>12} {'under-rep':>9} {'unplaced':>8}"
+        f" {'missing':>7} {'orphans':>7} {'orphan bytes':>12}\n"
+    )
+    for row in pulsar["namespaces"]:
+        out.write(
+            f"{row['namespace']:<32} {row['ledgers']:>8} {row['bytes']:>12}"
+            f" {row['under_replicated']:>9} {row['unplaced']:>8} {row['missing']:>7}"
+            f" {row['orphans']:>7} {row['orphan_bytes']:>12}\n"
+        )
+    if pulsar["at_risk"]:
+        out.write("\nnamespaces at risk from one loss:\n")
+        for r in pulsar["at_risk"]:
+            names = ", ".join(r["by_namespace"])
+            out.write(f"  {r['domain']} {r['name']}: {r['ledgers']} ledgers of {names}\n")
+
+
+async def cmd_pulsar_audit(
+    target: ClusterTarget,
+    config: AuditorConfig,
+    *,
+    replicas: bool,
+    top: int,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+) -> int:
+    if top < 1:
+        raise ConfigError(f"--top must be >= 1, got {top}")
+    report, audit = await audit_cluster(target, config, replicas=replicas)
+    doc = document(report, audit, replicas=replicas, top=top)
+    if as_json:
+        out.write(json.dumps(doc) + "\n")
+    else:
+        render_text(doc, out)
+    return 1 if report.has_findings else 0

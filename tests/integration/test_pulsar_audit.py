@@ -1,0 +1,180 @@
+"""`pulsar-audit` on a real ZooKeeper and emulated bookies: exact findings and rollups.
+
+The cluster (namespace `shop/orders`, 3 bookies, E=3 W=2, 3 entries of 16 bytes each):
+
+* topic `a`: ledgers 10 (entry 1 lost on every bookie: missing, entries 1-1),
+  11 (its metadata deleted: missing, no metadata), 12 (open, current);
+  cursor `sub` on ledger 20; schema ledger 40;
+* topic `b`: ledgers 30 (offloaded, gone from BookKeeper: not missing), 31 (open);
+  cursor `gone` on ledger 25, whose metadata is deleted (dangling cursor);
+* topic `old`, deleted: its ledgers 50 and 51 are left, two days old (orphans);
+* ledger 60, created for `old` a moment ago (young: not yet an orphan);
+* ledger 70, no Pulsar metadata (not Pulsar's: never an orphan).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from auditor.checks.findings import Category, Check
+from auditor.checks.pulsar_audit import delete_command
+from auditor.cli.pulsar_audit import audit_cluster
+from auditor.config import load_config
+from auditor.metadata.cluster import ClusterTarget
+from auditor.metadata.paths import ledger_path
+from auditor.testing.cli import bk
+from auditor.testing.harness import TestCluster, test_cluster
+from auditor.testing.pulsar import Cursor, PulsarWriter, managed_ledger_metadata
+from auditor.zk import NoNodeError, ZkClient
+
+FAST = ["checks.retry_delay=0.1", "readEntryTimeout=1", "checks.pulsar_orphan_grace=3600"]
+TOPIC_A = "persistent://shop/orders/a"
+TOPIC_B = "persistent://shop/orders/b"
+TOPIC_OLD = "persistent://shop/orders/old"
+ML_OLD = "shop/orders/persistent/old"
+SIZE = 3 * 16  # a closed ledger's length: 3 entries of 16 bytes
+TWO_DAYS_AGO_MS = int((time.time() - 2 * 86400) * 1000)
+
+
+async def tree(zk: ZkClient, path: str = "/") -> dict[str, tuple[bytes, int, int]]:
+    """Every znode under `path`: data, version, child version (any write changes one)."""
+    out: dict[str, tuple[bytes, int, int]] = {}
+    try:
+        data, stat = await zk.get(path)
+    except NoNodeError:
+        return out
+    out[path] = (data, int(stat.version), int(stat.cversion))
+    for child in sorted(await zk.get_children(path)):
+        out.update(await tree(zk, f"{path.rstrip('/')}/{child}"))
+    return out
+
+
+async def build(tc: TestCluster) -> PulsarWriter:
+    w = PulsarWriter.of(tc)
+    await w.topic(TOPIC_A, ledgers=[10, 11, 12], cursors={"sub": Cursor(ledger=20)})
+    await w.schema(TOPIC_A, ledgers=[40])
+    await w.topic(
+        TOPIC_B,
+        ledgers=[30, 31],
+        offloaded=[30],
+        bk_deleted=[30],
+        cursors={"gone": Cursor(ledger=25)},
+    )
+    await w.topic(TOPIC_OLD, ledgers=[50, 51], open_last=False, write_ledgers=False)
+    for lid in (50, 51):
+        await tc.writer.write_ledger(
+            lid,
+            tc.ids,
+            write_quorum=2,
+            num_entries=3,
+            ctime=TWO_DAYS_AGO_MS,
+            custom_metadata=managed_ledger_metadata(ML_OLD),
+        )
+    await w.delete_topic(TOPIC_OLD)
+    await w.ledger(60, managed_ledger_metadata(ML_OLD))
+    await w.ledger(70)
+    for b in tc.bookies:
+        b.drop_entries(10, [1])
+    for lid in (11, 25):
+        await tc.zk.delete(ledger_path(tc.cluster.manager, tc.root, lid))
+    return w
+
+
+def target(zk: ZkClient, tc: TestCluster) -> ClusterTarget:
+    return ClusterTarget(zk.hosts, tc.root, None, 10.0)
+
+
+async def test_findings_rollups_and_nothing_written(zk: ZkClient) -> None:
+    async with test_cluster(zk, 3) as tc:
+        await build(tc)
+        before = await tree(zk)
+        report, audit = await audit_cluster(target(zk, tc), load_config(None, FAST), replicas=True)
+        assert await tree(zk) == before  # nothing written to ZooKeeper
+
+    found = {(v.ledger_id, str(v.category)) for v in report.violations}
+    assert found == {
+        (10, "missing"),
+        (11, "missing"),
+        (25, "dangling_cursor"),
+        (50, "orphan"),
+        (51, "orphan"),
+    }
+    detail = {v.ledger_id: v.detail for v in report.violations}
+    assert detail[10]["reason"] == "no replica"
+    assert detail[10]["entries"] == [[1, 1]]
+    assert detail[10]["topic"] == TOPIC_A
+    assert detail[11]["reason"] == "no metadata"
+    assert detail[11]["topic"] == TOPIC_A
+    assert detail[25]["cursor"] == "gone"
+    assert detail[25]["topic"] == TOPIC_B
+    for lid in (50, 51):
+        assert detail[lid]["size"] == SIZE
+        assert detail[lid]["namespace"] == "shop/orders"
+        assert detail[lid]["command"] == delete_command(lid)
+        assert detail[lid]["age_s"] >= 2 * 86400 - 60
+    assert report.check is Check.PULSAR
+    assert not report.invalid_znodes
+    assert audit.young == 1  # ledger 60
+    assert audit.unaged.count == 0
+
+    doc = audit.to_json()
+    (ns,) = doc["namespaces"]
+    assert ns["namespace"] == "shop/orders"
+    # Referenced: 10, 12, 20, 40 (a); 30, 31, 25 (b); 11 (a, no metadata).
+    assert ns["ledgers"] == 8
+    assert ns["missing"] == 2
+    assert ns["dangling_cursors"] == 1
+    assert ns["orphans"] == 2
+    assert ns["orphan_bytes"] == 2 * SIZE
+    assert ns["under_replicated"] == 1  # ledger 10
+    assert ns["under_replicated_bytes"] == SIZE
+    assert ns["unplaced"] == 0
+    topics = {row["topic"]: row for row in doc["topics"]}
+    assert set(topics) == {TOPIC_A, TOPIC_B, "shop/orders/a", TOPIC_OLD}
+    assert topics[TOPIC_A]["missing"] == 2
+    assert topics[TOPIC_B]["dangling_cursors"] == 1
+    assert topics[TOPIC_OLD]["orphans"] == 2
+
+
+async def test_cli_exit_codes_json_and_a_bad_znode(zk: ZkClient) -> None:
+    sets = [a for kv in FAST for a in ("--set", kv)]
+    async with test_cluster(zk, 3) as tc:
+        w = PulsarWriter.of(tc)
+        await w.topic(TOPIC_A, ledgers=[10, 11], cursors={"sub": Cursor(ledger=20)})
+        code, out, err = await bk("pulsar-audit", "--zk", zk.hosts, "--json", *sets)
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["violations"] == []
+        assert doc["replicas_checked"] is True
+        assert doc["pulsar"]["namespaces"][0]["ledgers"] == 3
+
+        await tc.zk.delete(ledger_path(tc.cluster.manager, tc.root, 10))
+        bad = await w.raw_cursor("shop/orders/persistent/a", "broken", b"\xff\xfe not a cursor")
+        code, out, err = await bk(
+            "pulsar-audit", "--zk", zk.hosts, "--json", "--no-replicas", *sets
+        )
+        assert code == 1, err
+        doc = json.loads(out)
+        assert {(v["ledger_id"], v["category"]) for v in doc["violations"]} == {(10, "missing")}
+        assert [z["path"] for z in doc["invalid_znodes"]["listed"]] == [bad]
+        assert doc["replicas_checked"] is False
+
+        code, out, err = await bk("pulsar-audit", "--zk", zk.hosts, "--no-replicas", *sets)
+        assert code == 1, err
+        assert "missing covers ledgers without metadata only" in out
+        assert "ledger         10" in out
+        assert bad in out
+
+    code, out, err = await bk("pulsar-audit", "--zk", "127.0.0.1:1", "--set", "zkTimeout=1000")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_categories() -> None:
+    assert {str(c) for c in (Category.MISSING, Category.ORPHAN, Category.DANGLING_CURSOR)} == {
+        "missing",
+        "orphan",
+        "dangling_cursor",
+    }
