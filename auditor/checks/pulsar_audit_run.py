@@ -29,7 +29,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Category, Check, CheckReport, InvalidZnode
+from auditor.checks.findings import (
+    Category,
+    Check,
+    CheckReport,
+    InvalidZnode,
+    Violation,
+    metadata_invalid,
+)
 from auditor.checks.progress import Progress
 from auditor.checks.pulsar_audit import (
     DomainName,
@@ -37,10 +44,12 @@ from auditor.checks.pulsar_audit import (
     LedgerVerdicts,
     PulsarAudit,
     PulsarAuditor,
+    PulsarPartial,
     confirm,
     fact_of,
 )
 from auditor.checks.pulsar_audit import Recheck as Recheck
+from auditor.checks.recorder import decode_error
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.pulsar.reader import read_managed_ledger, read_pulsar_refs, read_schema
 from auditor.metadata.pulsar.refs import PulsarRefs
@@ -52,6 +61,7 @@ __all__ = [
     "RiskOf",
     "confirm_audit",
     "observe_ledgers",
+    "observe_partition",
     "pulsar_source",
     "read_refs",
     "rechecks",
@@ -137,12 +147,14 @@ async def observe_ledgers(
     verdicts: Mapping[int, LedgerVerdicts] | None = None,
     *,
     risk_of: RiskOf | None = None,
+    invalid: list[Violation] | None = None,
 ) -> int:
     """Observes every ledger `ctx` walks (its `id_range`, if any); returns how many.
 
     A ledger whose metadata does not decode is observed as `LedgerFact(id)`:
     it exists, so a reference to it is not `missing`, and with no owner nor
-    age it is never an orphan.
+    age it is never an orphan; its `metadata_invalid` violation is appended
+    to `invalid` when given.
     """
     given = verdicts or {}
     walker = ctx.walker()
@@ -159,7 +171,12 @@ async def observe_ledgers(
         md = rec.metadata
         said = given.get(rec.ledger_id)
         if md is None:
-            auditor.observe(LedgerFact(rec.ledger_id), said)
+            # Open as far as we know: its size is what Pulsar recorded, if anything.
+            auditor.observe(LedgerFact(rec.ledger_id, closed=False), said)
+            if invalid is not None:
+                invalid.append(
+                    metadata_invalid(rec.ledger_id, rec.path, rec.znode_version, decode_error(rec))
+                )
             continue
         domains = risk_of(md) if risk_of is not None else ()
         if domains:
@@ -169,6 +186,24 @@ async def observe_ledgers(
             )
         auditor.observe(fact_of(md), said)
     return n
+
+
+async def observe_partition(
+    ctx: CheckContext,
+    refs: PulsarRefs,
+    *,
+    now_ms: int,
+    grace_ms: int,
+    verdicts: Mapping[int, LedgerVerdicts] | None = None,
+    risk_of: RiskOf | None = None,
+) -> tuple[PulsarPartial, list[Violation]]:
+    """One scan partition (`ctx.id_range`): its partial result (picklable, no refs) and
+    its undecodable ledgers' `metadata_invalid` violations. The driver merges the
+    partials into a `PulsarAuditor` on the same refs, `finish`es, `confirm_audit`s."""
+    auditor = PulsarAuditor(refs, now_ms=now_ms, grace_ms=grace_ms)
+    invalid: list[Violation] = []
+    await observe_ledgers(ctx, auditor, verdicts, risk_of=risk_of, invalid=invalid)
+    return auditor.partial(), invalid
 
 
 # --- the re-check -------------------------------------------------------------------------
@@ -202,11 +237,18 @@ async def confirm_audit(audit: PulsarAudit, source: PulsarSource, walker: Walker
 # --- the report ---------------------------------------------------------------------------
 
 
-def report_of(ctx: CheckContext, audit: PulsarAudit, refs: PulsarRefs, ledgers: int) -> CheckReport:
-    """The check report of a confirmed audit: its violations, Pulsar's bad znodes, its drops."""
+def report_of(
+    ctx: CheckContext,
+    audit: PulsarAudit,
+    refs: PulsarRefs,
+    ledgers: int,
+    invalid: Iterable[Violation] = (),
+) -> CheckReport:
+    """The check report of a confirmed audit: its violations (and the undecodable
+    ledgers' `metadata_invalid`), Pulsar's bad znodes as invalid znodes, its drops."""
     report = ctx.new_report(Check.PULSAR)
     report.ledgers_checked = ledgers
-    for v in audit.violations():
+    for v in [*audit.violations(), *invalid]:
         report.violations.append(v)
     for bad in refs.bad_znodes:
         report.invalid_znodes.append(InvalidZnode(bad.path, bad.reason))
@@ -243,10 +285,13 @@ async def run_pulsar_audit(
             orphan_grace_s=grace / 1000,
         )
         auditor = PulsarAuditor(refs, now_ms=int(ctx.clock() * 1000), grace_ms=grace)
+        invalid: list[Violation] = []
         with ctx.reporting_progress(Check.PULSAR):
-            ledgers = await observe_ledgers(ctx, auditor, verdicts, risk_of=risk_of)
+            ledgers = await observe_ledgers(
+                ctx, auditor, verdicts, risk_of=risk_of, invalid=invalid
+            )
         audit = await confirm_audit(auditor.finish(), source, ctx.walker())
-    report = report_of(ctx, audit, refs, ledgers)
+    report = report_of(ctx, audit, refs, ledgers, invalid)
     ctx.log.info(
         "pulsar audit finished",
         ledgers_checked=ledgers,

@@ -93,7 +93,8 @@ async def audit_cluster(
         connect(target) as (zk, manager),
         open_context(zk, target.root, manager, config) as ctx,
     ):
-        reports: list[CheckReport] = []
+        # Placement reads metadata only (unplaced ledgers); replicas asks the bookies.
+        reports = [await driver(Check.PLACEMENT)(ctx)]
         if replicas:
             reports.append(await driver(Check.REPLICAS)(ctx))
         marks = (await ctx.urm.read_marks()).marked_ids()

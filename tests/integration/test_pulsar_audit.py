@@ -5,7 +5,8 @@ The cluster (namespace `shop/orders`, 3 bookies, E=3 W=2, 3 entries of 16 bytes 
 * topic `a`: ledgers 10 (entry 1 lost on every bookie: missing, entries 1-1),
   11 (its metadata deleted: missing, no metadata), 12 (open, current);
   cursor `sub` on ledger 20; schema ledger 40;
-* topic `b`: ledgers 30 (offloaded, gone from BookKeeper: not missing), 31 (open);
+* topic `b`: ledgers 30 (offloaded, gone from BookKeeper: not missing), 32 (its
+  metadata does not decode: `metadata_invalid`, not missing), 31 (open);
   cursor `gone` on ledger 25, whose metadata is deleted (dangling cursor);
 * topic `old`, deleted: its ledgers 50 and 51 are left, two days old (orphans);
 * ledger 60, created for `old` a moment ago (young: not yet an orphan);
@@ -56,7 +57,7 @@ async def build(tc: TestCluster) -> PulsarWriter:
     await w.schema(TOPIC_A, ledgers=[40])
     await w.topic(
         TOPIC_B,
-        ledgers=[30, 31],
+        ledgers=[30, 32, 31],
         offloaded=[30],
         bk_deleted=[30],
         cursors={"gone": Cursor(ledger=25)},
@@ -78,6 +79,7 @@ async def build(tc: TestCluster) -> PulsarWriter:
         b.drop_entries(10, [1])
     for lid in (11, 25):
         await tc.zk.delete(ledger_path(tc.cluster.manager, tc.root, lid))
+    await tc.zk.set(ledger_path(tc.cluster.manager, tc.root, 32), b"not ledger metadata")
     return w
 
 
@@ -88,6 +90,7 @@ def target(zk: ZkClient, tc: TestCluster) -> ClusterTarget:
 async def test_findings_rollups_and_nothing_written(zk: ZkClient) -> None:
     async with test_cluster(zk, 3) as tc:
         await build(tc)
+        ids = tc.ids
         before = await tree(zk)
         report, audit = await audit_cluster(target(zk, tc), load_config(None, FAST), replicas=True)
         assert await tree(zk) == before  # nothing written to ZooKeeper
@@ -97,6 +100,7 @@ async def test_findings_rollups_and_nothing_written(zk: ZkClient) -> None:
         (10, "missing"),
         (11, "missing"),
         (25, "dangling_cursor"),
+        (32, "metadata_invalid"),
         (50, "orphan"),
         (51, "orphan"),
     }
@@ -121,20 +125,48 @@ async def test_findings_rollups_and_nothing_written(zk: ZkClient) -> None:
     doc = audit.to_json()
     (ns,) = doc["namespaces"]
     assert ns["namespace"] == "shop/orders"
-    # Referenced: 10, 12, 20, 40 (a); 30, 31, 25 (b); 11 (a, no metadata).
-    assert ns["ledgers"] == 8
+    # Referenced: 10, 12, 20, 40 (a); 30, 31, 32, 25 (b); 11 (a, no metadata).
+    assert ns["ledgers"] == 9
     assert ns["missing"] == 2
     assert ns["dangling_cursors"] == 1
     assert ns["orphans"] == 2
     assert ns["orphan_bytes"] == 2 * SIZE
     assert ns["under_replicated"] == 1  # ledger 10
     assert ns["under_replicated_bytes"] == SIZE
-    assert ns["unplaced"] == 0
+    # No rack map: every bookie in the default rack, so the closed ledgers on the
+    # bookies (10, 20, 40) adhere softly at best.
+    assert ns["unplaced"] == 3
+    assert ns["unplaced_bytes"] == 2 * SIZE + 16  # the schema ledger holds one entry
     topics = {row["topic"]: row for row in doc["topics"]}
     assert set(topics) == {TOPIC_A, TOPIC_B, "shop/orders/a", TOPIC_OLD}
     assert topics[TOPIC_A]["missing"] == 2
     assert topics[TOPIC_B]["dangling_cursors"] == 1
     assert topics[TOPIC_OLD]["orphans"] == 2
+    assert ns == {
+        "namespace": "shop/orders",
+        "ledgers": 9,
+        # 10, 20, 11 (Pulsar's size), 30 (offloaded: Pulsar's), 32 (undecodable: Pulsar's): 48
+        # each; 40: 16; the open 12 and 31 and the cursor ledger 25 unsized.
+        "bytes": 5 * SIZE + 16,
+        "unsized": 3,
+        "under_replicated": 1,
+        "under_replicated_bytes": SIZE,
+        "unplaced": 3,
+        "unplaced_bytes": 2 * SIZE + 16,
+        "missing": 2,
+        "missing_bytes": 2 * SIZE,
+        "dangling_cursors": 1,
+        "orphans": 2,
+        "orphan_bytes": 2 * SIZE,
+    }
+    # One bookie's loss: 10 and 20 (entries on every bookie) and 40 (one entry, on the
+    # ensemble's first two bookies) would fall below the ack quorum.
+    at_risk = {(r["domain"], r["name"]): r["by_namespace"] for r in doc["at_risk"]}
+    assert at_risk == {
+        ("bookie", ids[0]): {"shop/orders": 3},
+        ("bookie", ids[1]): {"shop/orders": 3},
+        ("bookie", ids[2]): {"shop/orders": 2},
+    }
 
 
 async def test_cli_exit_codes_json_and_a_bad_znode(zk: ZkClient) -> None:
@@ -178,3 +210,39 @@ def test_categories() -> None:
         "orphan",
         "dangling_cursor",
     }
+
+
+async def test_pulsar_tree_elsewhere_and_text_output(zk: ZkClient) -> None:
+    """Pulsar's tree under another root, named through `--pulsar-zk` and `--pulsar-root`."""
+    sets = [a for kv in FAST for a in ("--set", kv)]
+    async with test_cluster(zk, 3) as tc:
+        w = PulsarWriter(tc.writer, tc.ids, root="/pulsar")
+        await w.topic(TOPIC_A, ledgers=[10, 11])
+        await w.topic(TOPIC_OLD, ledgers=[50], open_last=False, write_ledgers=False)
+        await tc.writer.write_ledger(
+            50,
+            tc.ids,
+            write_quorum=2,
+            num_entries=3,
+            ctime=TWO_DAYS_AGO_MS,
+            custom_metadata=managed_ledger_metadata(ML_OLD),
+        )
+        await w.delete_topic(TOPIC_OLD)
+        # Looked for at ZooKeeper's root, Pulsar's tree is not there: 10, 11 and 50 are
+        # Pulsar's ledgers nobody references (10 and 11 young), and 50 an orphan.
+        code, out, err = await bk("pulsar-audit", "--zk", zk.hosts, "--json", *sets)
+        assert code == 1, err
+        assert {(v["ledger_id"], v["category"]) for v in json.loads(out)["violations"]} == {
+            (50, "orphan")
+        }
+        args = ["--zk", zk.hosts, "--pulsar-zk", zk.hosts, "--pulsar-root", "/pulsar", *sets]
+        code, out, err = await bk("pulsar-audit", "--json", *args)
+        assert code == 1, err
+        doc = json.loads(out)
+        assert {(v["ledger_id"], v["category"]) for v in doc["violations"]} == {(50, "orphan")}
+        assert doc["pulsar"]["namespaces"][0]["ledgers"] == 2
+        code, out, err = await bk("pulsar-audit", *args)
+        assert code == 1, err
+        assert delete_command(50) in out
+        assert "shop/orders" in out
+        assert "namespaces at risk from one loss:" in out
