@@ -170,6 +170,11 @@ async def cmd_pulsar_audit(
 ) -> int:
     if top < 1:
         raise ConfigError(f"--top must be >= 1, got {top}")
+    root = config.checks.pulsar_root
+    if root and (not root.startswith("/") or root.endswith("/")):
+        raise ConfigError(
+            f"--pulsar-root must be an absolute path without a trailing /, got {root!r}"
+        )
     report, audit = await audit_cluster(target, config, replicas=replicas)
     doc = document(report, audit, replicas=replicas, top=top)
     if as_json:

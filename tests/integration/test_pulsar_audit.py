@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import time
 
-from auditor.checks.findings import Category, Check
-from auditor.checks.pulsar_audit import delete_command
+from auditor.checks.findings import Category, Check, CheckReport, Violation
+from auditor.checks.pulsar_audit import LedgerVerdicts, delete_command
+from auditor.checks.pulsar_audit_run import verdicts_of
 from auditor.cli.pulsar_audit import audit_cluster
 from auditor.config import load_config
 from auditor.metadata.cluster import ClusterTarget
@@ -198,17 +199,33 @@ async def test_cli_exit_codes_json_and_a_bad_znode(zk: ZkClient) -> None:
         assert "ledger         10" in out
         assert bad in out
 
+    code, out, err = await bk("pulsar-audit", "--zk", zk.hosts, "--pulsar-root", "pulsar")
+    assert code == 2
+    assert err.strip() == (
+        "bk-auditor: error: --pulsar-root must be an absolute path without a trailing /, "
+        "got 'pulsar'"
+    )
     code, out, err = await bk("pulsar-audit", "--zk", "127.0.0.1:1", "--set", "zkTimeout=1000")
     assert code == 2
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
 
 
-def test_categories() -> None:
-    assert {str(c) for c in (Category.MISSING, Category.ORPHAN, Category.DANGLING_CURSOR)} == {
-        "missing",
-        "orphan",
-        "dangling_cursor",
+def test_verdicts_of_reports() -> None:
+    """The replicas report's `no_replica` ranges, its and placement's violations, the marks."""
+    replicas = CheckReport(Check.REPLICAS, 0.0)
+    replicas.violations.append(
+        Violation(1, Category.NO_REPLICA, None, {"worst_entries": [[3, 4], [9, 9]]})
+    )
+    replicas.violations.append(Violation(2, Category.BELOW_ACK_QUORUM, None, {}))
+    replicas.violations.append(Violation(5, Category.METADATA_INVALID, None, {}))
+    placement = CheckReport(Check.PLACEMENT, 0.0)
+    placement.violations.append(Violation(2, Category.PLACEMENT_SOFTLY_ADHERING, None, {}))
+    placement.violations.append(Violation(5, Category.METADATA_INVALID, None, {}))
+    assert verdicts_of([replicas, placement], {7}) == {
+        1: LedgerVerdicts(((3, 4), (9, 9)), False, True, False),
+        2: LedgerVerdicts((), False, True, True),
+        7: LedgerVerdicts((), True, False, False),
     }
 
 
