@@ -17,19 +17,13 @@ import json
 import sys
 from typing import Any, TextIO
 
-from auditor.analysis.risk import domain_keys, ledger_risk, place_of
-from auditor.checks.context import CheckContext, open_context
-from auditor.checks.findings import Category, Check, CheckReport
-from auditor.checks.placement import skip_reason
-from auditor.checks.pulsar_audit import DomainName, PulsarAudit
-from auditor.checks.pulsar_audit_run import RiskOf, run_pulsar_audit, verdicts_of
-from auditor.checks.runner import driver
+from auditor.analysis.pulsar_run import audit_pulsar
+from auditor.checks.context import open_context
+from auditor.checks.findings import Category, CheckReport
+from auditor.checks.pulsar_audit import PulsarAudit
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
-from auditor.metadata.model import LedgerMetadata
-from auditor.metadata.registry import all_known_bookies
-from auditor.topology.racks import open_rack_resolver
 
 DEFAULT_TOP = 20
 
@@ -63,29 +57,6 @@ def add_parser(sub: Any, cluster_args: Any, config_args: Any) -> None:
     )
 
 
-async def _risk_of(ctx: CheckContext) -> RiskOf:
-    """Per closed ledger, the domains whose single loss would make it worse (`analysis.risk`)."""
-    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
-    available = (await ctx.registered()).available
-    known = available | await all_known_bookies(ctx.zk, ctx.root)
-    located = await resolver.locations(sorted(known))
-    keys = {b: domain_keys(b, place_of(located.get(b))) for b in known}
-
-    def keys_of(bookie: str) -> Any:
-        found = keys.get(bookie)
-        if found is None:
-            found = keys[bookie] = domain_keys(bookie, place_of(None))
-        return found
-
-    def risk_of(md: LedgerMetadata) -> tuple[DomainName, ...]:
-        if skip_reason(md) is not None:
-            return ()
-        lr = ledger_risk(md, keys_of, available)
-        return tuple((str(kind), name) for (kind, name), _ in lr.domains)
-
-    return risk_of
-
-
 async def audit_cluster(
     target: ClusterTarget, config: AuditorConfig, *, replicas: bool
 ) -> tuple[CheckReport, PulsarAudit]:
@@ -93,13 +64,7 @@ async def audit_cluster(
         connect(target) as (zk, manager),
         open_context(zk, target.root, manager, config) as ctx,
     ):
-        # Placement reads metadata only (unplaced ledgers); replicas asks the bookies.
-        reports = [await driver(Check.PLACEMENT)(ctx)]
-        if replicas:
-            reports.append(await driver(Check.REPLICAS)(ctx))
-        marks = (await ctx.urm.read_marks()).marked_ids()
-        risk_of = await _risk_of(ctx)
-        return await run_pulsar_audit(ctx, verdicts=verdicts_of(reports, marks), risk_of=risk_of)
+        return await audit_pulsar(ctx, replicas=replicas)
 
 
 def document(
