@@ -5,6 +5,8 @@ Routes (GET and HEAD only; anything else is 405):
 * `/` the page (`auditor.api.page`): leader, checks, violations, risk, the worker;
 * `/status` the `status --json` document;
 * `/reports/<check>` the `check <check> --json` document of the last run;
+  `/reports/pulsar` (while `[pulsar] interval` is on) the `pulsar-audit --json`
+  document of the leader's last Pulsar audit: its report and `pulsar`, the rollups;
 * `/explain/<ledger id>` the `explain --json` document;
 * `/api/v1/autorecovery/who_is_auditor` and
   `/api/v1/autorecovery/list_under_replicated_ledger`: the bookie HTTP server's
@@ -41,6 +43,7 @@ from auditor.analysis.explain import document_text
 from auditor.api import AUTH_SCHEME, convert
 from auditor.api.page import render_page
 from auditor.api.server import tls_wanted
+from auditor.checks.findings import Check
 from auditor.daemon.preflight import check_api_token
 from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
@@ -326,12 +329,16 @@ class HttpViews:
         return "the bearer token is not valid"
 
     def _report(self, name: str) -> Response:
-        try:
-            check = convert.parse_check(name)
-        except convert.UnknownNameError as exc:
-            return _error(404, str(exc))
-        assert check is not None
         state = self._control.state
+        if name == str(Check.PULSAR) and Check.PULSAR in state.checks:
+            check = Check.PULSAR
+        else:
+            try:
+                parsed = convert.parse_check(name)
+            except convert.UnknownNameError as exc:
+                return _error(404, str(exc))
+            assert parsed is not None
+            check = parsed
         cs = state.checks.get(check)
         if cs is None or cs.last_report is None:
             outcome = cs.outcome if cs is not None else "never"
@@ -340,6 +347,11 @@ class HttpViews:
                 404,
                 f"no report of check {check} on {state.identity} yet (outcome: {outcome}){where}",
             )
+        if check is Check.PULSAR:
+            doc = cs.last_report.to_json()
+            if state.pulsar is not None:
+                doc["pulsar"] = state.pulsar.to_json()
+            return _json(200, doc)
         return Response(200, _JSON, (convert.report_json_text(cs.last_report) + "\n").encode())
 
     async def _explain(self, text: str) -> Response:

@@ -2,7 +2,8 @@
 
 One page: who leads, each check's last run and its age, the violations of each
 check's last report by category with sample ledgers and their owners (Pulsar
-topics when known), the risk summary and the replication worker's progress.
+topics when known), the risk summary, the Pulsar audit's rows per namespace (the
+same bounded rows as the `pulsar_*` metrics) and the replication worker's progress.
 Every value read from the state (and so, ultimately, from ZooKeeper and the
 bookies) goes through `html.escape`.
 """
@@ -160,6 +161,45 @@ def _risk(state: DaemonState) -> str:
     )
 
 
+#: The Pulsar rows' columns: (state label, heading, with bytes).
+_PULSAR_COLUMNS = (
+    ("referenced", "Ledgers", True),
+    ("missing", "Missing", True),
+    ("dangling_cursor", "Dangling cursors", False),
+    ("orphan", "Orphans", True),
+    ("underreplicated", "Under-replicated", True),
+    ("unplaced", "Unplaced", True),
+)
+
+
+def _pulsar(state: DaemonState) -> str:
+    """The last Pulsar audit per namespace: the metrics' rows (top N, then "other")."""
+    t = state.tallies
+    if Check.PULSAR not in state.checks and not t.pulsar_last_run:
+        return ""
+    if not t.pulsar_last_run:
+        return '<h2>Pulsar</h2><p class="muted">No Pulsar audit on this node yet.</p>'
+    namespaces = list(dict.fromkeys(ns for ns, _ in t.pulsar_ledgers))
+    rows: list[list[str]] = []
+    for ns in namespaces:
+        row = [_e(ns)]
+        for st, _, sized in _PULSAR_COLUMNS:
+            n = t.pulsar_ledgers.get((ns, st), 0)
+            cell = _e(n)
+            if sized and n:
+                cell += f' <span class="muted">({_e(t.pulsar_bytes.get((ns, st), 0))} B)</span>'
+            if n and st in ("missing", "dangling_cursor"):
+                cell = f'<span class="bad">{cell}</span>'
+            row.append(cell)
+        rows.append(row)
+    head = ["Namespace", *(h for _, h, _ in _PULSAR_COLUMNS)]
+    link = '<a href="/reports/pulsar">/reports/pulsar</a>'
+    return (
+        f"<h2>Pulsar</h2><p>Last audit {_when(t.pulsar_last_run)}; findings and the "
+        f"per-topic rollup: {link}.</p>" + _table(head, rows)
+    )
+
+
 def _worker(state: DaemonState, now: float) -> str:
     w = state.worker
     if not w.enabled:
@@ -209,6 +249,7 @@ def render_page(state: DaemonState, now: float | None = None) -> str:
         + _checks(state, now)
         + _violations(state)
         + _risk(state)
+        + _pulsar(state)
         + _worker(state, now)
         + "</body></html>\n"
     )

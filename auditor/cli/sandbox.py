@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from auditor.checks.findings import Check, CheckReport
+from auditor.checks.findings import Category, Check, CheckReport
 from auditor.checks.runner import ALL_CHECKS
 from auditor.cli.check import render_text
 from auditor.daemon.config import load_daemon_config
@@ -49,6 +49,7 @@ from auditor.testing.bookie import BookieEmulator
 from auditor.testing.seeded import (
     EXPECTED,
     HEALTHY,
+    PULSAR_EXPECTED,
     PULSAR_TOPICS,
     RACKS,
     ROOT,
@@ -91,6 +92,8 @@ def _daemon_config(hosts: str, name: str, api: int, metrics: int, worker: bool) 
             "auditorReplicasCheckInterval=3600",
             "underreplicatedLedgerRecoveryGracePeriod=3600",
             "readEntryTimeout=1",
+            # The Pulsar audit (off by default) after the first round, with its rollups.
+            "pulsar.interval=3600",
             "checks.retry_delay=1",
             "checks.retry_attempts=1",
             f"worker.enabled={'true' if worker else 'false'}",
@@ -105,7 +108,7 @@ def _daemon_config(hosts: str, name: str, api: int, metrics: int, worker: bool) 
 
 def _first_round_done(d: Daemon) -> bool:
     return d.state.is_leader and all(
-        d.state.checks[c].last_finished is not None for c in ALL_CHECKS
+        d.state.checks[c].last_finished is not None for c in (*ALL_CHECKS, Check.PULSAR)
     )
 
 
@@ -237,6 +240,7 @@ def _print_round(leader: Daemon, daemons: list[Daemon]) -> int:
         if any(counts.get(k, 0) != v for k, v in expected.items()):
             ok = False
             print(f"  (expected {expected})")
+    ok = _print_pulsar(leader) and ok
     print("\nEndpoints:")
     for d in daemons:
         role = "leader" if d is leader else "follower"
@@ -253,6 +257,28 @@ def _print_round(leader: Daemon, daemons: list[Daemon]) -> int:
     )
     sys.stdout.flush()
     return 0 if ok else 1
+
+
+def _print_pulsar(leader: Daemon) -> bool:
+    """Prints the leader's Pulsar audit; True if it found exactly `PULSAR_EXPECTED`."""
+    from auditor.cli import pulsar_audit
+
+    cs = leader.state.checks[Check.PULSAR]
+    audit = leader.state.pulsar
+    print()
+    if cs.last_report is None or audit is None:
+        print(f"check pulsar: {cs.last_error}")
+        return False
+    doc = pulsar_audit.document(cs.last_report, audit, replicas=True, top=10)
+    pulsar_audit.render_text(doc, sys.stdout)
+    found = {
+        str(c): {v.ledger_id for v in cs.last_report.violations if v.category == c}
+        for c in (Category.MISSING, Category.ORPHAN, Category.DANGLING_CURSOR)
+    }
+    if found != PULSAR_EXPECTED:
+        print(f"  (expected {PULSAR_EXPECTED})")
+        return False
+    return True
 
 
 # --- the whole loop ------------------------------------------------------------------------

@@ -424,6 +424,29 @@ class _StateCollector(Collector):
             "Unix time the leader's last risk report finished.",
             t.risk_last_run,
         )
+        # --- the Pulsar audit ([pulsar] interval) -----------------------------------------
+        yield _labelled(
+            GaugeMetricFamily,
+            "pulsar_ledgers",
+            "Ledgers of the last Pulsar audit per namespace, by state (referenced, missing, "
+            "dangling_cursor, orphan, underreplicated, unplaced): the [pulsar] top "
+            'namespaces, the rest summed under namespace="other" (leader only).',
+            ["namespace", "state"],
+            sorted(t.pulsar_ledgers.items()),
+        )
+        yield _labelled(
+            GaugeMetricFamily,
+            "pulsar_bytes",
+            "Bytes of those ledgers (known sizes: closed ledgers, else what Pulsar recorded), "
+            "by namespace and state (referenced, missing, orphan, underreplicated, unplaced).",
+            ["namespace", "state"],
+            sorted(t.pulsar_bytes.items()),
+        )
+        yield _gauge(
+            "pulsar_last_run_timestamp_seconds",
+            "Unix time the leader's last Pulsar audit finished (0: none yet).",
+            t.pulsar_last_run,
+        )
         # --- leadership and contained znodes ------------------------------------------
         yield _labelled(
             CounterMetricFamily,

@@ -13,6 +13,11 @@ nothing here lets an exception end the leader's loop except cancellation.
 With a `ScanDriver` (`daemon.engine = "spark"`) the placement and replicas
 checks run as a Spark scan job; everything around a run (gating, ctime,
 reports) is the same for both engines.
+
+The Pulsar audit (`[pulsar] interval`, off by default: it reads Pulsar's whole
+tree) runs as one more check, in process, after a new leader's first round and
+then every interval; it takes the last replicas and placement reports' verdicts
+(`verdicts`) and hands its rollups to `on_pulsar` before its report is recorded.
 """
 
 from __future__ import annotations
@@ -21,16 +26,17 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from auditor.analysis.risk import RiskReport
 from auditor.analysis.risk_run import run_risk
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
+from auditor.checks.pulsar_audit import LedgerVerdicts, PulsarAudit
 from auditor.checks.runner import driver
 from auditor.config import BookKeeperConfig
-from auditor.daemon.config import RiskSection, SelfTestSection
+from auditor.daemon.config import PulsarSection, RiskSection, SelfTestSection
 from auditor.daemon.contained import ContainedReads, parse_delay
 from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
 from auditor.daemon.state import RunCompleted, RunFailed, RunOutcome, RunSkipped, RunState
@@ -112,6 +118,9 @@ class LeaderWork:
         on_selftest: Callable[[list[SelfTestResult]], None] | None = None,
         risk: RiskSection | None = None,
         on_risk: Callable[[RiskReport], None] | None = None,
+        pulsar: PulsarSection | None = None,
+        on_pulsar: Callable[[PulsarAudit], None] | None = None,
+        verdicts: Callable[[], Mapping[int, LedgerVerdicts]] | None = None,
     ) -> None:
         self.ctx = ctx
         #: The ctime and delay znodes, read so that a bad value never ends the work.
@@ -132,6 +141,11 @@ class LeaderWork:
         #: `[risk]` (a `RiskSection`); None or interval 0: no periodic risk report.
         self.risk = risk
         self.on_risk = on_risk
+        #: `[pulsar]`; None or interval 0: no periodic Pulsar audit.
+        self.pulsar = pulsar
+        self.on_pulsar = on_pulsar
+        #: What the other checks last said of each ledger, for the Pulsar audit.
+        self.verdicts = verdicts
         self.log = ctx.log.bind(role="leader")
         self.delay = LostBookieDelay()
         # The restart rule: while a bookie's lost-bookie delay runs, the checks leave it alone.
@@ -172,11 +186,31 @@ class LeaderWork:
         return self.scan.name if self.scan is not None and self.scan.runs(check) else IN_PROCESS
 
     async def _run(self, check: Check) -> CheckReport:
+        if check is Check.PULSAR:
+            return await self._run_pulsar()
         if self.scan is not None and self.scan.runs(check):
             return await self.scan.run(self.ctx, check)
         # A scan's partitions walk at once: only a run in one walk reports its progress.
         with self.ctx.reporting_progress(check):
             return await driver(check)(self.ctx)
+
+    async def _run_pulsar(self) -> CheckReport:
+        from auditor.checks.pulsar_audit_run import run_pulsar_audit
+
+        verdicts = self.verdicts() if self.verdicts is not None else None
+        # The metadata index keeps no custom metadata, and Pulsar's owner keys are what
+        # make an unreferenced ledger an orphan: this walk reads ZooKeeper. The checks
+        # run one at a time, so no other check sees the index gone meanwhile.
+        index, self.ctx.index = self.ctx.index, None
+        try:
+            with self.ctx.reporting_progress(Check.PULSAR):
+                report, audit = await run_pulsar_audit(self.ctx, verdicts=verdicts)
+        finally:
+            if self.ctx.index is None:  # not replaced meanwhile (a new standby index)
+                self.ctx.index = index
+        if self.on_pulsar is not None:
+            self.on_pulsar(audit)
+        return report
 
     async def run_check(self, check: Check, *, periodic: bool) -> None:
         if periodic and check is not Check.BOOKIES and self.delay.should_skip_periodic_check():
@@ -527,6 +561,13 @@ class LeaderWork:
                 else:
                     self._tasks.append(asyncio.ensure_future(self.triggered_only(check)))
                     self.on_state(check, RunState.OFF, None)
+            if self.pulsar is not None and self.pulsar.interval > 0:
+                # Queued behind the first round (one check at a time), then periodic.
+                self._tasks.append(
+                    asyncio.ensure_future(
+                        self.periodic(Check.PULSAR, float(self.pulsar.interval), 0.0)
+                    )
+                )
             # Any task ending ends the leader's work (only cancellation and lost
             # leadership do so); the daemon then steps down and contends again.
             done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 from auditor.analysis.risk import RiskReport
 from auditor.checks.context import CheckContext, open_context
 from auditor.checks.findings import Check
+from auditor.checks.pulsar_audit import LedgerVerdicts, PulsarAudit
 from auditor.daemon.cluster_checks import follow_cluster_checks
 from auditor.daemon.config import DaemonConfig
 from auditor.daemon.contained import ContainedReads
@@ -346,6 +347,21 @@ class Daemon:
         self.state.tallies.record_risk(report, self.config.risk.top)
         self.risk_reported.set()
 
+    def _on_pulsar(self, audit: PulsarAudit) -> None:
+        self.state.pulsar_done(audit, self.config.pulsar.top)
+
+    def _verdicts(self) -> dict[int, LedgerVerdicts]:
+        """What the last replicas and placement reports said of each ledger (the Pulsar
+        audit's under-replicated and unplaced counts; `missing` entries with no copy)."""
+        from auditor.checks.pulsar_audit_run import verdicts_of
+
+        reports = [
+            cs.last_report
+            for c in (Check.REPLICAS, Check.PLACEMENT)
+            if (cs := self.state.checks.get(c)) is not None and cs.last_report is not None
+        ]
+        return verdicts_of(reports)
+
     def _on_report(self, check: Check, outcome: RunOutcome) -> None:
         self.state.check_ended(check, outcome, time.time())
         self.check_ended.set()
@@ -540,10 +556,14 @@ class Daemon:
                     on_selftest=self._on_selftest,
                     risk=self.config.risk,
                     on_risk=self._on_risk,
+                    pulsar=self.config.pulsar,
+                    on_pulsar=self._on_pulsar,
+                    verdicts=self._verdicts,
                 )
                 for check, iv in intervals(bk).items():
                     self.state.check_interval(check, iv)
                 self.state.tallies.selftest_interval = self.config.selftest.period
+                self.state.pulsar_scheduled(self.config.pulsar.interval)
                 work = asyncio.ensure_future(self.work.run(bk.lostBookieRecoveryDelay))
                 restart = asyncio.ensure_future(self._restart_work.wait())
                 vote = asyncio.ensure_future(self._watch_vote(elector, leadership))

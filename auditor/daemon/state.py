@@ -26,6 +26,7 @@ from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.worker.state import WorkerState
 
 if TYPE_CHECKING:
+    from auditor.checks.pulsar_audit import PulsarAudit
     from auditor.selftest.harness import SelfTestResult
 
 #: Leadership decisions kept for `status` and tests (older ones are only counted).
@@ -190,6 +191,9 @@ class DaemonState:
     tallies: Tallies = field(default_factory=Tallies)
     #: The replication worker's counts and the ledgers in its hands.
     worker: WorkerState = field(default_factory=WorkerState)
+    #: The leader's last Pulsar audit (`[pulsar] interval`): its findings and rollups
+    #: (its `CheckReport` is `checks[Check.PULSAR]`'s, present while the audit is on).
+    pulsar: PulsarAudit | None = None
 
     # --- leadership ---------------------------------------------------------------------
 
@@ -278,6 +282,20 @@ class DaemonState:
         self.checks[check].interval_s = seconds
         self.checks[check].enabled = seconds > 0
         self.tallies.set_check_interval(check, seconds)
+
+    def pulsar_scheduled(self, interval_s: float) -> None:
+        """`[pulsar] interval`: the audit gets a check row while it is on (> 0), none when off."""
+        if interval_s > 0:
+            self.checks.setdefault(Check.PULSAR, CheckState(Check.PULSAR))
+            self.check_interval(Check.PULSAR, interval_s)
+        else:
+            self.checks.pop(Check.PULSAR, None)
+            self.tallies.intervals.pop(str(Check.PULSAR), None)
+
+    def pulsar_done(self, audit: PulsarAudit, top: int) -> None:
+        """A confirmed Pulsar audit (its report arrives through `check_ended`)."""
+        self.pulsar = audit
+        self.tallies.record_pulsar(audit, top)
 
     def selftest_done(self, results: Sequence[SelfTestResult], now: float) -> None:
         for r in results:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from auditor.analysis.risk import DOMAINS, SEVERITIES, RiskReport
 from auditor.checks.findings import ALL_CHECKS, CATEGORIES, DROP_CAUSES, Check, CheckReport
+from auditor.checks.pulsar_audit import Counts, PulsarAudit, Rollup
 
 if TYPE_CHECKING:
     from auditor.selftest.harness import SelfTestResult
@@ -29,6 +30,64 @@ BOOKIE_OPS = ("read_entry", "read_lac", "get_list_of_entries", "get_bookie_info"
 COVERAGE_HOW = ("listed", "probed", "unverified")
 #: Seconds: check runs take from seconds (bookies) to hours (replicas on large clusters).
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)
+
+
+#: The `state` label of the `pulsar_ledgers` series: what is wrong with the ledgers
+#: (`referenced`: every ledger Pulsar's metadata names, whatever its state).
+PULSAR_STATES = (
+    "referenced",
+    "missing",
+    "dangling_cursor",
+    "orphan",
+    "underreplicated",
+    "unplaced",
+)
+#: The `state` label of `pulsar_bytes` (a dangling cursor's ledger has no size).
+PULSAR_BYTE_STATES = ("referenced", "missing", "orphan", "underreplicated", "unplaced")
+#: The namespace label the namespaces past `[pulsar] top` are summed under (Pulsar's
+#: namespaces are `tenant/ns`, so none is named so).
+OTHER_NAMESPACE = "other"
+
+
+def _pulsar_counts(c: Counts) -> tuple[dict[str, int], dict[str, int]]:
+    ledgers = {
+        "referenced": c.ledgers,
+        "missing": c.missing,
+        "dangling_cursor": c.dangling_cursors,
+        "orphan": c.orphans,
+        "underreplicated": c.under_replicated,
+        "unplaced": c.unplaced,
+    }
+    size = {
+        "referenced": c.bytes,
+        "missing": c.missing_bytes,
+        "orphan": c.orphan_bytes,
+        "underreplicated": c.under_replicated_bytes,
+        "unplaced": c.unplaced_bytes,
+    }
+    return ledgers, size
+
+
+def pulsar_rows(
+    rollup: Rollup, top: int
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """(namespace, state) -> ledgers and -> bytes: the `top` worst namespaces (the
+    rollup's order: data lost, then at risk, then leaked, then size), and every other
+    one summed under `OTHER_NAMESPACE` (always present, so the label set is bounded and
+    stable: at most `top` + 1 namespaces)."""
+    ordered = sorted(rollup.namespaces.items(), key=lambda kv: (kv[1].weight(), kv[0]))
+    other = Counts()
+    for _, c in ordered[top:]:
+        other.merge(c)
+    ledgers: dict[tuple[str, str], int] = {}
+    size: dict[tuple[str, str], int] = {}
+    for ns, c in [*ordered[:top], (OTHER_NAMESPACE, other)]:
+        by_state, bytes_by_state = _pulsar_counts(c)
+        for state in PULSAR_STATES:
+            ledgers[ns, state] = by_state[state]
+        for state in PULSAR_BYTE_STATES:
+            size[ns, state] = bytes_by_state[state]
+    return ledgers, size
 
 
 @dataclass
@@ -99,6 +158,10 @@ class Tallies:
     selftest_last_run: float = 0.0
     selftest_interval: float = 0.0
     at_risk: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: The last Pulsar audit's (namespace, state) -> ledgers and bytes (`pulsar_rows`).
+    pulsar_ledgers: dict[tuple[str, str], int] = field(default_factory=dict)
+    pulsar_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
+    pulsar_last_run: float = 0.0
     risk_last_run: float = 0.0
     underreplicated: int = 0
     #: Invalid znodes in each check's last report (corrupt marks, bad ledger znodes).
@@ -206,6 +269,8 @@ class Tallies:
                 self.invalid_znodes[check] = 0
             self.marks_invalid = 0
             self.at_risk.clear()
+            self.pulsar_ledgers.clear()
+            self.pulsar_bytes.clear()
             self.replicas_coverage = dict.fromkeys(COVERAGE_HOW, 0)
             for check in self.consecutive_failures:
                 self.consecutive_failures[check] = 0
@@ -267,3 +332,8 @@ class Tallies:
                 for sev in SEVERITIES:
                     self.at_risk[str(domain), name, sev.label] = tally.counts[sev]
         self.risk_last_run = report.finished_at or self.clock()
+
+    def record_pulsar(self, audit: PulsarAudit, top: int) -> None:
+        """The last Pulsar audit's rows per namespace, bounded to `top` and "other"."""
+        self.pulsar_ledgers, self.pulsar_bytes = pulsar_rows(audit.counted_rollup(), top)
+        self.pulsar_last_run = self.clock()

@@ -247,6 +247,7 @@ def load_daemon_config(
         selftest=selftest,
         risk=built["risk"],
         worker=built["worker"],
+        pulsar=built["pulsar"],
         ledger_manager=uri.manager if uri is not None else None,
         metadata_driver=uri.driver if uri is not None else MetadataDriver.BOOKKEEPER,
         uri_ignored=uri.ignored if uri is not None else (),

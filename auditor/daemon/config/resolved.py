@@ -20,6 +20,7 @@ from auditor.daemon.config.sections import (
     DaemonSection,
     LoggingConfig,
     MetricsConfig,
+    PulsarSection,
     RiskSection,
     ScanSection,
     SelfTestSection,
@@ -42,6 +43,7 @@ class DaemonConfig:
     selftest: SelfTestSection = field(default_factory=SelfTestSection)
     risk: RiskSection = field(default_factory=RiskSection)
     worker: WorkerSection = field(default_factory=WorkerSection)
+    pulsar: PulsarSection = field(default_factory=PulsarSection)
     #: From `metadataServiceUri` (`zk+hierarchical://...`); None: read the LAYOUT znode.
     ledger_manager: LedgerManager | None = None
     #: Whose driver the Java nodes run, from the URI (`metadata-store:`: Pulsar's).
@@ -99,6 +101,7 @@ class DaemonConfig:
             "selftest": self.selftest,
             "risk": self.risk,
             "worker": self.worker,
+            "pulsar": self.pulsar,
         }
 
     def changed(self, other: DaemonConfig) -> list[str]:

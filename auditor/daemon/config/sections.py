@@ -1,5 +1,6 @@
 """The daemon's tables beyond the checks' own: `[daemon]`, `[api]`, `[metrics]`, `[logging]`,
-`[scan]`, `[selftest]` and `[risk]`, each with its defaults and the rules of its keys.
+`[scan]`, `[selftest]`, `[risk]`, `[worker]` and `[pulsar]`, each with its defaults and the
+rules of its keys.
 
 `SECTIONS` names every table a layer may set, the checks' two included, and
 `RULES` their validations; the loader (`auditor.daemon.config.load`) builds
@@ -150,6 +151,19 @@ class RiskSection:
 
 
 @dataclass(frozen=True, slots=True)
+class PulsarSection:
+    """The leader's periodic Pulsar audit (`auditor.checks.pulsar_audit`); where Pulsar's
+    tree is and the orphans' grace are `checks.pulsar_*`."""
+
+    #: Seconds between audits (the first right after a new leader's first round); 0: off.
+    #: Off by default: each audit reads Pulsar's whole tree from ZooKeeper.
+    interval: float = 0.0
+    #: Namespaces published per series in the `pulsar_*` metrics (the worst first; the
+    #: rest summed under `namespace="other"`).
+    top: int = 20
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerSection:
     """The replication worker every daemon runs (BookKeeper's keys are in `[bookkeeper]`)."""
 
@@ -176,6 +190,7 @@ SECTIONS: dict[str, type] = {
     "selftest": SelfTestSection,
     "risk": RiskSection,
     "worker": WorkerSection,
+    "pulsar": PulsarSection,
 }
 # The one-shot commands read the shared tables of the same file; `[scan]` is the daemon's.
 assert set(TOML_TABLES) <= set(SECTIONS)
@@ -221,6 +236,10 @@ _RISK_RULES: Rules = {
     "interval": (lambda v: v >= 0, "seconds >= 0 (0: off)"),
     "top": (lambda v: v >= 1, "a count >= 1"),
 }
+_PULSAR_RULES: Rules = {
+    "interval": (lambda v: v >= 0, "seconds >= 0 (0: off)"),
+    "top": (lambda v: v >= 1, "a count >= 1"),
+}
 _WORKER_RULES: Rules = {
     "ledgers_in_parallel": (lambda v: v >= 1, "a count >= 1"),
     "unrecoverable_retry": (lambda v: v > 0, "positive seconds"),
@@ -236,4 +255,5 @@ RULES: dict[str, Rules] = {
     "selftest": _SELFTEST_RULES,
     "risk": _RISK_RULES,
     "worker": _WORKER_RULES,
+    "pulsar": _PULSAR_RULES,
 }
