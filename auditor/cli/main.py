@@ -197,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--checks",
         default=None,
         metavar="LIST",
-        help="comma-separated: replicas, placement, grace, metadata (default: all four; "
-        "placement,metadata with --from-snapshot)",
+        help="comma-separated: replicas, placement, grace, metadata, pulsar (default: the "
+        "first four; placement,metadata with --from-snapshot). pulsar: the Pulsar audit "
+        "(pulsar-audit's findings; with replicas and placement, on their verdicts)",
     )
     scan.add_argument("--out", required=True, metavar="DIR", help="output directory")
     scan.add_argument("--overwrite", action="store_true", help="replace a previous output")

@@ -86,10 +86,19 @@ def parse_spark_conf(pairs: Sequence[str]) -> dict[str, str]:
 
 def _print(result: ScanResult, as_json: bool, out: TextIO) -> None:
     if as_json:
-        out.write(json.dumps(summary_document(result.reports)) + "\n")
+        out.write(json.dumps(summary_document(result.reports, result.pulsar)) + "\n")
         return
     for report in result.reports:
-        render_text(report, out)
+        if report.check is Check.PULSAR and result.pulsar is not None:
+            from auditor.cli import pulsar_audit
+
+            replicas = any(r.check is Check.REPLICAS for r in result.reports)
+            doc = pulsar_audit.document(
+                report, result.pulsar, replicas=replicas, top=pulsar_audit.DEFAULT_TOP
+            )
+            pulsar_audit.render_text(doc, out)
+        else:
+            render_text(report, out)
 
 
 @contextmanager

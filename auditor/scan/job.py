@@ -11,6 +11,14 @@
    from every partition would only multiply the same reads).
 5. Marks are written once, from here, through the caller's context, so the
    daemon's fencing and `--mark` apply exactly as for an in-process check.
+6. The Pulsar audit (`Check.PULSAR`): Pulsar's references are read here before
+   stage 1 and shipped to every range in `ScanSpec.pulsar`; each range's
+   partition observes its ledgers after its other checks (with their verdicts)
+   and sends back a `PulsarPartial`. Here they are merged, the replicas
+   check's entry losses found only by a retry stage are added, referenced ids
+   no partition saw become `missing` or `dangling_cursor`, and every candidate
+   is looked at again (BP-34) before the report. Nothing is written: Pulsar's
+   tree is only read.
 
 The reports are merged per check into the same `CheckReport` an in-process
 `check` produces; only the place the partitions ran differs. Invalid znodes
@@ -22,15 +30,17 @@ cluster.json the ones its walk found; `summary.json` lists them per report.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Check, CheckReport, PendingMark
+from auditor.checks.findings import Category, Check, CheckReport, PendingMark, Violation
 from auditor.checks.grace_run import run_grace_check
 from auditor.checks.owners_run import attach_owners
+from auditor.checks.pulsar_audit import LedgerFact, PulsarAudit, losses
+from auditor.checks.pulsar_audit_run import confirm_audit, pulsar_source, read_refs, report_of
 from auditor.metadata.walk import IdRange
 from auditor.scan.engine import Engine
 from auditor.scan.output import (
@@ -41,7 +51,7 @@ from auditor.scan.output import (
     violation_rows,
     write_json,
 )
-from auditor.scan.partition import PartitionResult, ScanSpec
+from auditor.scan.partition import PartitionResult, PulsarPass, ScanSpec
 from auditor.scan.progress import reporting_stages
 from auditor.scan.ranges import plan_ranges
 from auditor.scan.snapshot import (
@@ -53,7 +63,7 @@ from auditor.scan.snapshot import (
 )
 
 #: The checks a scan can run, in the order its summary lists them.
-SCAN_CHECKS = (Check.PLACEMENT, Check.REPLICAS, Check.GRACE, Check.METADATA)
+SCAN_CHECKS = (Check.PLACEMENT, Check.REPLICAS, Check.GRACE, Check.METADATA, Check.PULSAR)
 
 
 @dataclass
@@ -62,6 +72,8 @@ class ScanResult:
     ranges: list[IdRange]
     marks: list[PendingMark] = field(default_factory=list)
     marked: set[int] = field(default_factory=set)
+    #: The Pulsar audit's findings and rollups, when it ran.
+    pulsar: PulsarAudit | None = None
 
     @property
     def has_violations(self) -> bool:
@@ -74,10 +86,15 @@ class ScanResult:
 
 
 def _absorb(
-    results: list[PartitionResult], reports: dict[Check, CheckReport], marks: list[PendingMark]
+    results: list[PartitionResult],
+    reports: dict[Check, CheckReport],
+    marks: list[PendingMark],
+    pulsar: list[PartitionResult] | None = None,
 ) -> list[int]:
     retry: list[int] = []
     for res in results:
+        if pulsar is not None and res.pulsar is not None:
+            pulsar.append(res)
         for check, part in res.reports.items():
             if check in reports:
                 reports[check].merge(part)
@@ -111,9 +128,12 @@ async def run_scan(
     partitioned = [c for c in spec.checks if c is not Check.GRACE]
     retry: list[int] = []
     checks_cfg = spec.config.checks
+    pulsar_parts: list[PartitionResult] = []
+    if Check.PULSAR in spec.checks:
+        spec = replace(spec, pulsar=await _read_pulsar(ctx, spec))
     async with reporting_stages(log, engine.progress, checks_cfg.progress_interval):
         if partitioned:
-            retry = _absorb(await engine.scan_ranges(spec, ranges), reports, marks)
+            retry = _absorb(await engine.scan_ranges(spec, ranges), reports, marks, pulsar_parts)
         for attempt in range(1, checks_cfg.retry_attempts + 1):
             if not retry:
                 break
@@ -133,7 +153,13 @@ async def run_scan(
             reports[Check.GRACE] = await run_grace_check(ctx)
         finally:
             ctx.on_ledger = previous
+    audit: PulsarAudit | None = None
+    if spec.pulsar is not None:
+        reports[Check.PULSAR], audit = await _pulsar_result(
+            ctx, spec.pulsar, pulsar_parts, reports.get(Check.REPLICAS)
+        )
     result = ScanResult([reports[c] for c in SCAN_CHECKS if c in reports], ranges, marks)
+    result.pulsar = audit
     for report in result.reports:
         # Owners of flagged ledgers only, read by the driver: partitions never hold them.
         await attach_owners(ctx, report)
@@ -143,7 +169,7 @@ async def run_scan(
     if out is not None:
         await engine.write_violations(violation_rows(result.reports))
         write_json(out / MARKS, marks_document(marks, result.marked))
-        write_json(out / SUMMARY, summary_document(result.reports))
+        write_json(out / SUMMARY, summary_document(result.reports, result.pulsar))
     log.info(
         "scan finished",
         counts={str(r.check): r.counts() for r in result.reports},
@@ -151,6 +177,61 @@ async def run_scan(
         marked=len(result.marked),
     )
     return result
+
+
+async def _read_pulsar(ctx: CheckContext, spec: ScanSpec) -> PulsarPass:
+    """Pulsar's references, read once here for every partition."""
+    async with pulsar_source(ctx) as source:
+        refs = await read_refs(source)
+    grace_ms = int(spec.config.checks.pulsar_orphan_grace * 1000)
+    ctx.log.info(
+        "pulsar references read",
+        referenced_ledgers=len(refs.refs),
+        managed_ledgers=len(refs.managed_ledgers),
+        schemas=len(refs.schemas),
+        bad_znodes=len(refs.bad_znodes),
+        orphan_grace_s=grace_ms / 1000,
+    )
+    return PulsarPass(refs, int(ctx.clock() * 1000), grace_ms)
+
+
+async def _pulsar_result(
+    ctx: CheckContext,
+    pulsar: PulsarPass,
+    parts: list[PartitionResult],
+    replicas: CheckReport | None,
+) -> tuple[CheckReport, PulsarAudit]:
+    """The partitions' Pulsar passes merged, completed and re-checked into the report."""
+    auditor = pulsar.auditor()
+    invalid: list[Violation] = []
+    for part in parts:
+        assert part.pulsar is not None
+        auditor.merge(part.pulsar)
+        invalid.extend(part.pulsar_invalid)
+    ledgers = auditor.ledgers_seen
+    # A ledger whose bookies answered only in a retry stage was observed without its
+    # entry losses: the final replicas report has them (`pulsar-audit` runs on it).
+    lost = {f.ledger_id for f in auditor.findings if f.category is Category.MISSING}
+    if replicas is not None:
+        for v in replicas.violations:
+            if v.category is not Category.NO_REPLICA or v.ledger_id in lost:
+                continue
+            refs = pulsar.refs.references(v.ledger_id)
+            ranges = tuple((int(a), int(b)) for a, b in v.detail.get("worst_entries", ()))
+            if refs and ranges:
+                fact = LedgerFact(v.ledger_id, closed=False)
+                auditor.findings.extend(losses(v.ledger_id, refs, fact, ranges))
+    async with pulsar_source(ctx) as source:
+        audit = await confirm_audit(auditor.finish(), source, ctx.walker())
+    report = report_of(ctx, audit, pulsar.refs, ledgers, invalid)
+    ctx.log.info(
+        "pulsar audit finished",
+        ledgers_checked=ledgers,
+        counts=report.counts(),
+        dropped=dict(audit.dropped),
+        invalid_znodes=report.invalid_znodes.total,
+    )
+    return report, audit
 
 
 async def run_snapshot(

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from auditor.checks.findings import CheckReport, LedgerOutcome, PendingMark, Violation
+from auditor.checks.pulsar_audit import PulsarAudit
 from auditor.errors import AuditorError, ConfigError
 
 VIOLATIONS = "violations"
@@ -265,9 +266,15 @@ def prepare_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> None
                 target.unlink()
 
 
-def summary_document(reports: Sequence[CheckReport]) -> dict[str, Any]:
-    """The `check all --json` document of these reports."""
-    return {"check": "all", "reports": {str(r.check): r.to_json() for r in reports}}
+def summary_document(
+    reports: Sequence[CheckReport], pulsar: PulsarAudit | None = None
+) -> dict[str, Any]:
+    """The `check all --json` document of these reports; with the Pulsar audit, its
+    rollups under `pulsar` (`pulsar-audit --json`'s)."""
+    doc: dict[str, Any] = {"check": "all", "reports": {str(r.check): r.to_json() for r in reports}}
+    if pulsar is not None:
+        doc["pulsar"] = pulsar.to_json()
+    return doc
 
 
 def marks_document(marks: Sequence[PendingMark], written: set[int]) -> list[dict[str, Any]]:

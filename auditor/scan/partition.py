@@ -3,7 +3,12 @@
 This is what a Spark task (or the in-process engine) runs for one id range or
 one batch of ledgers to re-check. It is the checks' own drivers, given a
 context restricted to the range, with marks held back for the scan's driver
-and each ledger's outcome handed to a sink (the coverage dataset). Everything
+and each ledger's outcome handed to a sink (the coverage dataset). With the
+Pulsar audit in the scan, a range's partition observes its ledgers against
+Pulsar's references (read once on the driver and shipped in `ScanSpec.pulsar`)
+after its other checks, with their verdicts, and sends back a `PulsarPartial`;
+the driver merges them, adds the referenced ids no partition saw and re-checks
+the candidates (`auditor.scan.job`). Everything
 here is picklable or built from picklable parts: Spark ships `ScanSpec` to the
 executors and nothing else.
 """
@@ -19,22 +24,38 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from auditor.checks.context import CheckContext, open_context
-from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMark
+from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMark, Violation
 from auditor.checks.metadata_run import run_metadata_check
 from auditor.checks.placement_run import run_placement_check
 from auditor.checks.progress import reporting_progress
+from auditor.checks.pulsar_audit import PulsarAuditor, PulsarPartial
+from auditor.checks.pulsar_audit_run import observe_partition, verdicts_of
 from auditor.checks.replicas_run import ReplicasRun
 from auditor.config import AuditorConfig
 from auditor.metadata.cluster import ClusterTarget, connect
+from auditor.metadata.pulsar.refs import PulsarRefs
 from auditor.metadata.walk import IdRange
 from auditor.scan.progress import PartitionProgress
 
 #: Checks that walk the ledgers, so run per partition (grace reads only the marks
-#: and runs once, on the scan's driver).
-PARTITIONED = (Check.METADATA, Check.PLACEMENT, Check.REPLICAS)
+#: and runs once, on the scan's driver); the Pulsar pass last, on the others' verdicts.
+PARTITIONED = (Check.METADATA, Check.PLACEMENT, Check.REPLICAS, Check.PULSAR)
 
 Sink = Callable[[LedgerOutcome], None]
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PulsarPass:
+    """The Pulsar audit's inputs every partition shares: Pulsar's references (read once,
+    on the scan's driver), the audit's clock and the orphans' grace (ms)."""
+
+    refs: PulsarRefs
+    now_ms: int
+    grace_ms: int
+
+    def auditor(self) -> PulsarAuditor:
+        return PulsarAuditor(self.refs, now_ms=self.now_ms, grace_ms=self.grace_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +68,8 @@ class ScanSpec:
     #: Whether partitions report per-ledger outcomes (the coverage dataset).
     coverage: bool = True
     log_level: str = "WARNING"
+    #: With `Check.PULSAR` in `checks`: what its pass needs (set by the scan's driver).
+    pulsar: PulsarPass | None = None
 
     def with_bookie_cap(self, concurrent_partitions: int) -> ScanSpec:
         """The per-bookie request cap split across the partitions that run at once.
@@ -69,6 +92,10 @@ class PartitionResult:
     #: Replicas check: ledgers whose bookies did not answer, for the next retry stage.
     retry: list[int] = field(default_factory=list)
     marks: list[PendingMark] = field(default_factory=list)
+    #: The Pulsar pass over the range (its first stage only; picklable, without the refs).
+    pulsar: PulsarPartial | None = None
+    #: The Pulsar pass's `metadata_invalid` violations (the range's undecodable ledgers).
+    pulsar_invalid: list[Violation] = field(default_factory=list)
 
 
 @asynccontextmanager
@@ -113,6 +140,20 @@ async def scan_range(
     async with _partition_context(spec, id_range, sink) as (ctx, result):
         with _reporting(progress):
             for check in partitioned_checks(spec):
+                if check is Check.PULSAR:
+                    if spec.pulsar is None:
+                        raise ValueError("a scan with the Pulsar audit needs ScanSpec.pulsar")
+                    p = spec.pulsar
+                    result.pulsar, result.pulsar_invalid = await observe_partition(
+                        ctx,
+                        p.refs,
+                        now_ms=p.now_ms,
+                        grace_ms=p.grace_ms,
+                        verdicts=verdicts_of(result.reports.values()),
+                    )
+                    if progress is not None:
+                        progress.end_check(result.pulsar.ledgers_seen)
+                    continue
                 if check is Check.METADATA:
                     result.reports[check] = await run_metadata_check(ctx)
                 elif check is Check.PLACEMENT:
