@@ -288,6 +288,7 @@ class DaemonState:
         if interval_s > 0:
             self.checks.setdefault(Check.PULSAR, CheckState(Check.PULSAR))
             self.check_interval(Check.PULSAR, interval_s)
+            self.tallies.know(Check.PULSAR)
         else:
             self.checks.pop(Check.PULSAR, None)
             self.tallies.intervals.pop(str(Check.PULSAR), None)

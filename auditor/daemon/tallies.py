@@ -188,19 +188,26 @@ class Tallies:
         self.created = self.created or now
         self.waiting_since = self.waiting_since or now
         for check in ALL_CHECKS:
-            for category in CATEGORIES[check]:
-                self.violations[str(check), str(category)] += 0
-                self.in_violation[str(check), str(category)] = 0
-            self.durations[str(check)] = Histogram()
-            self.consecutive_failures[str(check)] = 0
-            for outcome in OUTCOMES:
-                self.runs[str(check), outcome] += 0
-            self.marked[str(check)] += 0
-            self.invalid_znodes[str(check)] = 0
-            for cause in DROP_CAUSES[check]:
-                self.dropped[str(check), str(cause)] += 0
+            self.know(check)
         for op in BOOKIE_OPS:
             self.bookie_requests[op, "ok"] += 0
+
+    def know(self, check: Check) -> None:
+        """The check's labelled series exist from now on, at zero until it runs (every
+        check of `ALL_CHECKS` from the start; the Pulsar audit once it is scheduled)."""
+        if str(check) in self.durations:
+            return
+        for category in CATEGORIES[check]:
+            self.violations[str(check), str(category)] += 0
+            self.in_violation[str(check), str(category)] = 0
+        self.durations[str(check)] = Histogram()
+        self.consecutive_failures[str(check)] = 0
+        for outcome in OUTCOMES:
+            self.runs[str(check), outcome] += 0
+        self.marked[str(check)] += 0
+        self.invalid_znodes[str(check)] = 0
+        for cause in DROP_CAUSES[check]:
+            self.dropped[str(check), str(cause)] += 0
 
     # --- check runs --------------------------------------------------------------------
 

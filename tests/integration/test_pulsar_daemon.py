@@ -63,6 +63,10 @@ async def test_reports_page_and_metrics(zk: ZkClient) -> None:
             assert "<td>acme/iot</td>" in section and "<td>other</td>" in section
             assert "public/default" not in section  # summed under "other"
 
+            status = await request(views.port, "/status")
+            assert status.status == 200
+            assert status.json()["checks"]["pulsar"]["interval_s"] == 3600
+
             metrics = Metrics(state)
             series: dict[tuple[str, str], float] = {}
             for family in text_string_to_metric_families(metrics.exposition().decode()):

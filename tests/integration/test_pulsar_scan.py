@@ -93,5 +93,22 @@ async def test_scan_on_both_engines_finds_what_pulsar_audit_finds(
             }
             assert got == want, engine
             assert len(pulsar_rows) == len(want), engine
+        # The Pulsar audit alone: what pulsar-audit finds without asking the bookies.
+        code, out, err = await bk(
+            "pulsar-audit", "--zk", zk.hosts, "--json", "--no-replicas", *sets
+        )
+        assert code == 1, err
+        alone = json.loads(out)
+        out_dir = tmp_path / "alone"
+        code, _, err = await bk(
+            "scan", "--zk", zk.hosts, "--checks", "pulsar", "--out", str(out_dir), *sets
+        )
+        assert code == 1, err[-2000:]
+        summary = json.loads((out_dir / "summary.json").read_text())
+        assert list(summary["reports"]) == ["pulsar"]
+        assert _findings(summary["reports"]["pulsar"]["violations"]) == _findings(
+            alone["violations"]
+        )
+        assert (10, "missing") not in {(i, c) for i, c, _ in _findings(alone["violations"])}
         # Neither the audit nor the scans wrote anything to ZooKeeper.
         assert await tree(zk) == before

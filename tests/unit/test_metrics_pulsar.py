@@ -87,6 +87,21 @@ def test_the_worst_namespaces_and_the_rest_as_other() -> None:
     assert _series(metrics, "pulsar_ledgers") == {}
 
 
+def test_scheduled_audit_has_its_check_series_at_zero() -> None:
+    state = DaemonState(identity="a:1")
+    metrics = Metrics(state)
+    text = metrics.exposition().decode()
+    assert 'check="pulsar"' not in text
+    state.pulsar_scheduled(3600)
+    text = metrics.exposition().decode()
+    assert 'bookkeeper_auditor_violations_total{category="orphan",check="pulsar"} 0.0' in text
+    assert 'bookkeeper_auditor_check_interval_seconds{check="pulsar"} 3600.0' in text
+    state.pulsar_scheduled(0)
+    assert 'bookkeeper_auditor_check_interval_seconds{check="pulsar"}' not in (
+        metrics.exposition().decode()
+    )
+
+
 def test_no_audit_no_rows() -> None:
     metrics = Metrics(DaemonState(identity="a:1"))
     assert _series(metrics, "pulsar_ledgers") == {}
