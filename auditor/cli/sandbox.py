@@ -2,8 +2,10 @@
 
 A throwaway ZooKeeper; eight emulated bookies speaking the real protocol, in
 three racks published in Pulsar's `/bookies` znode; a few thousand ledgers;
-one seeded fault per category; and two auditor daemons electing a leader
-through BookKeeper's own election path. It prints the leader's first report,
+one seeded fault per category; a few Pulsar topics, one with a lost ledger, and
+a deleted topic's orphan ledger (`build_pulsar_topics`); and two auditor daemons
+electing a leader through BookKeeper's own election path, with the Pulsar audit
+scheduled (`pulsar.interval`). It prints the leader's first report and its Pulsar audit,
 the metrics URLs and the gRPC addresses; then shows the whole AutoRecovery
 loop (below); then keeps running until Ctrl-C or until `--duration` seconds
 have passed, and tears everything down.
