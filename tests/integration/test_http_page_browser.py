@@ -2,8 +2,8 @@
 
 A real in-process daemon leads a demo-sized cluster (`test_http_views.seed`: one
 seeded fault per category, a dead bookie holding a Pulsar-owned ledger, a silent
-bookie) with its replication worker on; once every check and the risk report have
-run, Chromium loads the page (`--dump-dom`, then `--screenshot`), and the test
+bookie, and the demo's Pulsar topics) with its replication worker and Pulsar audit
+on; once every check, the risk report and the Pulsar audit have run, Chromium loads the page (`--dump-dom`, then `--screenshot`), and the test
 reads the page's text as a browser shows it. The screenshot is kept in
 `test-artifacts/` at the repository's root (`BK_AUDITOR_TEST_ARTIFACTS` elsewhere).
 A missing Chromium fails the test: it is never skipped.
@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from auditor.checks.findings import Check
 from auditor.checks.owners import owner_of
+from auditor.testing.seeded import build_pulsar_topics
 from auditor.zk import ZkClient
 from tests.integration.test_http_views import PULSAR_CUSTOM, PULSAR_LEDGER, seed, serving, stop_all
 
@@ -86,10 +88,17 @@ def visible_text(dom: str) -> str:
 async def test_the_page_renders_in_headless_chromium(zk: ZkClient, tmp_path: Path) -> None:
     chromium()  # fail at once, not after the cluster is up
     bookies = await seed(zk)
+    await build_pulsar_topics(zk, bookies)
     try:
-        extra = ["worker.enabled=true"]
+        extra = ["worker.enabled=true", "pulsar.interval=3600"]
         async with serving(zk, "page-auditor:1", extra) as (daemon, views):
             await asyncio.wait_for(daemon.risk_reported.wait(), 90)
+            pulsar = daemon.state.checks[Check.PULSAR]
+            for _ in range(900):
+                if pulsar.last_report is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert pulsar.last_report is not None, pulsar.last_error
             url = f"http://127.0.0.1:{views.port}/"
             dom = (await run_chromium(tmp_path / "profile", "--dump-dom", url)).decode()
             shot = artefact("http_page.png")
@@ -116,6 +125,9 @@ async def test_the_page_renders_in_headless_chromium(zk: ZkClient, tmp_path: Pat
         # The risk summary and the replication worker.
         assert "Risk Last report" in text
         assert re.search(r"Replication worker .*Status running", text), text
+        # The Pulsar audit's rows per namespace: the lost ledger and the orphan in acme/iot.
+        assert re.search(r"Pulsar Last audit .*Namespace Ledgers Missing", text), text
+        assert re.search(r"acme/iot 4 \(144 B\) 1 \(48 B\) 0 1 \(48 B\)", text), text
         assert "<script" not in dom
     finally:
         await stop_all(bookies)
