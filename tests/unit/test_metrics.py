@@ -418,6 +418,8 @@ def exported_families() -> set[str]:
     m.state.cluster_check_completed(Check.REPLICAS, 1.0)
     m.state.selftest_done([SelfTestResult("replicas", 1)], 1.0)
     m.state.tallies.at_risk["bookie", "b1:3181", "no_copy"] = 1  # as a risk report sets it
+    m.state.tallies.pulsar_ledgers["t/ns", "missing"] = 1  # as a Pulsar audit sets them
+    m.state.tallies.pulsar_bytes["t/ns", "missing"] = 1
     return names_of(m)
 
 
