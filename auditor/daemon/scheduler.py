@@ -16,8 +16,9 @@ reports) is the same for both engines.
 
 The Pulsar audit (`[pulsar] interval`, off by default: it reads Pulsar's whole
 tree) runs as one more check, in process, after a new leader's first round and
-then every interval; it takes the last replicas and placement reports' verdicts
-(`verdicts`) and hands its rollups to `on_pulsar` before its report is recorded.
+then every interval; it joins the last replicas and placement reports (`last_reports`:
+no bookie is asked again), the marks and each ledger's risk, as `pulsar-audit` does, and
+hands its rollups to `on_pulsar` before its report is recorded.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from auditor.analysis.risk import RiskReport
 from auditor.analysis.risk_run import run_risk
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
-from auditor.checks.pulsar_audit import LedgerVerdicts, PulsarAudit
+from auditor.checks.pulsar_audit import PulsarAudit
 from auditor.checks.runner import driver
 from auditor.config import BookKeeperConfig
 from auditor.daemon.config import PulsarSection, RiskSection, SelfTestSection
@@ -120,7 +121,7 @@ class LeaderWork:
         on_risk: Callable[[RiskReport], None] | None = None,
         pulsar: PulsarSection | None = None,
         on_pulsar: Callable[[PulsarAudit], None] | None = None,
-        verdicts: Callable[[], Mapping[int, LedgerVerdicts]] | None = None,
+        last_reports: Callable[[], Sequence[CheckReport]] | None = None,
     ) -> None:
         self.ctx = ctx
         #: The ctime and delay znodes, read so that a bad value never ends the work.
@@ -144,8 +145,8 @@ class LeaderWork:
         #: `[pulsar]`; None or interval 0: no periodic Pulsar audit.
         self.pulsar = pulsar
         self.on_pulsar = on_pulsar
-        #: What the other checks last said of each ledger, for the Pulsar audit.
-        self.verdicts = verdicts
+        #: The other checks' last reports, whose verdicts the Pulsar audit joins.
+        self.last_reports = last_reports
         self.log = ctx.log.bind(role="leader")
         self.delay = LostBookieDelay()
         # The restart rule: while a bookie's lost-bookie delay runs, the checks leave it alone.
@@ -195,16 +196,20 @@ class LeaderWork:
             return await driver(check)(self.ctx)
 
     async def _run_pulsar(self) -> CheckReport:
-        from auditor.checks.pulsar_audit_run import run_pulsar_audit
+        from auditor.analysis.pulsar_run import ledger_domains
+        from auditor.checks.pulsar_audit_run import run_pulsar_audit, verdicts_of
 
-        verdicts = self.verdicts() if self.verdicts is not None else None
+        reports = self.last_reports() if self.last_reports is not None else ()
+        marks = (await self.ctx.urm.read_marks()).marked_ids()
+        verdicts = verdicts_of(reports, marks)
+        risk_of = await ledger_domains(self.ctx)
         # The metadata index keeps no custom metadata, and Pulsar's owner keys are what
         # make an unreferenced ledger an orphan: this walk reads ZooKeeper. The checks
         # run one at a time, so no other check sees the index gone meanwhile.
         index, self.ctx.index = self.ctx.index, None
         try:
             with self.ctx.reporting_progress(Check.PULSAR):
-                report, audit = await run_pulsar_audit(self.ctx, verdicts=verdicts)
+                report, audit = await run_pulsar_audit(self.ctx, verdicts=verdicts, risk_of=risk_of)
         finally:
             if self.ctx.index is None:  # not replaced meanwhile (a new standby index)
                 self.ctx.index = index

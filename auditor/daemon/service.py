@@ -52,8 +52,8 @@ from typing import Any, Protocol
 
 from auditor.analysis.risk import RiskReport
 from auditor.checks.context import CheckContext, open_context
-from auditor.checks.findings import Check
-from auditor.checks.pulsar_audit import LedgerVerdicts, PulsarAudit
+from auditor.checks.findings import Check, CheckReport
+from auditor.checks.pulsar_audit import PulsarAudit
 from auditor.daemon.cluster_checks import follow_cluster_checks
 from auditor.daemon.config import DaemonConfig
 from auditor.daemon.contained import ContainedReads
@@ -350,17 +350,14 @@ class Daemon:
     def _on_pulsar(self, audit: PulsarAudit) -> None:
         self.state.pulsar_done(audit, self.config.pulsar.top)
 
-    def _verdicts(self) -> dict[int, LedgerVerdicts]:
-        """What the last replicas and placement reports said of each ledger (the Pulsar
-        audit's under-replicated and unplaced counts; `missing` entries with no copy)."""
-        from auditor.checks.pulsar_audit_run import verdicts_of
-
-        reports = [
+    def _last_reports(self) -> list[CheckReport]:
+        """The last replicas and placement reports, whose verdicts the Pulsar audit joins
+        (under-replicated and unplaced counts; `missing` entries with no copy)."""
+        return [
             cs.last_report
             for c in (Check.REPLICAS, Check.PLACEMENT)
             if (cs := self.state.checks.get(c)) is not None and cs.last_report is not None
         ]
-        return verdicts_of(reports)
 
     def _on_report(self, check: Check, outcome: RunOutcome) -> None:
         self.state.check_ended(check, outcome, time.time())
@@ -558,7 +555,7 @@ class Daemon:
                     on_risk=self._on_risk,
                     pulsar=self.config.pulsar,
                     on_pulsar=self._on_pulsar,
-                    verdicts=self._verdicts,
+                    last_reports=self._last_reports,
                 )
                 for check, iv in intervals(bk).items():
                     self.state.check_interval(check, iv)

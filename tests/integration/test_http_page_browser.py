@@ -3,8 +3,9 @@
 A real in-process daemon leads a demo-sized cluster (`test_http_views.seed`: one
 seeded fault per category, a dead bookie holding a Pulsar-owned ledger, a silent
 bookie, and the demo's Pulsar topics) with its replication worker and Pulsar audit
-on; once every check, the risk report and the Pulsar audit have run, Chromium loads the page (`--dump-dom`, then `--screenshot`), and the test
-reads the page's text as a browser shows it. The screenshot is kept in
+on; once every check, the risk report and the Pulsar audit have run, Chromium loads
+the page (`--dump-dom`, then `--screenshot`), and the test reads the page's text as a
+browser shows it. The screenshot is kept in
 `test-artifacts/` at the repository's root (`BK_AUDITOR_TEST_ARTIFACTS` elsewhere).
 A missing Chromium fails the test: it is never skipped.
 """

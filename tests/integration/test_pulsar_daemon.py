@@ -55,6 +55,11 @@ async def test_reports_page_and_metrics(zk: ZkClient) -> None:
             assert rows["acme/iot"]["missing"] == 1 and rows["acme/iot"]["orphans"] == 1
             assert rows["public/default"]["missing"] == 0
             assert doc["pulsar"]["topics_total"] >= 3
+            # The risk joined as pulsar-audit joins it: one bookie's loss hurts both namespaces.
+            at_risk = {r["name"]: r for r in doc["pulsar"]["at_risk"] if r["domain"] == "bookie"}
+            assert at_risk and all(
+                set(r["by_namespace"]) == {"acme/iot", "public/default"} for r in at_risk.values()
+            ), doc["pulsar"]["at_risk"]
 
             # The page: a Pulsar section with the metrics' rows (top 1, then "other").
             page = (await request(views.port, "/")).text
