@@ -180,9 +180,11 @@ async def run_scan(
 
 
 async def _read_pulsar(ctx: CheckContext, spec: ScanSpec) -> PulsarPass:
-    """Pulsar's references, read once here for every partition."""
+    """Pulsar's references and the marks (under-replicated ledgers, as `pulsar-audit`
+    counts them), read once here for every partition."""
     async with pulsar_source(ctx) as source:
         refs = await read_refs(source)
+    marked = frozenset((await ctx.urm.read_marks()).marked_ids())
     grace_ms = int(spec.config.checks.pulsar_orphan_grace * 1000)
     ctx.log.info(
         "pulsar references read",
@@ -192,7 +194,7 @@ async def _read_pulsar(ctx: CheckContext, spec: ScanSpec) -> PulsarPass:
         bad_znodes=len(refs.bad_znodes),
         orphan_grace_s=grace_ms / 1000,
     )
-    return PulsarPass(refs, int(ctx.clock() * 1000), grace_ms)
+    return PulsarPass(refs, int(ctx.clock() * 1000), grace_ms, marked)
 
 
 async def _pulsar_result(

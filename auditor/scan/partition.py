@@ -47,12 +47,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class PulsarPass:
-    """The Pulsar audit's inputs every partition shares: Pulsar's references (read once,
-    on the scan's driver), the audit's clock and the orphans' grace (ms)."""
+    """The Pulsar audit's inputs every partition shares: Pulsar's references and the
+    under-replication marks (read once, on the scan's driver), the audit's clock and the
+    orphans' grace (ms)."""
 
     refs: PulsarRefs
     now_ms: int
     grace_ms: int
+    marked: frozenset[int] = frozenset()
 
     def auditor(self) -> PulsarAuditor:
         return PulsarAuditor(self.refs, now_ms=self.now_ms, grace_ms=self.grace_ms)
@@ -149,7 +151,7 @@ async def scan_range(
                         p.refs,
                         now_ms=p.now_ms,
                         grace_ms=p.grace_ms,
-                        verdicts=verdicts_of(result.reports.values()),
+                        verdicts=verdicts_of(result.reports.values(), p.marked),
                     )
                     if progress is not None:
                         progress.end_check(result.pulsar.ledgers_seen)

@@ -1,10 +1,11 @@
 """`scan --checks ...,pulsar` on both engines against `pulsar-audit`, and nothing written.
 
-The cluster is `test_pulsar_audit`'s (`build`): a ledger whose entry has no copy, one
-without metadata, a dangling cursor, an offloaded ledger gone from BookKeeper, an
-undecodable ledger, two orphans of a deleted topic, a young unreferenced ledger and a
-ledger that is not Pulsar's. The scan (in process, then on Spark `local[2]`) runs the
-replicas and placement checks and the Pulsar pass per id range; its Pulsar findings
+The cluster is `test_pulsar_audit`'s (`build`), with ledger 20 marked under-replicated:
+a ledger whose entry has no copy, one without metadata, a dangling cursor, an offloaded
+ledger gone from BookKeeper, an undecodable ledger, two orphans of a deleted topic, a
+young unreferenced ledger and a ledger that is not Pulsar's. The scan (in process,
+then on Spark `local[2]`) runs the replicas and placement checks and the Pulsar pass
+per id range; its Pulsar findings
 (the violations dataset and `summary.json`) must be exactly `pulsar-audit --json`'s,
 its rollups per namespace and topic the same, and ZooKeeper's whole tree unchanged.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 
+from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.cli import bk
 from auditor.testing.harness import test_cluster
 from auditor.zk import ZkClient
@@ -44,10 +46,13 @@ async def test_scan_on_both_engines_finds_what_pulsar_audit_finds(
     sets = [a for kv in FAST for a in ("--set", kv)]
     async with test_cluster(zk, 3) as tc:
         await build(tc)
+        # A marked ledger counts as under-replicated in the rollups, whatever found it.
+        await UnderreplicationManager(zk, tc.root).mark_underreplicated(20, [tc.ids[0]])
         before = await tree(zk)
         code, out, err = await bk("pulsar-audit", "--zk", zk.hosts, "--json", *sets)
         assert code == 1, err
         audited = json.loads(out)
+        assert audited["pulsar"]["totals"]["under_replicated"] == 2  # 10 (no copy) and 20
         want = _findings(audited["violations"])
         assert {(lid, cat) for lid, cat, _ in want} == {
             (10, "missing"),
