@@ -53,7 +53,7 @@ from auditor.checks.recorder import decode_error
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.pulsar.reader import read_managed_ledger, read_pulsar_refs, read_schema
 from auditor.metadata.pulsar.refs import PulsarRefs
-from auditor.metadata.walk import Walker
+from auditor.metadata.walk import LedgerWalker, Walker
 from auditor.zk import ZkClient
 
 __all__ = [
@@ -157,7 +157,9 @@ async def observe_ledgers(
     to `invalid` when given.
     """
     given = verdicts or {}
-    walker = ctx.walker()
+    # ZooKeeper's metadata, never the leader's index: the index keeps no custom metadata,
+    # and Pulsar's owner keys are what make an unreferenced ledger an orphan.
+    walker = LedgerWalker(ctx.zk, ctx.root, ctx.manager, ctx.id_range)
     progress = Progress(
         ctx.log,
         str(Check.PULSAR),

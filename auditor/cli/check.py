@@ -32,6 +32,11 @@ from auditor.metadata.cluster import ClusterTarget, connect
 def _summary(v: Violation) -> str:
     """One line of the evidence for the table; `--json` has all of it."""
     d = v.detail
+    if v.category in (Category.MISSING, Category.ORPHAN, Category.DANGLING_CURSOR):
+        where = d.get("topic") or d.get("namespace") or "no owner"
+        if v.category is Category.ORPHAN:
+            return f"{where}: unreferenced, {d.get('size')} bytes, {d.get('age_s')}s old"[:80]
+        return f"{where}: {d.get('reason', '')}"[:80]
     if "copies_found" in d:
         worst = ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in d["worst_entries"][:3])
         return f"{d['copies_found']}/{d['write_quorum']} copies of entries {worst}"

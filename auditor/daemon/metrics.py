@@ -430,16 +430,18 @@ class _StateCollector(Collector):
             "pulsar_ledgers",
             "Ledgers of the last Pulsar audit per namespace, by state (referenced, missing, "
             "dangling_cursor, orphan, underreplicated, unplaced): the [pulsar] top "
-            'namespaces, the rest summed under namespace="other" (leader only).',
-            ["namespace", "state"],
+            'namespaces, the rest summed under pulsar_namespace="other" (leader only). '
+            "Not `namespace`: Kubernetes' target label has that name.",
+            ["pulsar_namespace", "state"],
             sorted(t.pulsar_ledgers.items()),
         )
         yield _labelled(
             GaugeMetricFamily,
             "pulsar_bytes",
             "Bytes of those ledgers (known sizes: closed ledgers, else what Pulsar recorded), "
-            "by namespace and state (referenced, missing, orphan, underreplicated, unplaced).",
-            ["namespace", "state"],
+            "by Pulsar namespace and state (referenced, missing, orphan, underreplicated, "
+            "unplaced).",
+            ["pulsar_namespace", "state"],
             sorted(t.pulsar_bytes.items()),
         )
         yield _gauge(

@@ -203,16 +203,9 @@ class LeaderWork:
         marks = (await self.ctx.urm.read_marks()).marked_ids()
         verdicts = verdicts_of(reports, marks)
         risk_of = await ledger_domains(self.ctx)
-        # The metadata index keeps no custom metadata, and Pulsar's owner keys are what
-        # make an unreferenced ledger an orphan: this walk reads ZooKeeper. The checks
-        # run one at a time, so no other check sees the index gone meanwhile.
-        index, self.ctx.index = self.ctx.index, None
-        try:
-            with self.ctx.reporting_progress(Check.PULSAR):
-                report, audit = await run_pulsar_audit(self.ctx, verdicts=verdicts, risk_of=risk_of)
-        finally:
-            if self.ctx.index is None:  # not replaced meanwhile (a new standby index)
-                self.ctx.index = index
+        # Its walk reads ZooKeeper, not the index (which keeps no custom metadata).
+        with self.ctx.reporting_progress(Check.PULSAR):
+            report, audit = await run_pulsar_audit(self.ctx, verdicts=verdicts, risk_of=risk_of)
         if self.on_pulsar is not None:
             self.on_pulsar(audit)
         return report

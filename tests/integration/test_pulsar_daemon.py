@@ -77,7 +77,7 @@ async def test_reports_page_and_metrics(zk: ZkClient) -> None:
             for family in text_string_to_metric_families(metrics.exposition().decode()):
                 for s in family.samples:
                     if s.name == "bookkeeper_auditor_pulsar_ledgers":
-                        series[s.labels["namespace"], s.labels["state"]] = s.value
+                        series[s.labels["pulsar_namespace"], s.labels["state"]] = s.value
             assert {ns for ns, _ in series} == {"acme/iot", "other"}
             assert series["acme/iot", "missing"] == 1
             assert series["acme/iot", "orphan"] == 1

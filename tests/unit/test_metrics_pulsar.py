@@ -37,7 +37,7 @@ def _series(metrics: Metrics, name: str) -> dict[tuple[str, str], float]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == f"bookkeeper_auditor_{name}":
-                out[s.labels["namespace"], s.labels["state"]] = s.value
+                out[s.labels["pulsar_namespace"], s.labels["state"]] = s.value
     return out
 
 
