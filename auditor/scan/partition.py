@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from auditor.analysis.pulsar_run import ledger_domains
 from auditor.checks.context import CheckContext, open_context
 from auditor.checks.findings import Check, CheckReport, LedgerOutcome, PendingMark, Violation
 from auditor.checks.metadata_run import run_metadata_check
@@ -152,6 +153,8 @@ async def scan_range(
                         now_ms=p.now_ms,
                         grace_ms=p.grace_ms,
                         verdicts=verdicts_of(result.reports.values(), p.marked),
+                        # each ledger's risk, as pulsar-audit joins it (the at-risk table)
+                        risk_of=await ledger_domains(ctx),
                     )
                     if progress is not None:
                         progress.end_check(result.pulsar.ledgers_seen)

@@ -36,8 +36,8 @@ def _findings(violations: list[dict[str, Any]]) -> set[Finding]:
 
 
 def _rows(doc: dict[str, Any]) -> dict[str, Any]:
-    """The rollups both runs must agree on (`at_risk` is `pulsar-audit`'s alone)."""
-    return {k: doc[k] for k in ("totals", "namespaces", "topics", "unreferenced_young")}
+    """The rollups both runs must agree on."""
+    return {k: doc[k] for k in ("totals", "namespaces", "topics", "unreferenced_young", "at_risk")}
 
 
 async def test_scan_on_both_engines_finds_what_pulsar_audit_finds(
