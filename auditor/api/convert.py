@@ -13,7 +13,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC
 from typing import Any
 
@@ -59,6 +59,17 @@ def parse_check(name: str, *, allow_all: bool = False) -> Check | None:
         return Check(name)
     valid = [str(c) for c in ALL_CHECKS] + ([ALL] if allow_all else [])
     raise UnknownNameError(f"unknown check {shown_name(name)}; expected one of {', '.join(valid)}")
+
+
+def parse_report_check(name: str, scheduled: Iterable[Check]) -> Check:
+    """A check whose report may be asked for: the default checks, and those off by default
+    that this daemon schedules (the Pulsar audit with `[pulsar] interval`)."""
+    extra = [c for c in scheduled if c not in ALL_CHECKS]
+    if name in {str(c) for c in extra}:
+        return Check(name)
+    check = parse_check(name)
+    assert check is not None
+    return check
 
 
 def parse_category(name: str) -> Category:

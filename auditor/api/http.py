@@ -330,15 +330,10 @@ class HttpViews:
 
     def _report(self, name: str) -> Response:
         state = self._control.state
-        if name == str(Check.PULSAR) and Check.PULSAR in state.checks:
-            check = Check.PULSAR
-        else:
-            try:
-                parsed = convert.parse_check(name)
-            except convert.UnknownNameError as exc:
-                return _error(404, str(exc))
-            assert parsed is not None
-            check = parsed
+        try:
+            check = convert.parse_report_check(name, state.checks)
+        except convert.UnknownNameError as exc:
+            return _error(404, str(exc))
         cs = state.checks.get(check)
         if cs is None or cs.last_report is None:
             outcome = cs.outcome if cs is not None else "never"

@@ -163,7 +163,10 @@ class _Servicer(pb_grpc.AuditorServiceServicer):
         self, request: pb.GetReportRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetReportResponse:
         await self._read(context, "GetReport")
-        check: Check = await self._name(context, convert.parse_check, request.check)
+        scheduled = list(self._control.state.checks)
+        check: Check = await self._name(
+            context, lambda n: convert.parse_report_check(n, scheduled), request.check
+        )
         cs = self._control.state.checks.get(check)
         if cs is None or cs.last_report is None:
             state = self._control.state
