@@ -293,6 +293,18 @@ async def run_pulsar_audit(
                 ctx, auditor, verdicts, risk_of=risk_of, invalid=invalid
             )
         audit = await confirm_audit(auditor.finish(), source, ctx.walker())
+    return finished(ctx, audit, refs, ledgers, invalid), audit
+
+
+def finished(
+    ctx: CheckContext,
+    audit: PulsarAudit,
+    refs: PulsarRefs,
+    ledgers: int,
+    invalid: Iterable[Violation] = (),
+) -> CheckReport:
+    """The confirmed audit as its report, and the line that says it ended (in process
+    and on a scan's driver alike)."""
     report = report_of(ctx, audit, refs, ledgers, invalid)
     ctx.log.info(
         "pulsar audit finished",
@@ -301,7 +313,7 @@ async def run_pulsar_audit(
         dropped=dict(audit.dropped),
         invalid_znodes=report.invalid_znodes.total,
     )
-    return report, audit
+    return report
 
 
 async def run_pulsar_check(ctx: CheckContext) -> CheckReport:

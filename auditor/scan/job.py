@@ -40,7 +40,7 @@ from auditor.checks.findings import Category, Check, CheckReport, PendingMark, V
 from auditor.checks.grace_run import run_grace_check
 from auditor.checks.owners_run import attach_owners
 from auditor.checks.pulsar_audit import LedgerFact, PulsarAudit, losses
-from auditor.checks.pulsar_audit_run import confirm_audit, pulsar_source, read_refs, report_of
+from auditor.checks.pulsar_audit_run import confirm_audit, finished, pulsar_source, read_refs
 from auditor.metadata.walk import IdRange
 from auditor.scan.engine import Engine
 from auditor.scan.output import (
@@ -225,15 +225,7 @@ async def _pulsar_result(
                 auditor.findings.extend(losses(v.ledger_id, refs, fact, ranges))
     async with pulsar_source(ctx) as source:
         audit = await confirm_audit(auditor.finish(), source, ctx.walker())
-    report = report_of(ctx, audit, pulsar.refs, ledgers, invalid)
-    ctx.log.info(
-        "pulsar audit finished",
-        ledgers_checked=ledgers,
-        counts=report.counts(),
-        dropped=dict(audit.dropped),
-        invalid_znodes=report.invalid_znodes.total,
-    )
-    return report, audit
+    return finished(ctx, audit, pulsar.refs, ledgers, invalid), audit
 
 
 async def run_snapshot(

@@ -28,7 +28,8 @@ from auditor.metadata.paths import ledger_path
 from auditor.testing.cli import bk
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.pulsar import Cursor, PulsarWriter, managed_ledger_metadata
-from auditor.zk import NoNodeError, ZkClient
+from auditor.testing.zkdump import dump_tree
+from auditor.zk import ZkClient
 
 FAST = ["checks.retry_delay=0.1", "readEntryTimeout=1", "checks.pulsar_orphan_grace=3600"]
 TOPIC_A = "persistent://shop/orders/a"
@@ -37,19 +38,6 @@ TOPIC_OLD = "persistent://shop/orders/old"
 ML_OLD = "shop/orders/persistent/old"
 SIZE = 3 * 16  # a closed ledger's length: 3 entries of 16 bytes
 TWO_DAYS_AGO_MS = int((time.time() - 2 * 86400) * 1000)
-
-
-async def tree(zk: ZkClient, path: str = "/") -> dict[str, tuple[bytes, int, int]]:
-    """Every znode under `path`: data, version, child version (any write changes one)."""
-    out: dict[str, tuple[bytes, int, int]] = {}
-    try:
-        data, stat = await zk.get(path)
-    except NoNodeError:
-        return out
-    out[path] = (data, int(stat.version), int(stat.cversion))
-    for child in sorted(await zk.get_children(path)):
-        out.update(await tree(zk, f"{path.rstrip('/')}/{child}"))
-    return out
 
 
 async def build(tc: TestCluster) -> PulsarWriter:
@@ -92,9 +80,9 @@ async def test_findings_rollups_and_nothing_written(zk: ZkClient) -> None:
     async with test_cluster(zk, 3) as tc:
         await build(tc)
         ids = tc.ids
-        before = await tree(zk)
+        before = await dump_tree(zk)
         report, audit = await audit_cluster(target(zk, tc), load_config(None, FAST), replicas=True)
-        assert await tree(zk) == before  # nothing written to ZooKeeper
+        assert await dump_tree(zk) == before  # nothing written to ZooKeeper
 
     found = {(v.ledger_id, str(v.category)) for v in report.violations}
     assert found == {

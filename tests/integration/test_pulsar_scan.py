@@ -22,8 +22,9 @@ import pytest
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.cli import bk
 from auditor.testing.harness import test_cluster
+from auditor.testing.zkdump import dump_tree
 from auditor.zk import ZkClient
-from tests.integration.test_pulsar_audit import FAST, build, tree
+from tests.integration.test_pulsar_audit import FAST, build
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ async def test_scan_on_both_engines_finds_what_pulsar_audit_finds(
         await build(tc)
         # A marked ledger counts as under-replicated in the rollups, whatever found it.
         await UnderreplicationManager(zk, tc.root).mark_underreplicated(20, [tc.ids[0]])
-        before = await tree(zk)
+        before = await dump_tree(zk)
         code, out, err = await bk("pulsar-audit", "--zk", zk.hosts, "--json", *sets)
         assert code == 1, err
         audited = json.loads(out)
@@ -116,4 +117,4 @@ async def test_scan_on_both_engines_finds_what_pulsar_audit_finds(
         )
         assert (10, "missing") not in {(i, c) for i, c, _ in _findings(alone["violations"])}
         # Neither the audit nor the scans wrote anything to ZooKeeper.
-        assert await tree(zk) == before
+        assert await dump_tree(zk) == before

@@ -17,7 +17,8 @@ from auditor.metadata.serde import decode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.cli import bk
 from auditor.testing.harness import TestCluster, test_cluster
-from auditor.zk import NoNodeError, ZkClient
+from auditor.testing.zkdump import dump_tree
+from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
 #: b0,b3 in /r1; b1,b4 in /r2; b2,b5 in /r3.
@@ -52,19 +53,6 @@ async def ensemble(zk: ZkClient, tc: TestCluster, lid: int) -> tuple[str, ...]:
     data, _ = await zk.get(ledger_path(tc.cluster.manager, ROOT, lid))
     [seg] = decode_ledger_metadata(data, lid).segments
     return seg.bookies
-
-
-async def tree(zk: ZkClient, path: str = "/") -> dict[str, tuple[bytes, int, int]]:
-    """Every znode under `path`: data, version, child version (any write changes one)."""
-    out: dict[str, tuple[bytes, int, int]] = {}
-    try:
-        data, stat = await zk.get(path)
-    except NoNodeError:
-        return out
-    out[path] = (data, int(stat.version), int(stat.cversion))
-    for child in sorted(await zk.get_children(path)):
-        out.update(await tree(zk, f"{path.rstrip('/')}/{child}"))
-    return out
 
 
 def cli(zk_hosts: str, racks: str, *args: str) -> list[str]:
@@ -117,7 +105,7 @@ async def test_dry_run_prints_the_plan_and_writes_nothing(
         racks = racks_file(tmp_path, tc)
         ledgers = await write_ledgers(tc)
         await tc.by_id(b[0]).crash()  # lost: the plan says so
-        before = await tree(zk)
+        before = await dump_tree(zk)
         code, out, err = await bk(*cli(zk_hosts, racks, "recover", b[0], "--dry-run"))
         assert (code, err) == (0, "")
         lines = [
@@ -126,7 +114,7 @@ async def test_dry_run_prints_the_plan_and_writes_nothing(
             for lid in range(4)
         ]
         assert out.splitlines() == [*lines, f"dry run: 4 ledgers name {b[0]}; nothing was written"]
-        assert await tree(zk) == before
+        assert await dump_tree(zk) == before
         assert tc.by_id(b[3]).stats()["recovery_adds"] == 0
 
         code, out, err = await bk(*cli(zk_hosts, racks, "recover", b[0], "--dry-run", "--json"))
@@ -150,7 +138,7 @@ async def test_dry_run_prints_the_plan_and_writes_nothing(
             "not_moved": [],
             "metadata_invalid": [],
         }
-        assert await tree(zk) == before
+        assert await dump_tree(zk) == before
 
 
 async def test_a_ledger_locked_by_a_java_worker_is_skipped_and_reported(
@@ -220,7 +208,7 @@ async def test_bad_and_unknown_bookies_are_refused_with_one_line(
     async with test_cluster(zk, 6) as tc:
         racks = racks_file(tmp_path, tc)
         await write_ledgers(tc)
-        before = await tree(zk)
+        before = await dump_tree(zk)
         runs = await asyncio.gather(
             bk(*cli(zk_hosts, racks, "recover", "nosuch:3181")),
             bk(*cli(zk_hosts, racks, "recover", "a/b:3181")),
@@ -241,7 +229,7 @@ async def test_bad_and_unknown_bookies_are_refused_with_one_line(
             ),
             (2, "", f"bk-auditor: error: BOOKIE: an empty bookie id in '{tc.ids[1]},'\n"),
         ]
-        assert await tree(zk) == before
+        assert await dump_tree(zk) == before
 
 
 async def test_marks_are_left_for_the_workers_to_judge(
