@@ -201,13 +201,18 @@ def test_demo_finds_every_seeded_fault_and_stops_by_itself() -> None:
     out = proc.stdout
     for needle in [
         "Cluster: 2000 healthy ledgers and 8 seeded faults",
-        "check bookies: 2008 ledgers checked",
+        # the seeded 2,008 and the demo's Pulsar topics' 14 (a deleted one's orphan included)
+        "check bookies: 2022 ledgers checked",
         "  no_replica                           1",
         "  below_ack_quorum                     1",
         "  below_write_quorum                   1",
         "  bookie_unavailable_registered        1",
         "  placement_not_adhering               1",
         "  unreadable_fragments                 2",
+        "pulsar-audit: 2022 ledgers checked",
+        "  ledger       4021  persistent://acme/iot/readings  (no metadata)",
+        "  ledger       4030  persistent://acme/iot/old-readings  size 48  "
+        "bookkeeper shell deleteledger -ledgerid 4030 -force",
         "Every seeded fault was found as expected.",
         "The daemons restart with their replication workers on (worker.enabled=true)",
         "unrecoverable: 3002 (entries 5 have no copy anywhere; kept marked for an operator)",
