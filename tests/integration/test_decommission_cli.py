@@ -18,8 +18,9 @@ from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.cli import bk
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config, running
+from auditor.testing.zkdump import dump_tree
 from auditor.zk import ZkClient
-from tests.integration.test_recover_cli import racks_file, tree, write_ledgers
+from tests.integration.test_recover_cli import racks_file, write_ledgers
 
 ROOT = "/ledgers"
 
@@ -45,14 +46,14 @@ async def test_a_writable_bookie_is_refused_with_one_line(
         b = tc.ids
         racks = racks_file(tmp_path, tc)
         await write_ledgers(tc)
-        before = await tree(zk)
+        before = await dump_tree(zk)
         code, out, err = await bk(*cli(zk_hosts, racks, b[0]))
         assert (code, out) == (1, "")
         assert err == (
             f"bk-auditor: error: {b[0]} is writable: make it read-only or stop it first "
             "(a writable bookie keeps taking new ledgers); nothing was written\n"
         )
-        assert await tree(zk) == before
+        assert await dump_tree(zk) == before
 
 
 async def test_a_stopped_bookie_no_wait_marks_exactly_its_ledgers(

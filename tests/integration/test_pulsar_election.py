@@ -35,6 +35,7 @@ from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.zkdump import dump_tree
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
@@ -61,18 +62,6 @@ def pulsar_config(hosts: str, identity: str) -> Any:
 
 def bookkeeper_config(hosts: str, identity: str) -> Any:
     return fast_config(hosts, identity, [f"daemon.zk_session_timeout={SESSION}"])
-
-
-async def tree(zk: ZkClient, path: str) -> dict[str, tuple[bytes, int, int]]:
-    """Every znode under `path`: data, version and child version (any write changes one)."""
-    out: dict[str, tuple[bytes, int, int]] = {}
-    pending = [path]
-    while pending:
-        p = pending.pop()
-        data, stat = await zk.get(p)
-        out[p] = (data, int(stat.version), int(stat.cversion))
-        pending.extend(f"{p}/{c}" for c in await zk.get_children(p))
-    return out
 
 
 async def children_gone(zk: ZkClient, path: str, within: float = 10) -> None:
@@ -143,7 +132,7 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
     async with java_pulsar_leader(zk_hosts) as java:
         java_session = java.client_id
         assert java_session is not None
-        before = await tree(zk, BASE)
+        before = await dump_tree(zk, BASE)
         async with running(pulsar_config(zk_hosts, "pulsar-a:3181")) as daemon:
             assert daemon.driver is MetadataDriver.PULSAR
             await until(
@@ -153,7 +142,7 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
             assert daemon.state.election == "pulsar"
             # Nothing written under underreplication while it waits: no vote, no
             # auditorelection directory, the key untouched.
-            assert await tree(zk, BASE) == before
+            assert await dump_tree(zk, BASE) == before
             assert await zk.exists(VOTES) is None
             data, stat = await zk.get(KEY)
             assert (data, int(stat.ephemeralOwner)) == (b'"10.0.0.9:3181"', java_session[0])
@@ -170,7 +159,7 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
             assert await zk.exists(VOTES) is None
 
             # A second daemon of ours follows it, writing nothing either.
-            before = await tree(zk, BASE)
+            before = await dump_tree(zk, BASE)
             async with running(pulsar_config(zk_hosts, "pulsar-b:3181")) as second:
                 await until(
                     second.leader_read,
@@ -179,7 +168,7 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
                 )
                 assert second.state.phase is Phase.VOTING
                 assert daemon.state.is_leader and not second.state.is_leader
-                after = await tree(zk, BASE)
+                after = await dump_tree(zk, BASE)
                 # Only what the leader wrote meanwhile (its check times, marks): the
                 # key is still the first daemon's, and nothing names the second.
                 assert after[KEY] == before[KEY]
