@@ -39,7 +39,11 @@ Decisions (documented in the README and the runbook):
   (`PulsarRefs.bad_znodes`), an orphan whose owner's references might be in
   them (its managed ledger or schema was not read, or a bad znode's path names
   it) is held back (`orphans_held`), not reported: a reference we could not
-  read is no proof of a leak.
+  read is no proof of a leak. So is a compacted ledger of a topic that still
+  exists, or a schema ledger of a schema that still exists: Pulsar may name it
+  where ZooKeeper does not show (the compaction cursor's properties kept in its
+  cursor ledger, schema versions trimmed from the locator's index). A compacted
+  ledger of a deleted topic is reported as any orphan.
 
 Streaming: `PulsarAuditor` sees ledgers one at a time (a scan partition sees
 an id range), keeps mergeable partial results (orphans and entry losses of the
@@ -533,6 +537,18 @@ class PulsarPartial:
     young: int
 
 
+#: The `component` Pulsar's brokers give a topic's compacted ledger (`LedgerMetadataUtils`).
+COMPACTED_LEDGER = "compacted-ledger"
+
+
+def _managed_ledger_of(topic: str) -> str | None:
+    """The managed ledger of a topic named in custom metadata (untrusted: None if no name)."""
+    try:
+        return managed_ledger_of_topic(topic)
+    except ValueError:
+        return None
+
+
 class PulsarAuditor:
     """Accumulates per-ledger facts against Pulsar's references; partial results merge.
 
@@ -602,7 +618,7 @@ class PulsarAuditor:
             self.unaged.add(fact.ledger_id)
         elif self.now_ms - fact.ctime_ms < self.grace_ms:
             self.young += 1
-        elif self._maybe_unread(fact.owner):
+        elif self._maybe_unread(fact.owner) or self._maybe_referenced_unseen(fact.owner):
             self.held.add(fact.ledger_id)
         else:
             self.findings.append(
@@ -624,7 +640,7 @@ class PulsarAuditor:
         names: list[str] = []
         if owner.managed_ledger is not None:
             names.append(owner.managed_ledger)
-        if owner.topic is not None and (ml := managed_ledger_of_topic(owner.topic)) is not None:
+        if owner.topic is not None and (ml := _managed_ledger_of(owner.topic)) is not None:
             names.append(ml)
         known = any(n in self.refs.managed_ledgers for n in names)
         if owner.schema_id is not None:
@@ -633,6 +649,23 @@ class PulsarAuditor:
         if not known:
             return True
         return any(_names(path, n) for path in self._bad for n in names)
+
+    def _maybe_referenced_unseen(self, owner: Owner | None) -> bool:
+        """A compacted ledger of a topic that still exists, or a schema ledger of a schema
+        that still exists: Pulsar may reference it where ZooKeeper does not show it (the
+        `__compaction` cursor's properties kept in its cursor ledger; schema versions
+        trimmed from the locator's index), so its absence from the refs proves no leak."""
+        if owner is None:
+            return False
+        if owner.schema_id is not None:
+            return owner.schema_id in self.refs.schemas
+        compacted = owner.component == COMPACTED_LEDGER or (
+            owner.managed_ledger is None and owner.topic is not None
+        )
+        if compacted and owner.topic is not None:
+            ml = _managed_ledger_of(owner.topic)
+            return ml is None or ml in self.refs.managed_ledgers
+        return False
 
     # --- whole ----------------------------------------------------------------------
 

@@ -557,3 +557,42 @@ def test_a_partial_survives_pickling() -> None:
     driver.merge(pickle.loads(pickle.dumps(first.partial())))
     driver.merge(pickle.loads(pickle.dumps(second.partial())))
     assert driver.finish(RISK).to_json() == _audit().to_json()
+
+
+def _custom(*pairs: tuple[str, str]) -> Owner:
+    owner = owner_of([("application", b"pulsar"), *((k, v.encode()) for k, v in pairs)])
+    assert owner is not None
+    return owner
+
+
+def test_compacted_and_schema_ledgers_of_living_owners_are_held_not_orphans() -> None:
+    """Pulsar may name them where ZooKeeper does not show: the compaction cursor's
+    properties in its cursor ledger, schema versions trimmed from the locator's index."""
+    compacted = ("component", "compacted-ledger")
+    facts = [
+        # the compacted ledger of t/a/orders, which exists: held
+        LedgerFact(110, _custom(compacted, ("pulsar/compactedTopic", TOPIC_A)), True, OLD, 5),
+        # the compacted ledger of a deleted topic: an orphan like any other
+        LedgerFact(
+            111,
+            _custom(compacted, ("pulsar/compactedTopic", "persistent://t/a/gone")),
+            True,
+            OLD,
+            6,
+        ),
+        # a pre-2.7 broker's compacted ledger (no component), of t/b/logs: held
+        LedgerFact(112, _custom(("compactedTopic", TOPIC_B)), True, OLD, 7),
+        # a compacted topic's name that is none (untrusted custom metadata): held, no crash
+        LedgerFact(113, _custom(compacted, ("pulsar/compactedTopic", "garbage")), True, OLD, 8),
+        # a schema ledger of t/a/orders' schema, which exists, not in its index: held
+        LedgerFact(
+            114, _custom(("component", "schema"), ("pulsar/schemaId", "t/a/orders")), True, OLD, 9
+        ),
+        # a schema ledger of a deleted schema: an orphan
+        LedgerFact(
+            115, _custom(("component", "schema"), ("pulsar/schemaId", "t/a/gone")), True, OLD, 10
+        ),
+    ]
+    result = audit(_refs(), facts, now_ms=NOW)
+    assert {lid for lid, c in _found(result) if c == "orphan"} == {111, 115}
+    assert (result.orphans_held.count, result.orphans_held.ids) == (4, [110, 112, 113, 114])
