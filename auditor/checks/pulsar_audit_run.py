@@ -60,6 +60,7 @@ __all__ = [
     "PulsarSource",
     "RiskOf",
     "confirm_audit",
+    "no_replica_ranges",
     "observe_ledgers",
     "observe_partition",
     "pulsar_source",
@@ -76,6 +77,11 @@ RiskOf = Callable[[LedgerMetadata], tuple[DomainName, ...]]
 
 
 # --- verdicts of the other checks ----------------------------------------------------------
+
+
+def no_replica_ranges(v: Violation) -> tuple[tuple[int, int], ...]:
+    """The entry ranges a replicas `no_replica` violation says have no copy (inclusive)."""
+    return tuple((int(a), int(b)) for a, b in v.detail.get("worst_entries", ()))
 
 
 def verdicts_of(
@@ -95,8 +101,7 @@ def verdicts_of(
             if report.check is Check.REPLICAS and v.category is not Category.METADATA_INVALID:
                 replicas.add(v.ledger_id)
                 if v.category is Category.NO_REPLICA:
-                    ranges = tuple((int(a), int(b)) for a, b in v.detail.get("worst_entries", ()))
-                    no_replica[v.ledger_id] = ranges
+                    no_replica[v.ledger_id] = no_replica_ranges(v)
             elif report.check is Check.PLACEMENT and v.category in (
                 Category.PLACEMENT_NOT_ADHERING,
                 Category.PLACEMENT_SOFTLY_ADHERING,

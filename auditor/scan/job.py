@@ -40,7 +40,13 @@ from auditor.checks.findings import Category, Check, CheckReport, PendingMark, V
 from auditor.checks.grace_run import run_grace_check
 from auditor.checks.owners_run import attach_owners
 from auditor.checks.pulsar_audit import LedgerFact, PulsarAudit, losses
-from auditor.checks.pulsar_audit_run import confirm_audit, finished, pulsar_source, read_refs
+from auditor.checks.pulsar_audit_run import (
+    confirm_audit,
+    finished,
+    no_replica_ranges,
+    pulsar_source,
+    read_refs,
+)
 from auditor.metadata.walk import IdRange
 from auditor.scan.engine import Engine
 from auditor.scan.output import (
@@ -219,7 +225,7 @@ async def _pulsar_result(
             if v.category is not Category.NO_REPLICA or v.ledger_id in lost:
                 continue
             refs = pulsar.refs.references(v.ledger_id)
-            ranges = tuple((int(a), int(b)) for a, b in v.detail.get("worst_entries", ()))
+            ranges = no_replica_ranges(v)
             if refs and ranges:
                 fact = LedgerFact(v.ledger_id, closed=False)
                 auditor.findings.extend(losses(v.ledger_id, refs, fact, ranges))
