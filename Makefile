@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.stamp-python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check chromium zsh unit bench soak clean system venv fuzz
+.PHONY: all demo test lint typecheck layers proto proto-check promtool promtool-check chromium zsh etcd unit bench soak clean system venv fuzz
 .PHONY: dist wheel-check constraints
 
 all: test
@@ -55,6 +55,15 @@ zsh:
 	    zsh >/dev/null; \
 	fi
 
+# A throwaway etcd (auditor/testing/etcdserver.py) serves the etcd adapter's tests and the demo.
+etcd:
+	@if [ ! -x /usr/bin/etcd ]; then \
+	  echo "installing Debian package: etcd-server (for the etcd adapter's tests)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    etcd-server >/dev/null; \
+	fi
+
 venv: $(STAMP_PY)
 $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -65,7 +74,7 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 # --- the two commands ---------------------------------------------------------
 
 # `make demo DURATION=60` stops by itself after 60 s; without it, Ctrl-C stops it.
-demo: $(STAMP_PY)
+demo: $(STAMP_PY) etcd
 	@$(VENV)/bin/bk-auditor demo $(if $(DURATION),--duration $(DURATION))
 
 test: $(STAMP_PY) lint typecheck layers proto-check promtool-check wheel-check unit
@@ -95,7 +104,7 @@ promtool-check: promtool
 	@promtool check rules deploy/prometheus/java-compat-rules.yaml >/dev/null
 	@cd deploy/prometheus && promtool test rules java-compat-rules_test.yaml
 
-unit: $(STAMP_PY) chromium zsh
+unit: $(STAMP_PY) chromium zsh etcd
 	@$(PY) -m pytest -q
 
 # --- release ------------------------------------------------------------------------
