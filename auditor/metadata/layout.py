@@ -6,6 +6,11 @@ and 2) and a metadata service URI such as `zk+hierarchical://h1:2181;h2:2181/led
 (parsed in `auditor.metadata.service_uri`).
 Class names are matched by suffix so that shaded names (Pulsar's `dlshade.`
 prefix) resolve to the same manager.
+
+BookKeeper's own etcd driver (`etcd://h1:2379/<scope>`) keeps the same LAYOUT
+bytes at `<scope>/layout`, naming `org.apache.bookkeeper.metadata.etcd.EtcdLedgerManagerFactory`
+at its version 0 (`LedgerManager.ETCD`: ledgers at UUID keys, see
+`auditor.metadata.paths.etcd_ledger_key`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ class LedgerManager(enum.Enum):
     LEGACY_HIERARCHICAL = "legacyhierarchical"
     HIERARCHICAL = "hierarchical"
     LONG_HIERARCHICAL = "longhierarchical"
+    #: BookKeeper's own etcd driver: `<scope>/ledgers/<UUID(0, id)>`, no tree.
+    ETCD = "etcd"
 
 
 _CLASS_NAMES = {
@@ -36,7 +43,11 @@ _CLASS_NAMES = {
     LedgerManager.LONG_HIERARCHICAL: (
         "org.apache.bookkeeper.meta.LongHierarchicalLedgerManagerFactory"
     ),
+    LedgerManager.ETCD: "org.apache.bookkeeper.metadata.etcd.EtcdLedgerManagerFactory",
 }
+#: Each factory's current version (`getCurrentVersion()`), what a new cluster's LAYOUT says:
+#: 1 for the ZooKeeper managers, 0 for the etcd one (`EtcdLedgerManagerFactory.VERSION`).
+CURRENT_VERSIONS = {manager: 0 if manager is LedgerManager.ETCD else 1 for manager in _CLASS_NAMES}
 # Longest suffix first: "HierarchicalLedgerManagerFactory" is a suffix of the
 # legacy and long names too.
 _BY_SUFFIX = sorted(_CLASS_NAMES.items(), key=lambda kv: -len(kv[1]))
@@ -51,6 +62,11 @@ class Layout:
     manager: LedgerManager
     manager_version: int = 1
     layout_version: int = LAYOUT_FORMAT_VERSION
+
+    @classmethod
+    def current(cls, manager: LedgerManager) -> Layout:
+        """The LAYOUT a new cluster of `manager` gets (its factory's current version)."""
+        return cls(manager, CURRENT_VERSIONS[manager])
 
     def encode(self) -> bytes:
         """The LAYOUT bytes BookKeeper writes (format 2, no trailing newline)."""
