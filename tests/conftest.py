@@ -1,4 +1,5 @@
-"""Shared fixtures: one real ZooKeeper server per test session, a fresh chroot per test."""
+"""Shared fixtures: one real ZooKeeper server per test session, a fresh chroot per test;
+one real etcd per test session, a fresh key prefix per test."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from auditor.etcd import EtcdStore
+from auditor.store import MetadataStore
+from auditor.testing.etcdserver import EtcdServer
 from auditor.testing.zkserver import ZooKeeperServer
 from auditor.zk import ZkClient
 
@@ -44,6 +48,44 @@ async def zk(zk_server: ZooKeeperServer, zk_hosts: str) -> AsyncIterator[ZkClien
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    server = EtcdServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+async def etcd(etcd_server: EtcdServer) -> AsyncIterator[EtcdStore]:
+    """A session on the shared etcd whose keys all start with a prefix of its own (the
+    etcd adapter's chroot), so tests share a server, not state."""
+    store = EtcdStore(
+        [etcd_server.endpoint],
+        prefix=f"/t-{uuid.uuid4().hex[:12]}",
+        timeout=10.0,
+        session_timeout=10.0,
+    )
+    await store.start()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture(params=["zookeeper", "etcd"], ids=["zookeeper", "etcd"])
+def store(request: pytest.FixtureRequest) -> MetadataStore:
+    """The metadata store a scenario runs on, once per store: the `zk` fixture's client
+    (ZooKeeper, a chroot of its own) or the `etcd` fixture's store (etcd, a key prefix of
+    its own, the tree kept as Pulsar's EtcdMetadataStore keeps it). Only the one asked for
+    is set up (and torn down with the test)."""
+    fixture = "zk" if request.param == "zookeeper" else "etcd"
+    value: MetadataStore = request.getfixturevalue(fixture)
+    return value
 
 
 @pytest.fixture

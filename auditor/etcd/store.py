@@ -73,10 +73,11 @@ MAX_TXN_OPS = 128
 #: How often a session that is not CONNECTED tries again (keep-alive, a new lease).
 RETRY_INTERVAL = 0.25
 #: gRPC's reconnect backoff is 1 s growing to 120 s by default: a restarted etcd would
-#: be seen late. Bounded here; and replies as large as etcd sends (a big directory).
+#: be seen late. Bounded here (not `min_reconnect_backoff_ms`: it is also the shortest
+#: time a connection attempt gets, 20 s by default; our deadlines bound it anyway); and
+#: replies as large as etcd sends (a big directory).
 _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", -1),
 )
@@ -357,6 +358,9 @@ class EtcdStore:
                 break
             except grpc.aio.AioRpcError as exc:
                 await self._close_channel()
+                if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    failures.append(TimeoutError(exc.details()))
+                    continue
                 if exc.code() in (
                     grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED,
