@@ -632,8 +632,17 @@ class EtcdStore:
             return StoreTimeoutError(
                 f"etcd {what} {path} did not complete within {self.timeout:g}s (etcd at {at})"
             )
-        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-            who = f"as {self._username}" if self._username else "unauthenticated"
+        # etcd 3.4 answers a request without credentials where they are required with
+        # INVALID_ARGUMENT "user name is empty".
+        auth = code is grpc.StatusCode.INVALID_ARGUMENT and (
+            "user name" in details or "auth" in details
+        )
+        if auth or code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            who = (
+                f"as {self._username}"
+                if self._username
+                else "unauthenticated: give a username and password"
+            )
             return StoreAuthError(f"etcd at {at} refused {what} {path} ({who}): {details}")
         if code is grpc.StatusCode.NOT_FOUND and "lease" in details:
             s.wake.set()  # the keep-alive finds the lease gone: LOST, then a new one
@@ -837,6 +846,8 @@ class EtcdStore:
                     call.cancel()
             except grpc.aio.AioRpcError:
                 self._suspect()
+            except Exception:  # a closed channel: the caller's next read says so
+                pass
             finally:
                 changed.set()
 

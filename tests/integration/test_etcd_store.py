@@ -24,6 +24,7 @@ from auditor.store import (
     NoNodeError,
     NotEmptyError,
     SessionState,
+    StoreAuthError,
     StoreKind,
     StoreTimeoutError,
     StoreUnavailableError,
@@ -458,5 +459,62 @@ async def test_a_stopped_server_suspends_and_a_restarted_one_reconnects() -> Non
             assert (await store.get("/kept"))[0] == b"v"
         finally:
             await store.close()
+    finally:
+        await asyncio.to_thread(server.destroy)
+
+
+async def test_a_lease_unrenewed_for_its_ttl_is_lost_and_revoked_on_return() -> None:
+    """etcd keeps leases across its restart (and renews them), so a session that has not
+    renewed its lease for the TTL gives it up itself: LOST, and once etcd answers again
+    the old lease is revoked (its ephemerals go) before a new one is taken."""
+    server = EtcdServer()
+    await asyncio.to_thread(server.start)
+    try:
+        store = EtcdStore([server.endpoint], timeout=2.0, session_timeout=2.0)
+        await store.start()
+        try:
+            old = store.session
+            await store.create("/eph", b"", ephemeral=True)
+            states = store.states()
+            await asyncio.to_thread(server.stop)
+            assert await next_state(states) is SessionState.SUSPENDED
+            assert await next_state(states) is SessionState.LOST
+            assert store.session is None
+            with pytest.raises(StoreUnavailableError, match="no etcd session"):
+                await store.create("/eph2", b"", ephemeral=True)
+            await asyncio.to_thread(server.start)
+            assert await next_state(states) is SessionState.CONNECTED
+            assert store.session not in (None, old)
+            assert await store.exists("/eph") is None
+        finally:
+            await store.close()
+    finally:
+        await asyncio.to_thread(server.destroy)
+
+
+async def test_authentication() -> None:
+    server = EtcdServer()
+    await asyncio.to_thread(server.start)
+    try:
+        raw = aetcd.Client(host="127.0.0.1", port=server.port, timeout=10)
+        await raw.connect()
+        try:
+            auth = aetcd.rpc.AuthStub(raw.channel)
+            await auth.RoleAdd(aetcd.rpc.AuthRoleAddRequest(name="root"))
+            await auth.UserAdd(aetcd.rpc.AuthUserAddRequest(name="root", password="secret"))
+            await auth.UserGrantRole(aetcd.rpc.AuthUserGrantRoleRequest(user="root", role="root"))
+            await auth.AuthEnable(aetcd.rpc.AuthEnableRequest())
+        finally:
+            await raw.close()
+        store = EtcdStore([server.endpoint], timeout=5.0, username="root", password="secret")
+        async with store:
+            await store.create("/x", b"v", ephemeral=True)
+            assert (await store.get("/x"))[0] == b"v"
+        refused = EtcdStore([server.endpoint], timeout=5.0, username="root", password="wrong")
+        with pytest.raises(StoreAuthError, match="refused"):
+            await refused.start()
+        async with EtcdStore([server.endpoint], timeout=5.0) as anonymous:
+            with pytest.raises(StoreAuthError):
+                await anonymous.get("/x")
     finally:
         await asyncio.to_thread(server.destroy)
