@@ -448,11 +448,13 @@ async def test_a_stopped_server_suspends_and_a_restarted_one_reconnects() -> Non
         await store.start()
         try:
             await store.create("/kept", b"v")
+            tree = await store.watch_tree("/kept")
             states = store.states()
             await asyncio.to_thread(server.stop)
             with pytest.raises(StoreUnavailableError):
                 await store.get("/kept")
             assert await next_state(states) is SessionState.SUSPENDED
+            assert await asyncio.wait_for(tree.get(), 10) == Gap("SUSPENDED")
             assert not store.connected
             await asyncio.to_thread(server.start)
             assert await next_state(states) is SessionState.CONNECTED
