@@ -4,7 +4,7 @@ Large clusters hold tens of millions of ledgers, so nothing here materialises
 the whole id set: the walk descends one bucket at a time (at most 10,000
 children per listing in the hierarchical layouts) and metadata reads are
 pipelined with a bounded window that yields results in id order. Reads go in
-batches (`ZkClient.get_many`: one ZooKeeper multiRead and one asyncio future
+batches (`MetadataStore.get_many`: one ZooKeeper multiRead and one asyncio future
 per batch, no task or future per ledger), since per-read overhead, not
 ZooKeeper, is what a walk's time goes to. A ledger
 deleted while we walk (NoNode on list or read) is counted, not an error; a
@@ -18,6 +18,23 @@ a ledger filed under the other tree, or its path spells an id outside
 0..2^63-1 (`invalid_ledger`: it stands where a ledger would, and no ledger can
 be there). Such an id has no record to carry: nothing downstream (the index,
 the checks' reports, the API) can hold it.
+
+On a store that serves range reads (`MetadataStore.ranged`: etcd) the walk reads keys
+in key order instead, in pages of `read_range` (`RangedWalk`): no listing, no separate
+read of each ledger. Keys of fixed width sort as their ids do, so each tree is read as a
+few key ranges (per two-digit top: `<root>/DD/...` for the 2-4-4 tree, `<root>/DD0`
+to `<root>/DD9` for the 3-4-4-4-4 tree), the legacy tree before the long one, starting
+at the key of the IdRange's lower bound. Each key is judged as the ZooKeeper walk judges
+the znode it would list (the first component that is no ledger's is the one named; keys
+below a ledger, and the ledgers root's own znodes such as LAYOUT, are passed over as the
+ZooKeeper walk never lists them), so that the same tree walks to the same records and
+the same unexpected znodes on either store. Of a walk of one IdRange, the directories
+it owns (`_owns`) but that run past the range's end are looked through to their end
+child by child, without reading the ledgers there. The ordering of names with characters
+below "/" (`0000-x` sorts before `0000/...` as a key, after it as a child) is the one
+place where the two reports' order may differ. BookKeeper's etcd driver's keys
+(`LedgerManager.ETCD`, `<root>/ledgers/<UUID>`) and the flat layout are one key range
+each; a bad key there is named by the walk whose key range holds it.
 """
 
 from __future__ import annotations
@@ -29,19 +46,23 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.paths import (
+    ETCD_LEDGERS,
     INT_MAX,
     LONG_MAX,
     InvalidLedgerIdError,
     check_ledger_id,
+    etcd_ledger_id,
+    etcd_ledger_key,
     is_special_znode,
     ledger_id_from_path,
     ledger_path,
 )
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
-from auditor.zk import NoNodeError, ZkClient, ZkStat
+from auditor.store import MetadataStore, NoNodeError, RangeItem, Stat
 
 _TWO = re.compile(r"^\d{2}$")
 _THREE = re.compile(r"^\d{3}$")
@@ -191,12 +212,16 @@ class Walker(Protocol):
     async def read(self, ledger_id: int, path: str | None = None) -> LedgerRecord | None: ...
 
 
+class NotRangedError(ConfigError):
+    """BookKeeper's etcd ledger manager on a store without range reads (ZooKeeper)."""
+
+
 class LedgerWalker:
     """Walks one ledgers root. `stats` fills in as the walk proceeds."""
 
     def __init__(
         self,
-        zk: ZkClient,
+        zk: MetadataStore,
         root: str,
         manager: LedgerManager,
         id_range: IdRange | None = None,
@@ -207,6 +232,11 @@ class LedgerWalker:
         #: Only ledgers in this range are walked (subtrees outside it are not even listed).
         self.id_range = id_range
         self.stats = WalkStats()
+        if manager is LedgerManager.ETCD and not zk.ranged:
+            raise NotRangedError(
+                f"{self.root}: LAYOUT names BookKeeper's etcd ledger manager, whose ledgers "
+                f"are etcd keys, but the metadata store is {zk.where}"
+            )
 
     async def _children(self, path: str) -> list[str]:
         try:
@@ -280,6 +310,10 @@ class LedgerWalker:
 
     async def ledger_paths(self) -> AsyncGenerator[tuple[int, str], None]:
         """(ledger id, znode path) in ascending id order."""
+        if self.zk.ranged:
+            async for ledger_id, path, _ in RangedWalk(self, 1024).items():
+                yield ledger_id, path
+            return
         if self.manager is LedgerManager.FLAT:
             sources = [self._flat_paths()]
         else:
@@ -288,22 +322,27 @@ class LedgerWalker:
             sources = [self._tree(t) for t in trees_of(self.manager)]
         for source in sources:
             async for path in source:
-                try:
-                    ledger_id = ledger_id_from_path(self.root, path)
-                except InvalidLedgerIdError as exc:
-                    # Only the last range gets here (the others prune such paths).
-                    self._invalid(path, out_of_range_reason(path, exc))
-                    continue
-                legacy = path.count("/") - self.root.count("/") == 3
-                if self.manager is LedgerManager.HIERARCHICAL and legacy != (ledger_id < INT_MAX):
-                    # A ledger filed under the other tree than its id says: the
-                    # Java manager would not find it by id either.
-                    tree = "legacy (2-4-4)" if legacy else "long (3-4-4-4-4)"
-                    self._foreign(
-                        path, f"ledger {ledger_id} filed under the {tree} tree, not its own"
-                    )
-                    continue
-                yield ledger_id, path
+                found = self._ledger_id(path)
+                if found is not None:
+                    yield found, path
+
+    def _ledger_id(self, path: str) -> int | None:
+        """The id of a ledger-shaped path found by the walk, or None: it is named instead
+        (an id beyond 2^63-1, a ledger filed under the other tree than its id's)."""
+        try:
+            ledger_id = ledger_id_from_path(self.root, path)
+        except InvalidLedgerIdError as exc:
+            # Only the last range gets here (the others prune such paths).
+            self._invalid(path, out_of_range_reason(path, exc))
+            return None
+        legacy = path.count("/") - self.root.count("/") == 3
+        if self.manager is LedgerManager.HIERARCHICAL and legacy != (ledger_id < INT_MAX):
+            # A ledger filed under the other tree than its id says: the
+            # Java manager would not find it by id either.
+            tree = "legacy (2-4-4)" if legacy else "long (3-4-4-4-4)"
+            self._foreign(path, f"ledger {ledger_id} filed under the {tree} tree, not its own")
+            return None
+        return ledger_id
 
     async def max_ledger_id(self) -> int | None:
         """The largest ledger id, from the last child at each level (for ETAs); a walk of
@@ -314,6 +353,8 @@ class LedgerWalker:
         return found
 
     async def _max_ledger_id(self) -> int | None:
+        if self.zk.ranged:
+            return await RangedWalk(self, 64).max_ledger_id()
         if self.manager is LedgerManager.FLAT:
             names = [n for n in await self._children(self.root) if FLAT_LEAF.match(n)]
             return ledger_id_from_path(self.root, f"{self.root}/{names[-1]}") if names else None
@@ -395,6 +436,17 @@ class LedgerWalker:
         """Every ledger's metadata in id order, with at most `concurrency` reads in flight
         (in batches: `batch_shape`)."""
         size, depth = batch_shape(concurrency)
+        if self.zk.ranged:
+            hooked = type(self).read is not LedgerWalker.read
+            async for ledger_id, path, item in RangedWalk(self, size * depth).items():
+                if hooked:
+                    # A subclass that hooks `read` (tests inject changes there) sees every read.
+                    rec = await self.read(ledger_id, path)
+                else:
+                    rec = _record(ledger_id, path, item.data, item.stat)
+                if (out := self._account(rec)) is not None:
+                    yield out
+            return
         window: deque[asyncio.Future[list[LedgerRecord | None]]] = deque()
         ids: list[int] = []
         paths: list[str] = []
@@ -432,7 +484,7 @@ class LedgerWalker:
         return rec
 
 
-def _record(ledger_id: int, path: str, data: bytes, stat: ZkStat) -> LedgerRecord:
+def _record(ledger_id: int, path: str, data: bytes, stat: Stat) -> LedgerRecord:
     """A ledger's record from its znode: decoded metadata, or the error that kept it from
     decoding."""
     try:
@@ -440,3 +492,319 @@ def _record(ledger_id: int, path: str, data: bytes, stat: ZkStat) -> LedgerRecor
     except LedgerMetadataFormatError as exc:
         return LedgerRecord(ledger_id, path, None, int(stat.version), exc)
     return LedgerRecord(ledger_id, path, md, int(stat.version))
+
+
+def _after(key: str) -> str:
+    """The smallest key above `key`."""
+    return key + "\x00"
+
+
+def _subtree_end(path: str) -> str:
+    """Where the keys below `path/` end ("0" is the character after "/")."""
+    return path + "0"
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """Keys of one kind under the root: a tree of the hierarchical layouts (`tree`), the
+    flat layout's leaves, or BookKeeper's etcd ledger keys; their key ranges in id order."""
+
+    tree: Tree | None
+    spans: list[tuple[str, str]]
+    #: The ids its keys can spell (the span of ids its windows are cut from).
+    capacity: int
+
+
+class RangedWalk:
+    """One walk of `walker`'s root by range reads of `page` keys (the module docstring).
+
+    What it finds goes to `walker.stats` exactly as the ZooKeeper walk's findings do."""
+
+    def __init__(self, walker: LedgerWalker, page: int) -> None:
+        self.w = walker
+        self.root = walker.root
+        self.page = max(page, 1)
+        #: The nodes named lately whose keys below may still come (a node is named once).
+        self._named: list[str] = []
+
+    # --- the key ranges --------------------------------------------------------------
+    def _families(self) -> list[_Family]:
+        r = self.root
+        manager = self.w.manager
+        if manager is LedgerManager.ETCD:
+            return [_Family(None, [(f"{r}/{ETCD_LEDGERS}/", f"{r}/{ETCD_LEDGERS}0")], LONG_MAX)]
+        if manager is LedgerManager.FLAT:
+            return [_Family(None, [(f"{r}/L", f"{r}/M")], 10**10 - 1)]
+        families = []
+        for tree in trees_of(manager):
+            tops = [f"{dd:02d}" for dd in range(100)]
+            if tree.digits % 4 == 2:  # the 2-4-4 tree: `<root>/DD/...`
+                spans = [(f"{r}/{dd}/", f"{r}/{dd}0") for dd in tops]
+            else:  # the 3-4-4-4-4 tree: `<root>/DD0/...` to `<root>/DD9/...`
+                spans = [(f"{r}/{dd}0", f"{r}/{dd}:") for dd in tops]
+            rng = self.w.id_range
+            below = tree.digits - 2
+            kept = [
+                span
+                for dd, span in zip(tops, spans, strict=True)
+                if rng is None or rng.contains_prefix(dd, below)
+            ]
+            families.append(_Family(tree, kept, min(10**tree.digits - 1, LONG_MAX)))
+        return families
+
+    def _leaf_key(self, family: _Family, ledger_id: int) -> str:
+        """The key a ledger of this id has in `family` (ids within its capacity)."""
+        tree = family.tree
+        if tree is None:
+            if self.w.manager is LedgerManager.ETCD:
+                return etcd_ledger_key(self.root, ledger_id)
+            return f"{self.root}/L{ledger_id:010d}"
+        digits = f"{ledger_id:0{tree.digits}d}"
+        return "/".join([self.root, *self._components(tree, digits)])
+
+    @staticmethod
+    def _components(tree: Tree, digits: str) -> list[str]:
+        top = tree.digits % 4
+        middle = [digits[i : i + 4] for i in range(top, tree.digits - 4, 4)]
+        return [digits[:top], *middle, "L" + digits[-4:]]
+
+    def _dirs(self, tree: Tree, digits: str) -> list[tuple[str, str]]:
+        """(digits it spells, path) of each directory above a leaf, the top one first."""
+        out = []
+        path, prefix = self.root, ""
+        for name in self._components(tree, digits)[:-1]:
+            path, prefix = f"{path}/{name}", prefix + name
+            out.append((prefix, path))
+        return out
+
+    def _window(self, family: _Family) -> tuple[str, str, list[tuple[str, str]]]:
+        """The keys [start, end) this walk reads of `family` ("": no bound), and the
+        directories it owns that run past its end: (directory, where their rest starts),
+        the deepest first (the order ZooKeeper's depth-first walk comes back up in)."""
+        rng = self.w.id_range
+        start, end = "", ""
+        tails: list[tuple[str, str]] = []
+        if rng is None:
+            return start, end, tails
+        tree = family.tree
+        if 0 < rng.lo <= family.capacity:
+            start = self._leaf_key(family, rng.lo)
+            if tree is not None:
+                digits = f"{rng.lo:0{tree.digits}d}"
+                for prefix, path in self._dirs(tree, digits):
+                    if int(prefix) * 10 ** tree.below(prefix) == rng.lo:
+                        # The first directory that is this walk's: all of its children.
+                        start = path + "/"
+                        break
+        elif rng.lo > family.capacity:
+            start = family.spans[-1][1] if family.spans else ""
+        if rng.last or rng.hi > family.capacity:
+            return start, end, tails
+        end = self._leaf_key(family, rng.hi)
+        if tree is not None:
+            dirs = self._dirs(tree, f"{rng.hi:0{tree.digits}d}")
+            for i, (prefix, path) in enumerate(dirs):
+                if rng.lo <= int(prefix) * 10 ** tree.below(prefix) < rng.hi:
+                    rest = _subtree_end(dirs[i + 1][1]) if i + 1 < len(dirs) else end
+                    tails.append((path, rest))
+            tails.reverse()
+        return start, end, tails
+
+    # --- reading ---------------------------------------------------------------------
+    async def _pages(self, start: str, end: str) -> AsyncIterator[list[RangeItem]]:
+        """Pages of [start, end), the next one read while the last is worked through."""
+        store = self.w.zk
+        pending: asyncio.Future[tuple[list[RangeItem], bool]] | None = asyncio.ensure_future(
+            store.read_range(start, end, limit=self.page)
+        )
+        try:
+            while pending is not None:
+                items, more = await pending
+                pending = None
+                if more and items:
+                    pending = asyncio.ensure_future(
+                        store.read_range(_after(items[-1].path), end, limit=self.page)
+                    )
+                yield items
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    def _clip(self, span: tuple[str, str], start: str, end: str) -> tuple[str, str] | None:
+        lo = max(span[0], start)
+        hi = min(span[1], end) if end else span[1]
+        return (lo, hi) if lo < hi else None
+
+    async def items(self) -> AsyncIterator[tuple[int, str, RangeItem]]:
+        """(ledger id, path, its item) of every ledger of the walk, in id order."""
+        for family in self._families():
+            self._named = []
+            start, end, tails = self._window(family)
+            for span in family.spans:
+                clipped = self._clip(span, start, end)
+                if clipped is None:
+                    continue
+                async for page in self._pages(*clipped):
+                    for item in page:
+                        path = self._judge(family, item.path)
+                        if path is None:
+                            continue
+                        ledger_id = self._checked(family, path)
+                        if ledger_id is not None:
+                            yield ledger_id, path, item
+            for directory, rest in tails:
+                await self._tail(family, directory, rest)
+
+    async def _tail(self, family: _Family, directory: str, rest: str) -> None:
+        """The children of `directory` from `rest` on, for the unexpected ones among them:
+        each child is one read (its subtree is skipped: its ids are past this walk's)."""
+        end = _subtree_end(directory)
+        leaves = (
+            family.tree is not None
+            and len(rest) > len(directory) + 1
+            and (rest.rsplit("/", 1)[-1].startswith("L"))
+        )
+        limit = self.page if leaves else 1
+        pos = rest
+        while pos < end:
+            found, _ = await self.w.zk.read_range(pos, end, limit=limit)
+            if not found:
+                return
+            for item in found:
+                self._judge(family, item.path)
+            last = found[-1].path
+            child = f"{directory}/{last[len(directory) + 1 :].split('/', 1)[0]}"
+            pos = _after(last) if last == child or leaves else _subtree_end(child)
+
+    # --- judging one key ---------------------------------------------------------------
+    def _once(self, node: str, key: str) -> bool:
+        """Whether `node` (named by `key`, itself or a key below it) is not named yet."""
+        self._named = [n for n in self._named if key < _subtree_end(n)]
+        if node in self._named:
+            return False
+        self._named.append(node)
+        return True
+
+    def _judge(self, family: _Family, key: str) -> str | None:
+        """The ledger path `key` is, or None (an unexpected node is named, once, by the
+        walk that owns it; directories, keys below ledgers and keys ZooKeeper's walk
+        does not look at are passed over)."""
+        rel = key[len(self.root) + 1 :]
+        if family.tree is not None:
+            return self._judge_tree(family.tree, key, rel.split("/"))
+        if self.w.manager is LedgerManager.ETCD:
+            return key  # every key under `ledgers/` stands for a ledger (`_checked`)
+        name = rel.split("/", 1)[0]
+        node = f"{self.root}/{name}"
+        if FLAT_LEAF.match(name):
+            rng = self.w.id_range
+            ok = key == node and (rng is None or rng.contains_prefix(name[1:], 0))
+            return node if ok else None
+        if LEDGER_SHAPED.match(name) and self._once(node, key):
+            self.w._invalid(node, misnamed_reason(name, 10))
+        return None
+
+    def _judge_tree(self, tree: Tree, key: str, parts: list[str]) -> str | None:
+        w, rng = self.w, self.w.id_range
+        top = parts[0]
+        if not tree.top.match(top):
+            return None
+        if rng is not None and not rng.contains_prefix(top, tree.below(top)):
+            return None
+        prefix, node = top, f"{self.root}/{top}"
+        for i, name in enumerate(parts[1:], 1):
+            node = f"{node}/{name}"
+            if len(prefix) + 4 == tree.digits:  # the leaves' level
+                if LEAF.match(name):
+                    last = i == len(parts) - 1
+                    if last and (rng is None or rng.contains_prefix(prefix + name[1:], 0)):
+                        return node
+                    return None
+                if not w._owns(prefix, 4) or not self._once(node, key):
+                    return None
+                if not w._misnamed(node, name, 4) and not is_special_znode(name):
+                    w._foreign(node)
+                return None
+            if not FOUR.match(name):
+                if w._owns(prefix, tree.below(prefix)) and self._once(node, key):
+                    w._foreign(node)
+                return None
+            prefix += name
+            if rng is not None and not rng.contains_prefix(prefix, tree.below(prefix)):
+                return None
+        return None
+
+    def _checked(self, family: _Family, path: str) -> int | None:
+        if family.tree is not None or self.w.manager is not LedgerManager.ETCD:
+            return self.w._ledger_id(path)
+        name = path[len(self.root) + len(ETCD_LEDGERS) + 2 :]
+        try:
+            ledger_id = etcd_ledger_id(name, where=path)
+        except InvalidLedgerIdError as exc:
+            self.w._invalid(path, out_of_range_reason(path, exc))
+            return None
+        except ValueError as exc:
+            self.w._invalid(path, str(exc).removeprefix(f"{path}: "))
+            return None
+        rng = self.w.id_range
+        return ledger_id if rng is None or ledger_id in rng else None
+
+    # --- the largest id ------------------------------------------------------------------
+    def _leaf_id(self, family: _Family, key: str) -> int | None:
+        """The id of a ledger `key` is, as the walk would yield it; None otherwise (and
+        nothing named: this is for estimates)."""
+        rel = key[len(self.root) + 1 :]
+        parts = rel.split("/")
+        tree = family.tree
+        try:
+            if tree is None:
+                if self.w.manager is LedgerManager.ETCD:
+                    return etcd_ledger_id(rel[len(ETCD_LEDGERS) + 1 :])
+                return int(rel[1:]) if FLAT_LEAF.match(rel) else None
+            if len(parts) != (tree.digits - tree.digits % 4) // 4 + 1:
+                return None
+            if not tree.top.match(parts[0]) or not LEAF.match(parts[-1]):
+                return None
+            if not all(FOUR.match(p) for p in parts[1:-1]):
+                return None
+            ledger_id = check_ledger_id(int("".join(parts).replace("L", "")))
+        except ValueError:
+            return None
+        if self.w.manager is LedgerManager.HIERARCHICAL and (tree.digits == 10) != (
+            ledger_id < INT_MAX
+        ):
+            return None
+        return ledger_id
+
+    async def _first_from(self, family: _Family, start: str, end: str) -> int | None:
+        async for page in self._pages(start, end):
+            for item in page:
+                found = self._leaf_id(family, item.path)
+                if found is not None:
+                    return found
+        return None
+
+    async def max_ledger_id(self) -> int | None:
+        """The largest ledger id: the last span with a ledger, then a binary search in it
+        (a few dozen short reads; the ids are not read in bulk)."""
+        for family in reversed(self._families()):
+            for span in reversed(family.spans):
+                known = await self._first_from(family, *span)
+                if known is None:
+                    continue
+                top = family.capacity
+                if family.tree is not None:
+                    below = family.tree.digits - 2
+                    first_key = span[0][len(self.root) + 1 :][:2]
+                    top = min(top, (int(first_key) + 1) * 10**below - 1)
+                while known < top:
+                    mid = (known + top + 1) // 2
+                    found = await self._first_from(
+                        family, max(span[0], self._leaf_key(family, mid)), span[1]
+                    )
+                    if found is None:
+                        top = mid - 1
+                    else:
+                        known = found
+                return known
+        return None
