@@ -74,8 +74,9 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 # --- the two commands ---------------------------------------------------------
 
 # `make demo DURATION=60` stops by itself after 60 s; without it, Ctrl-C stops it.
+# `make demo STORE=etcd` runs it on etcd (Pulsar's driver, `metadata-store:etcd:`).
 demo: $(STAMP_PY) etcd
-	@$(VENV)/bin/bk-auditor demo $(if $(DURATION),--duration $(DURATION))
+	@$(VENV)/bin/bk-auditor demo $(if $(DURATION),--duration $(DURATION)) $(if $(STORE),--store $(STORE))
 
 test: $(STAMP_PY) lint typecheck layers proto-check promtool-check wheel-check unit
 

@@ -28,8 +28,8 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import check_ledger_id as check_ledger_id
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerWalker
+from auditor.store import MetadataStore
 from auditor.topology.racks import open_rack_resolver
-from auditor.zk import ZkClient
 
 
 class LedgerNotFoundError(NotFoundError):
@@ -83,7 +83,7 @@ async def explain_ledger(
 
 
 async def explain_on_cluster(
-    zk: ZkClient, root: str, manager: LedgerManager, config: AuditorConfig, ledger_id: int
+    zk: MetadataStore, root: str, manager: LedgerManager, config: AuditorConfig, ledger_id: int
 ) -> dict[str, Any]:
     """`explain_ledger` with a bookie client of its own (the daemon's API, any node)."""
     async with open_context(zk, root, manager, config, mark=False) as ctx:

@@ -49,7 +49,7 @@ from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
 from auditor.logs import get_logger
 from auditor.metadata.underreplication import CorruptMark
-from auditor.zk import NoNodeError
+from auditor.store import NoNodeError
 
 #: Bounds of one request's head (request line and headers).
 MAX_HEAD_BYTES = 16 * 1024

@@ -38,7 +38,7 @@ from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnav
 from auditor.logs import get_logger
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
-from auditor.zk import NoNodeError
+from auditor.store import NoNodeError
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.registry import BookieSet, read_bookies, resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import IdRange, LedgerWalker, Walker
-from auditor.zk import ZkClient
+from auditor.store import MetadataStore
 
 if TYPE_CHECKING:
     from auditor.index.sync import IndexSync
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class CheckContext:
-    zk: ZkClient
+    zk: MetadataStore
     root: str
     manager: LedgerManager
     bookies: BookieClient
@@ -117,7 +117,7 @@ class CheckContext:
 
 @asynccontextmanager
 async def open_context(
-    zk: ZkClient,
+    zk: MetadataStore,
     root: str,
     manager: LedgerManager,
     config: AuditorConfig,

@@ -54,7 +54,8 @@ from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.pulsar.reader import read_managed_ledger, read_pulsar_refs, read_schema
 from auditor.metadata.pulsar.refs import PulsarRefs
 from auditor.metadata.walk import LedgerWalker, Walker
-from auditor.zk import ZkClient
+from auditor.store import MetadataStore
+from auditor.zk import ZkClient, ZkSecurity
 
 __all__ = [
     "PulsarSource",
@@ -120,7 +121,7 @@ def verdicts_of(
 class PulsarSource:
     """Pulsar's metadata store: a ZooKeeper client and the root of Pulsar's tree in it."""
 
-    zk: ZkClient
+    zk: MetadataStore
     root: str
 
 
@@ -131,7 +132,10 @@ async def pulsar_source(ctx: CheckContext) -> AsyncIterator[PulsarSource]:
     if not cfg.pulsar_metadata_zk:
         yield PulsarSource(ctx.zk, cfg.pulsar_root)
         return
-    zk = ZkClient(cfg.pulsar_metadata_zk, timeout=ctx.config.zk_timeout, security=ctx.zk.security)
+    # Pulsar's own metadata on another ZooKeeper: the cluster's credentials when the
+    # cluster is on ZooKeeper too.
+    security = ctx.zk.security if isinstance(ctx.zk, ZkClient) else ZkSecurity()
+    zk = ZkClient(cfg.pulsar_metadata_zk, timeout=ctx.config.zk_timeout, security=security)
     await zk.start()
     try:
         yield PulsarSource(zk, cfg.pulsar_root)

@@ -32,7 +32,7 @@ from auditor.metadata.elections import (
 from auditor.metadata.records import RecordFormatError
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.zk import BadVersionError, NoNodeError, ZkClient
+from auditor.store import BadVersionError, MetadataStore, NoNodeError
 
 if TYPE_CHECKING:
     from auditor.api.client import ApiClient
@@ -53,7 +53,7 @@ class AutoRecoveryDisabledError(AuditorError):
 # --- the elections, read as BookKeeper and Pulsar read them -----------------------
 
 
-async def find_auditors(zk: ZkClient, root: str) -> list[ElectionHolder]:
+async def find_auditors(zk: MetadataStore, root: str) -> list[ElectionHolder]:
     """The holder of each election that has one: BookKeeper's first vote, Pulsar's key.
 
     Two means the cluster's nodes disagree on the metadata driver (two auditors run).
@@ -80,7 +80,7 @@ async def find_auditors(zk: ZkClient, root: str) -> list[ElectionHolder]:
     return found
 
 
-async def current_auditor(zk: ZkClient, root: str) -> tuple[str, str]:
+async def current_auditor(zk: MetadataStore, root: str) -> tuple[str, str]:
     """(vote or key path, auditor id) of the auditor, whichever election it holds."""
     holder = (await find_auditors(zk, root))[0]
     return holder.path, holder.auditor or ""
@@ -137,7 +137,7 @@ async def cmd_whoisauditor(
 # --- lostBookieRecoveryDelay and the disable flag -----------------------------------
 
 
-async def _read_delay(zk: ZkClient, root: str) -> tuple[int, int]:
+async def _read_delay(zk: MetadataStore, root: str) -> tuple[int, int]:
     """(seconds, znode version)."""
     path = f"{root}/{DELAY_ZNODE}"
     try:

@@ -30,8 +30,8 @@ from auditor.metadata.underreplication import (
     UnderreplicatedLedger,
     UnderreplicationManager,
 )
+from auditor.store import NoNodeError
 from auditor.timefmt import iso_datetime
-from auditor.zk import NoNodeError
 
 #: Java's pattern for a lock's ledger id (`urL(\d+)$`); we ask for its exact name too.
 _LOCK_NAME = re.compile(r"urL(\d{10,19})")

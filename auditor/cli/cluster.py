@@ -92,7 +92,9 @@ def target_from_args(
         root = _root(ledgers_root) if ledgers_root else parsed.ledgers_root
         if parsed.ignored:
             print(f"bk-auditor: note: {describe_ignored(parsed.ignored)}", file=sys.stderr)
-        return ClusterTarget(parsed.hosts, root, parsed.manager, timeout, sec, parsed.driver)
+        return ClusterTarget(
+            parsed.hosts, root, parsed.manager, timeout, sec, parsed.driver, parsed.store
+        )
     if not zk:
         raise ConfigError(NO_ADDRESS)
     return ClusterTarget(zk, _root(ledgers_root or DEFAULT_LEDGERS_ROOT), None, timeout, sec)
@@ -165,7 +167,7 @@ def target_of_args(args: argparse.Namespace, config: AuditorConfig | None = None
         or (config is not None and config.bookkeeper.zkEnableSecurity)
     )
     security = security_from_args(args.zk_auth_file, secure, tls_config=args.zk_tls_config)
-    return target_from_args(
+    target = target_from_args(
         address.zk,
         args.ledgers_root or address.ledgers_root,
         address.uri,
@@ -173,3 +175,25 @@ def target_of_args(args: argparse.Namespace, config: AuditorConfig | None = None
         security,
         address.uri_label,
     )
+    refuse_writes_without_marks(target, args)
+    return target
+
+
+#: Commands that exist to change what BookKeeper's under-replication manager keeps.
+_MARKING_COMMANDS = ("recover", "decommission")
+
+
+def refuse_writes_without_marks(target: ClusterTarget, args: argparse.Namespace) -> None:
+    """Refuses `--mark`, `recover` and `decommission` on a driver with no under-replication
+    manager (BookKeeper's etcd driver): nothing there would ever act on a mark, and
+    BookKeeper's own tools refuse the same (apache/bookkeeper#3441)."""
+    if target.marks:
+        return
+    command = getattr(args, "command", None)
+    what = "--mark" if getattr(args, "mark", False) else command
+    if what == "--mark" or command in _MARKING_COMMANDS:
+        raise ConfigError(
+            f"{what}: BookKeeper's etcd driver (etcd://) has no under-replication manager "
+            "(apache/bookkeeper#3441): there is nothing to mark and no worker to act on it; "
+            "the checks report only"
+        )

@@ -59,8 +59,8 @@ from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import cookie_path
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.metadata.underreplication import MarkOutcome
+from auditor.store import BadVersionError, NoNodeError
 from auditor.worker.loop import default_lock_holder
-from auditor.zk import BadVersionError, NoNodeError
 
 #: Seconds between re-reads of every remaining ledger, watches or not (a watch is lost
 #: with its session, and a re-read costs one read per remaining ledger).

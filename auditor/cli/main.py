@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     emu.add_argument("--readonly", action="store_true")
     demo = sub.add_parser("demo", help="the whole product on an embedded cluster")
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    demo.add_argument(
+        "--store",
+        choices=("zookeeper", "etcd"),
+        default="zookeeper",
+        help="the metadata store: ZooKeeper (BookKeeper's election), or etcd with Pulsar's "
+        "driver (metadata-store:etcd:, Pulsar's leader key)",
+    )
     run = sub.add_parser("run", help="run the auditor daemon (contends for leadership)")
     run.add_argument("--config", metavar="FILE", help="TOML config file")
     run.add_argument("--bk-conf", metavar="FILE", help="BookKeeper's bk_server.conf to honour")
@@ -345,10 +352,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await admin.dispatch(args)
     if args.command == "demo":
         from auditor.cli.sandbox import run_sandbox
+        from auditor.store import StoreKind
 
         if args.duration is not None and args.duration < 0:
             raise ConfigError(f"--duration must be >= 0, got {args.duration:g}")
-        return await run_sandbox(args.duration)
+        return await run_sandbox(args.duration, StoreKind(args.store))
     raise ConfigError(f"unknown command {args.command!r}")
 
 

@@ -47,8 +47,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kazoo.protocol.states import KazooState
-
 from auditor.checks.context import CheckContext, open_context
 from auditor.checks.replicas_run import bookie_answers
 from auditor.config import AuditorConfig
@@ -59,6 +57,7 @@ from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.replication import ReplicationQueue
 from auditor.metadata.serde import LedgerMetadataFormatError
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
+from auditor.store import FencedOutError, MetadataStore, SessionState, StoreUnavailableError
 from auditor.worker.loop import default_lock_holder
 from auditor.worker.plan import plan_ledger
 from auditor.worker.repair import (
@@ -71,7 +70,6 @@ from auditor.worker.repair import (
 )
 from auditor.worker.state import Failure, InHand, WorkerState
 from auditor.worker.targets import NoTargetError
-from auditor.zk import FencedOutError, ZkClient, ZkUnavailableError
 
 #: BookKeeper's BookieId rule: letters, digits and `:._-`; "readonly" is the registry's
 #: directory, never an id.
@@ -198,7 +196,7 @@ class LedgerResult:
 
 
 @asynccontextmanager
-async def followed(zk: ZkClient) -> AsyncIterator[WorkerConnection]:
+async def followed(zk: MetadataStore) -> AsyncIterator[WorkerConnection]:
     """Events that follow the session, so that a copy stops the moment it is suspended."""
     connected, disconnected = asyncio.Event(), asyncio.Event()
     (connected if zk.connected else disconnected).set()
@@ -206,7 +204,7 @@ async def followed(zk: ZkClient) -> AsyncIterator[WorkerConnection]:
 
     async def follow() -> None:
         async for st in states:
-            if st == KazooState.CONNECTED:
+            if st == SessionState.CONNECTED:
                 disconnected.clear()
                 connected.set()
             else:
@@ -273,7 +271,7 @@ class LedgerMover:
                 outcome = await self.repairer.repair(taken, replace=self.bookies)
             except (Disconnected, FencedOutError) as exc:
                 outcome = Outcome(False, Failure.LOCK_LOST, str(exc))
-            except (ConfigError, ZkUnavailableError):
+            except (ConfigError, StoreUnavailableError):
                 raise  # the same for every ledger: the run ends with it
             except AuditorError as exc:
                 outcome = Outcome(False, Failure.ERROR, f"{type(exc).__name__}: {exc}")
@@ -284,7 +282,7 @@ class LedgerMover:
             except LedgerMetadataFormatError:
                 after = None
         finally:
-            with contextlib.suppress(ZkUnavailableError):
+            with contextlib.suppress(StoreUnavailableError):
                 await self.queue.release(taken)
         moved = moves_between(before, after)
         if outcome.done:

@@ -44,10 +44,13 @@ from auditor.cli.check import render_text
 from auditor.daemon.config import load_daemon_config
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
+from auditor.etcd import EtcdStore
 from auditor.logs import configure_logging
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerWalker
+from auditor.store import MetadataStore, StoreKind
 from auditor.testing.bookie import BookieEmulator
+from auditor.testing.etcdserver import EtcdServer
 from auditor.testing.seeded import (
     EXPECTED,
     HEALTHY,
@@ -76,11 +79,14 @@ PROGRESS_EVERY = 2.0
 AFTER_CHECKS = (Check.REPLICAS, Check.PLACEMENT)
 
 
-def _daemon_config(hosts: str, name: str, api: int, metrics: int, worker: bool) -> Any:
+def _daemon_config(address: str, name: str, api: int, metrics: int, worker: bool) -> Any:
+    """A daemon's configuration; `address` is a ZooKeeper connect string or a
+    `metadataServiceUri` (the etcd demo's `metadata-store:etcd:...`)."""
+    key = "daemon.metadata_service_uri" if address.startswith("metadata-store:") else "daemon.zk"
     return load_daemon_config(
         None,
         [
-            f"daemon.zk={hosts}",
+            f"{key}={address}",
             f"daemon.identity={name}:{api}",
             "daemon.jitter=0",
             "daemon.zk_session_timeout=6",
@@ -134,13 +140,24 @@ def _start_daemons(configs: list[Any]) -> tuple[list[Daemon], list[asyncio.Task[
     return daemons, runs
 
 
-async def run_sandbox(duration: float | None) -> int:
+async def run_sandbox(duration: float | None, store: StoreKind = StoreKind.ZOOKEEPER) -> int:
     configure_logging("json", level="ERROR")
+    store_name = "etcd" if store is StoreKind.ETCD else "ZooKeeper"
     print(
-        "Starting a throwaway ZooKeeper, 8 emulated bookies and 2 auditor daemons ...", flush=True
+        f"Starting a throwaway {store_name}, 8 emulated bookies and 2 auditor daemons ...",
+        flush=True,
     )
     sys.stdout.flush()
-    server = ZooKeeperServer()
+    server: EtcdServer | ZooKeeperServer
+    if store is StoreKind.ETCD:
+        server = EtcdServer()
+        # Pulsar's driver on etcd: the same tree, Pulsar's leader key for the election.
+        address = f"metadata-store:etcd:{server.endpoint}"
+        where = f"etcd {server.endpoint}"
+    else:
+        server = ZooKeeperServer()
+        address = server.hosts
+        where = f"ZooKeeper {server.hosts}"
     await asyncio.to_thread(server.start)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -148,7 +165,12 @@ async def run_sandbox(duration: float | None) -> int:
         loop.add_signal_handler(sig, stop.set)
     code = 0
     try:
-        async with ZkClient(server.hosts, timeout=30) as zk:
+        client: MetadataStore = (
+            EtcdStore([server.endpoint], timeout=30)
+            if isinstance(server, EtcdServer)
+            else ZkClient(server.hosts, timeout=30)
+        )
+        async with client as zk:
             bookies = [BookieEmulator(zk, ledgers_root=ROOT) for _ in range(8)]
             for b in bookies:
                 await b.start()
@@ -158,14 +180,14 @@ async def run_sandbox(duration: float | None) -> int:
             bookies[SILENT].pause()
             print(
                 f"Cluster: {HEALTHY} healthy ledgers and 8 seeded faults on "
-                f"ZooKeeper {server.hosts}{ROOT}; {len(PULSAR_TOPICS)} Pulsar topics "
+                f"{where}{ROOT}; {len(PULSAR_TOPICS)} Pulsar topics "
                 "(one with a lost ledger) and a deleted topic's orphan ledger",
                 flush=True,
             )
 
             def configs(worker: bool) -> list[Any]:
                 return [
-                    _daemon_config(server.hosts, name, free_port(), free_port(), worker)
+                    _daemon_config(address, name, free_port(), free_port(), worker)
                     for name in ("auditor-a", "auditor-b")
                 ]
 
@@ -196,7 +218,7 @@ async def run_sandbox(duration: float | None) -> int:
                         await b.stop()
     finally:
         await asyncio.to_thread(server.destroy)
-    print("Stopped: daemons, bookies and ZooKeeper are gone.", flush=True)
+    print(f"Stopped: daemons, bookies and {store_name} are gone.", flush=True)
     return code
 
 
@@ -313,7 +335,7 @@ async def _settled(urm: UnderreplicationManager, daemons: list[Daemon]) -> bool:
     return await _marked(urm) <= set(left)
 
 
-async def _naming(zk: ZkClient, leader: Daemon, bookie_id: str) -> set[int]:
+async def _naming(zk: MetadataStore, leader: Daemon, bookie_id: str) -> set[int]:
     """The ledgers whose metadata names `bookie_id` in some segment."""
     assert leader.manager is not None
     out: set[int] = set()
@@ -343,7 +365,7 @@ def _unrecoverable_text(unrecoverable: dict[int, tuple[tuple[int, int], ...]]) -
 
 
 async def _whole_loop(
-    zk: ZkClient,
+    zk: MetadataStore,
     bookies: list[BookieEmulator],
     daemons: list[Daemon],
     runs: list[asyncio.Task[int]],

@@ -32,8 +32,8 @@ from auditor.daemon.contained import CTIME_CORRUPT, shown
 from auditor.daemon.scheduler import CTIME_KIND, intervals
 from auditor.daemon.state import DaemonState
 from auditor.metadata.records import CheckKind, RecordFormatError, decode_check_ctime
+from auditor.store import MetadataStore, NoNodeError
 from auditor.waits import until_any
-from auditor.zk import NoNodeError, ZkClient
 
 #: Seconds between re-reads without a watch event: a watch lost with a session (or
 #: never armed) costs at most this much delay.
@@ -63,7 +63,7 @@ class CtimeWatch:
     def needs_arming(self) -> bool:
         return self.changed is None or self.changed.is_set()
 
-    async def read(self, zk: ZkClient) -> bytes | None:
+    async def read(self, zk: MetadataStore) -> bytes | None:
         """The znode's bytes (None when absent), arming a watch when the last one fired.
 
         A read without a watch (the safety re-read) leaves the armed one in place, so
@@ -125,7 +125,7 @@ def record_ctime(
 
 
 async def follow_cluster_checks(
-    zk: ZkClient,
+    zk: MetadataStore,
     root: str,
     state: DaemonState,
     log: FilteringBoundLogger,
@@ -141,12 +141,12 @@ async def follow_cluster_checks(
     pass that read all three znodes (tests wait on it).
     """
     watches = [CtimeWatch(c, k, ctime_path(root, k)) for c, k in CTIME_KIND.items()]
-    session: tuple[int, bytes] | None = None
+    session: int | None = None
     last_error: str | None = None
     while True:
         apply_intervals(state, bookkeeper())
-        if zk.client_id != session:  # a new session has none of the old one's watches
-            session = zk.client_id
+        if zk.session != session:  # a new session has none of the old one's watches
+            session = zk.session
             for w in watches:
                 w.changed = None
         try:

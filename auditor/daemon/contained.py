@@ -31,7 +31,7 @@ from auditor.metadata.underreplication import (
     UnderreplicationManager,
     parse_lost_bookie_recovery_delay,
 )
-from auditor.zk import NoNodeError
+from auditor.store import NoNodeError
 
 DELAY_ZNODE = "lostBookieRecoveryDelay"
 #: Bytes of a bad value a log line or `status` shows.

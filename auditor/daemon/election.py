@@ -6,7 +6,8 @@ the TextFormat `AuditorVoteFormat`; the lowest sequence (the number after the fi
 "V_") leads. We run kazoo's Lock recipe with its node name set to "V_": our votes are
 `<uuid>V_<seq>` (kazoo needs the unique prefix to find its node again after a
 connection loss; Java reads the number after "V_" and the hex uuid never contains
-"V_"), and kazoo orders contenders by the same sequence number, Java votes included.
+"V_"), and kazoo orders contenders by the same sequence number, Java votes included
+(`auditor.zk.votes`: a kazoo recipe, so ZooKeeper only).
 
 **Pulsar's driver** (`PulsarElector`, for `metadata-store:` clusters). Pulsar's
 `LeaderElectionImpl` has no votes: one ephemeral key `<root>/underreplication/leader`
@@ -24,7 +25,7 @@ holder: nodes that disagree on the metadata driver would otherwise run two audit
 
 kazoo's Lock never notices a lost session once it holds the lock, so leadership is
 not trusted to it: the daemon watches the connection itself, and every leader write
-is fenced on the vote node or the leader key (`ZkClient.fenced`), so a leader that
+is fenced on the vote node or the leader key (`MetadataStore.fenced`), so a leader that
 lost its session cannot write anything.
 
 Two daemons given the same identity would look like one auditor to BookKeeper's
@@ -41,9 +42,6 @@ import contextlib
 from dataclasses import dataclass
 from typing import Protocol
 
-from kazoo.exceptions import CancelledError as KazooCancelled
-from kazoo.recipe.lock import Lock
-
 from auditor.metadata.elections import (
     ElectionHolder,
     bookkeeper_election_path,
@@ -51,15 +49,17 @@ from auditor.metadata.elections import (
     decode_pulsar_leader,
     encode_pulsar_leader,
     holder_of,
+    leader_key_path,
     ordered_votes,
     other_driver,
     pulsar_holder,
-    pulsar_leader_path,
     vote_sequence,
 )
 from auditor.metadata.records import RecordFormatError, decode_auditor_vote, encode_auditor_vote
 from auditor.metadata.service_uri import MetadataDriver
-from auditor.zk import NodeExistsError, NoNodeError, ZkClient
+from auditor.store import MetadataStore, NodeExistsError, NoNodeError
+from auditor.zk import ZkClient
+from auditor.zk.votes import Vote
 
 __all__ = [
     "Elector",
@@ -82,18 +82,11 @@ def election_path(root: str) -> str:
 
 
 async def current_auditor(
-    zk: ZkClient, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    zk: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
 ) -> str | None:
     """Who leads `driver`'s election, read as BookKeeper's or Pulsar's `getCurrentAuditor`."""
     holder = await holder_of(zk, root, driver)
     return holder.auditor if holder is not None else None
-
-
-class VoteLock(Lock):  # type: ignore[misc]
-    """kazoo's Lock with BookKeeper's vote naming."""
-
-    _NODE_NAME = "V_"
-    _EXCLUDE_NAMES = ["V_"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,30 +94,28 @@ class Leadership:
     """Proof of leadership: our vote node, and a ZooKeeper view fenced on it."""
 
     vote_path: str
-    zk: ZkClient
+    zk: MetadataStore
 
 
 class Elector:
+    """BookKeeper's vote election: ZooKeeper only (its votes are kazoo's Lock recipe)."""
+
     def __init__(self, zk: ZkClient, root: str, identity: str) -> None:
         self.zk = zk
         self.root = root.rstrip("/")
         self.identity = identity
         self.path = election_path(root)
-        self._lock: VoteLock | None = None
+        self._lock: Vote | None = None
 
     async def campaign(self) -> Leadership:
         """Votes and waits until this node leads; cancelling withdraws the vote."""
         await self.zk.ensure_path(self.path)
         vote_data = encode_auditor_vote(self.identity).decode()
-        lock = VoteLock(self.zk.kazoo, self.path, identifier=vote_data)
+        lock = Vote(self.zk, self.path, vote_data)
         self._lock = lock
-        acquiring = asyncio.ensure_future(asyncio.to_thread(lock.acquire))
         try:
-            await asyncio.shield(acquiring)
+            await lock.won()
         except asyncio.CancelledError:
-            lock.cancel()
-            with contextlib.suppress(Exception, KazooCancelled):
-                await acquiring
             await self.resign()
             raise
         vote_path = f"{self.path}/{lock.node}"
@@ -142,7 +133,7 @@ class Elector:
         """Our vote's sequence number while a campaign holds one, else None."""
         lock = self._lock
         node = lock.node if lock is not None else None
-        return vote_sequence(node) if isinstance(node, str) else None
+        return vote_sequence(node) if node is not None else None
 
     async def rivals(self) -> tuple[list[str], asyncio.Event]:
         """Votes of other sessions carrying our identity (paths, election order), and an
@@ -153,7 +144,7 @@ class Elector:
         """
         await self.zk.ensure_path(self.path)
         children, changed = await self.zk.get_children_watched(self.path)
-        session = self.zk.client_id
+        session = self.zk.session
         found: list[str] = []
         for name in ordered_votes(children):
             path = f"{self.path}/{name}"
@@ -161,7 +152,7 @@ class Elector:
                 data, stat = await self.zk.get(path)
             except NoNodeError:
                 continue
-            if session is not None and int(stat.ephemeralOwner) == session[0]:
+            if session is not None and int(stat.ephemeralOwner) == session:
                 if self._lock is None:
                     with contextlib.suppress(NoNodeError):
                         await self.zk.delete(path)
@@ -198,8 +189,7 @@ class Elector:
         lock, self._lock = self._lock, None
         if lock is None:
             return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.to_thread(lock.release), self.zk.timeout)
+        await lock.withdraw()
 
 
 class ElectorLike(Protocol):
@@ -228,20 +218,26 @@ class PulsarElector:
 
     Nothing is written while another session holds the key: a follower only watches
     it. The key's parent is created (persistent, as Pulsar's store creates parents)
-    only if it is missing when we try to take the key.
+    only if it is missing when we try to take the key. On BookKeeper's own etcd driver
+    (`driver` ETCD) the same election runs on our own key, `<scope>/bk-auditor/leader`.
     """
 
-    def __init__(self, zk: ZkClient, root: str, identity: str) -> None:
+    def __init__(
+        self,
+        zk: MetadataStore,
+        root: str,
+        identity: str,
+        driver: MetadataDriver = MetadataDriver.PULSAR,
+    ) -> None:
         self.zk = zk
         self.root = root.rstrip("/")
         self.identity = identity
-        self.path = pulsar_leader_path(root)
+        self.path = leader_key_path(driver, root)
         self._value = encode_pulsar_leader(identity)
         self._campaigning = False
 
     def _session(self) -> int | None:
-        session = self.zk.client_id
-        return session[0] if session is not None else None
+        return self.zk.session
 
     async def _take(self) -> bool:
         """Creates the key (ephemeral); False when another session was first."""
@@ -326,27 +322,29 @@ class PulsarElector:
 
 
 def make_elector(
-    driver: MetadataDriver, zk: ZkClient, root: str, identity: str
+    driver: MetadataDriver, zk: MetadataStore, root: str, identity: str
 ) -> Elector | PulsarElector:
     """The election the cluster's Java nodes use with `driver`."""
-    if driver is MetadataDriver.PULSAR:
-        return PulsarElector(zk, root, identity)
+    if driver is not MetadataDriver.BOOKKEEPER:
+        return PulsarElector(zk, root, identity, driver)
+    if not isinstance(zk, ZkClient):
+        raise TypeError(f"BookKeeper's vote election runs on ZooKeeper, not {zk.where}")
     return Elector(zk, root, identity)
 
 
 async def watch_election(
-    zk: ZkClient, root: str, driver: MetadataDriver, *, live_only: bool = False
+    zk: MetadataStore, root: str, driver: MetadataDriver, *, live_only: bool = False
 ) -> tuple[ElectionHolder | None, asyncio.Event]:
     """The holder of `driver`'s election, and an event set when it may have changed.
 
     Reads and watches only, so a daemon can follow an election it takes no part in
     (or has not voted in yet) without writing anything there.
     """
-    if driver is MetadataDriver.PULSAR:
-        stat, changed = await zk.exists_watched(pulsar_leader_path(root))
+    if driver is not MetadataDriver.BOOKKEEPER:
+        stat, changed = await zk.exists_watched(leader_key_path(driver, root))
         if stat is None or (live_only and int(stat.ephemeralOwner) == 0):
             return None, changed
-        holder = await pulsar_holder(zk, root)
+        holder = await pulsar_holder(zk, root, driver)
         if holder is not None and live_only and not holder.live:
             holder = None
         return holder, changed
@@ -362,7 +360,11 @@ async def watch_election(
 
 
 async def watch_other_election(
-    zk: ZkClient, root: str, driver: MetadataDriver
+    zk: MetadataStore, root: str, driver: MetadataDriver
 ) -> tuple[ElectionHolder | None, asyncio.Event]:
-    """The live holder of the election `driver` does NOT use (see `watch_election`)."""
-    return await watch_election(zk, root, other_driver(driver), live_only=True)
+    """The live holder of the election `driver` does NOT use (see `watch_election`); on
+    etcd's own driver there is none, and the event never fires."""
+    other = other_driver(driver)
+    if other is None:
+        return None, asyncio.Event()
+    return await watch_election(zk, root, other, live_only=True)

@@ -54,7 +54,7 @@ from auditor.schedule.lost_bookie_delay import (
 from auditor.selftest.canary import CANARY_PLACEMENT, CANARY_REPLICAS, run_canary
 from auditor.selftest.cases import run_selftest
 from auditor.selftest.harness import SelfTestResult
-from auditor.zk import FencedOutError, NoNodeError, ZkUnavailableError
+from auditor.store import FencedOutError, NoNodeError, StoreUnavailableError
 
 #: Checks whose last run time BookKeeper keeps in ZooKeeper.
 CTIME_KIND: dict[Check, CheckKind] = {
@@ -169,7 +169,7 @@ class LeaderWork:
         while True:
             try:
                 stat, changed = await self.ctx.zk.exists_watched(f"{urm.base}/disable")
-            except ZkUnavailableError as exc:
+            except StoreUnavailableError as exc:
                 self.log.warning(
                     "cannot read whether auto-recovery is enabled; asking again when connected",
                     error=str(exc),
@@ -274,7 +274,7 @@ class LeaderWork:
             await self.ctx.urm.set_check_ctime(kind, int(self.ctx.clock() * 1000))
         except FencedOutError:
             raise
-        except ZkUnavailableError as exc:
+        except StoreUnavailableError as exc:
             self.log.warning("check time not stored", check=str(check), error=str(exc))
             return
         self.reads.ctime_stored(kind)
@@ -296,7 +296,7 @@ class LeaderWork:
             self.on_state(check, RunState.SCHEDULED, self.ctx.clock() + delay)
             trigger = self.triggers[check]
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):  # not wait_for: see ZkClient._call
+                async with asyncio.timeout(delay):  # not wait_for: see MetadataStore._call
                     await trigger.wait()
             manual = trigger.is_set()
             trigger.clear()
@@ -323,7 +323,7 @@ class LeaderWork:
             await step
         except FencedOutError:
             raise
-        except ZkUnavailableError as exc:
+        except StoreUnavailableError as exc:
             self.log.warning(
                 "ZooKeeper call failed; resuming when connected", task=str(what), error=str(exc)
             )
@@ -364,7 +364,7 @@ class LeaderWork:
             await self.gate.wait()
         try:
             results = await run_canary(self.ctx, self.selftest.canary_root)
-        except (FencedOutError, ZkUnavailableError):
+        except (FencedOutError, StoreUnavailableError):
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -410,7 +410,7 @@ class LeaderWork:
             else:
                 async with self.one_at_a_time:
                     report = await run_risk(self.ctx)
-        except (FencedOutError, ZkUnavailableError):
+        except (FencedOutError, StoreUnavailableError):
             raise
         except Exception as exc:
             self.log.error("risk report failed", error=f"{type(exc).__name__}: {exc}")
@@ -468,7 +468,7 @@ class LeaderWork:
                 return
             except FencedOutError:
                 raise
-            except ZkUnavailableError as exc:
+            except StoreUnavailableError as exc:
                 # After the outage the first set is news: bookies may have gone meanwhile.
                 self.log.warning(
                     "bookie watch interrupted; resuming when connected", error=str(exc)
@@ -507,7 +507,7 @@ class LeaderWork:
                 await self._wait_enabled()
             except FencedOutError:
                 raise
-            except ZkUnavailableError as exc:
+            except StoreUnavailableError as exc:
                 self.log.warning("delay watch interrupted; resuming when connected", error=str(exc))
                 changed = None
                 await self._reconnected()

@@ -120,9 +120,9 @@ from auditor.metadata.underreplication import (
 )
 from auditor.schedule.bookie_sightings import BookieSightings
 from auditor.selftest.harness import SelfTestResult
+from auditor.store import FencedOutError, MetadataStore, SessionState, StoreUnavailableError
 from auditor.waits import until_any
 from auditor.worker.loop import ReplicationWorker, WorkerConnection, default_lock_holder
-from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
 
 #: `run`'s exit code when a supervised task ended (EX_TEMPFAIL: a restart is the remedy).
 EXIT_ELECTION_ENDED = 75
@@ -208,7 +208,7 @@ class Daemon:
         self.metrics.bind(self.state)
         self._serve_metrics = metrics is not None
         self.machine = LeadershipMachine(backoff_of(config), rng)
-        self.zk: ZkClient | None = None
+        self.zk: MetadataStore | None = None
         self.root = config.daemon.ledgers_root
         self.manager: LedgerManager | None = None
         self.api: ApiHandle | None = None
@@ -257,7 +257,7 @@ class Daemon:
 
     # --- DaemonControl ----------------------------------------------------------------
 
-    def _zk(self) -> ZkClient:
+    def _zk(self) -> MetadataStore:
         if self.zk is None:
             raise NotLeaderError("not connected to ZooKeeper yet")
         return self.zk
@@ -403,23 +403,23 @@ class Daemon:
 
     # --- connection, heartbeat, signals -------------------------------------------------------
 
-    async def _follow_connection(self, zk: ZkClient) -> None:
+    async def _follow_connection(self, zk: MetadataStore) -> None:
         async for st in zk.states():
-            if st == KazooState.CONNECTED:
+            if st == SessionState.CONNECTED:
                 self.state.zk_connected = True
                 self.state.tallies.zk_connected()
                 self._disconnected.clear()
                 self._connected.set()
                 self._disarm_suspension_limit()
                 self._decide(Connected())
-            elif st == KazooState.SUSPENDED:
+            elif st == SessionState.SUSPENDED:
                 self.state.zk_connected = False
                 self.state.tallies.zk_suspended()
                 self._connected.clear()
                 self._disconnected.set()
                 if self._decide(Suspended()).action is Action.PAUSE:
                     self._arm_suspension_limit()
-            elif st == KazooState.LOST:
+            elif st == SessionState.LOST:
                 self.state.zk_connected = False
                 self.state.tallies.zk_session_lost()
                 self._connected.clear()
@@ -519,7 +519,12 @@ class Daemon:
         term_end = self._term_end
         try:
             async with open_context(
-                leadership.zk, self.root, self.manager, self.config.auditor, mark=True
+                leadership.zk,
+                self.root,
+                self.manager,
+                self.config.auditor,
+                # BookKeeper's etcd driver has no under-replication manager: report only.
+                mark=self.driver.marks,
             ) as ctx:
                 ctx.log = ctx.log.bind(identity=self.state.identity)
                 ctx.index = index[0] if index is not None else self._standby_for(leadership.zk)
@@ -605,7 +610,7 @@ class Daemon:
 
     # --- the metadata index --------------------------------------------------------------
 
-    def _new_index(self, zk: ZkClient) -> IndexSync:
+    def _new_index(self, zk: MetadataStore) -> IndexSync:
         """A metadata index on `zk`, not started; its loads, gaps and size are tallied."""
         assert self.manager is not None
         sync = IndexSync(
@@ -630,7 +635,7 @@ class Daemon:
         await sync.run()
         self.state.tallies.index_failed()
 
-    def _start_index(self, zk: ZkClient) -> tuple[IndexSync, asyncio.Task[None]] | None:
+    def _start_index(self, zk: MetadataStore) -> tuple[IndexSync, asyncio.Task[None]] | None:
         """The leader's own metadata index for one term, without a standby index: loading
         in the background (checks wait for it)."""
         if not self.config.daemon.metadata_index:
@@ -638,18 +643,19 @@ class Daemon:
         sync = self._new_index(zk)
         return sync, asyncio.ensure_future(self._run_index(sync))
 
-    def _standby_for(self, zk: ZkClient) -> IndexSync | None:
+    def _standby_for(self, zk: MetadataStore) -> IndexSync | None:
         """The standby index, when the leader's work may read it: the index is on (a
         reload may have turned it off) and reads through the leader's own client."""
         sync = self.index
         if sync is None or not self.config.daemon.metadata_index:
             return None
-        if sync.zk.kazoo is not zk.kazoo:  # one client per daemon: not expected
-            self.log.warning("the standby index is on another ZooKeeper client; not read")
+        if sync.zk.session != zk.session:
+            # One session per daemon (the leader's client is a fenced view of it).
+            self.log.warning("the standby index is on another metadata-store client; not read")
             return None
         return sync
 
-    async def _keep_index(self, zk: ZkClient, sync: IndexSync) -> None:
+    async def _keep_index(self, zk: MetadataStore, sync: IndexSync) -> None:
         """The standby index, leader or not, until cancelled (shutdown).
 
         `sync` resyncs by itself after every gap (connection or session lost; a new
@@ -686,7 +692,7 @@ class Daemon:
             try:
                 stat, changed = await zk.exists_watched(leadership.vote_path)
                 leading = stat is not None and await elector.still_leading(leadership)
-            except ZkUnavailableError:
+            except StoreUnavailableError:
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 continue
             if not leading:
@@ -713,7 +719,7 @@ class Daemon:
         while True:
             try:
                 holder, changed = await watch_other_election(zk, self.root, self.driver)
-            except ZkUnavailableError:
+            except StoreUnavailableError:
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 await self._connected.wait()
                 continue
@@ -732,7 +738,7 @@ class Daemon:
         while not self._stop.is_set():
             try:
                 holder, changed = await watch_other_election(self._zk(), self.root, self.driver)
-            except ZkUnavailableError:
+            except StoreUnavailableError:
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 await self._until(self._connected)
                 continue
@@ -770,7 +776,7 @@ class Daemon:
                 return False
             try:
                 rivals, changed = await elector.rivals()
-            except ZkUnavailableError:
+            except StoreUnavailableError:
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 await self._until(self._connected)
                 continue
@@ -797,7 +803,7 @@ class Daemon:
         while True:
             try:
                 rivals, changed = await elector.rivals()
-            except ZkUnavailableError:
+            except StoreUnavailableError:
                 await asyncio.sleep(0.1)
                 await self._connected.wait()
                 continue
@@ -835,7 +841,7 @@ class Daemon:
             return None, self._decide(CampaignFailed(f"{type(error).__name__}: {error}"))
         try:  # elected: one last look, so no leader work starts beside another election's
             holder, _ = await watch_other_election(self._zk(), self.root, self.driver)
-        except ZkUnavailableError as exc:
+        except StoreUnavailableError as exc:
             return None, self._decide(CampaignFailed(f"{type(exc).__name__}: {exc}"))
         if holder is not None:
             await elector.resign()  # out of our election before saying so
@@ -848,7 +854,7 @@ class Daemon:
         if not self._stop.is_set():
             self._decide(BackoffElapsed())
 
-    async def _elect(self, zk: ZkClient) -> None:
+    async def _elect(self, zk: MetadataStore) -> None:
         """The election task: vote, lead, step down, back off; until stopped."""
         elector = make_elector(self.driver, zk, self.root, self.state.identity)
         try:
@@ -882,7 +888,7 @@ class Daemon:
         finally:
             await elector.resign()
 
-    async def _watch_bookies(self, zk: ZkClient) -> None:
+    async def _watch_bookies(self, zk: MetadataStore) -> None:
         """Notes when each bookie disappears, leader or not (the restart rule's clock).
 
         A new leader waits `lostBookieRecoveryDelay` from the moment this
@@ -896,14 +902,14 @@ class Daemon:
             try:
                 async for bookies in stream:
                     self.sightings.observe(bookies.available, time.monotonic())
-            except ZkUnavailableError as exc:
+            except StoreUnavailableError as exc:
                 self.log.info("bookie watch interrupted; resuming when connected", error=str(exc))
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 await self._connected.wait()
             finally:
                 await stream.aclose()
 
-    async def _replicate(self, zk: ZkClient) -> None:
+    async def _replicate(self, zk: MetadataStore) -> None:
         """The replication worker, on every daemon (leader or not), until stopped."""
         assert self.manager is not None
         w = self.config.worker
@@ -921,7 +927,7 @@ class Daemon:
             self.worker = worker
             await worker.run()
 
-    async def _follow_leader(self, zk: ZkClient) -> None:
+    async def _follow_leader(self, zk: MetadataStore) -> None:
         """Who leads and whether auto-recovery is on, for status and metrics.
 
         Re-read when the election (votes or Pulsar's key) or the disable flag change
@@ -960,7 +966,7 @@ class Daemon:
         signals: bool = True,
     ) -> int:
         """Runs until stopped (0), or until a supervised task ends (EXIT_ELECTION_ENDED)."""
-        from auditor.metadata.cluster import read_manager
+        from auditor.metadata.cluster import open_store, read_manager
 
         d = self.config.daemon
         check_api_token(self.config.api.token)
@@ -969,8 +975,11 @@ class Daemon:
             notify.show(self.state)  # "waiting for ZooKeeper"
         if signals:
             self._install_signals()
-        zk = ZkClient(
+        zk = open_store(
             d.zk,
+            store=self.config.metadata_store,
+            driver=self.driver,
+            root=self.root,
             timeout=self.config.auditor.zk_timeout,
             session_timeout=d.zk_session_timeout,
             security=self.config.zk_security,
@@ -1012,6 +1021,7 @@ class Daemon:
                 ledgers_root=self.root,
                 engine=d.engine,
                 election=str(self.driver),
+                store=str(self.config.metadata_store),
                 identity_from=self.config.origin("daemon.identity"),
                 zk_tls=tls.describe() if (tls := self.config.zk_security.tls) else "off",
             )
@@ -1024,7 +1034,12 @@ class Daemon:
                 follow: "connection follower",
                 watch: "bookie watch",
             }
-            if self.config.worker.enabled:
+            if self.config.worker.enabled and not self.driver.marks:
+                self.log.warning(
+                    "replication worker not started: BookKeeper's etcd driver has no "
+                    "under-replication manager, so there are no marks to work on"
+                )
+            elif self.config.worker.enabled:
                 supervised[asyncio.ensure_future(self._replicate(zk))] = "replication worker"
             stopping = asyncio.ensure_future(self._stop.wait())
             await asyncio.wait([stopping, *supervised], return_when=asyncio.FIRST_COMPLETED)

@@ -39,7 +39,7 @@ from auditor.metadata.walk import (
     UnexpectedZnode,
     WalkStats,
 )
-from auditor.zk import ZkClient
+from auditor.store import MetadataStore
 
 #: Records handed out per turn of the event loop while iterating (a walk of
 #: millions of ledgers must not starve the bookie client and the API).
@@ -144,7 +144,9 @@ class MetadataIndex:
 class IndexWalker:
     """A `LedgerWalker` whose walk reads the index; fresh reads go to ZooKeeper."""
 
-    def __init__(self, index: MetadataIndex, zk: ZkClient, id_range: IdRange | None = None) -> None:
+    def __init__(
+        self, index: MetadataIndex, zk: MetadataStore, id_range: IdRange | None = None
+    ) -> None:
         self.index = index
         self.id_range = id_range
         self.stats = WalkStats()

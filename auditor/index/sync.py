@@ -40,8 +40,14 @@ from auditor.metadata.walk import (
     misnamed_reason,
     out_of_range_reason,
 )
-from auditor.zk import EventType, ZkClient, ZkUnavailableError
-from auditor.zk.persistent import Event, Gap, PersistentWatchUnsupported
+from auditor.store import (
+    Event,
+    EventType,
+    Gap,
+    MetadataStore,
+    StoreUnavailableError,
+    WatchUnsupportedError,
+)
 
 # A ledger's path in each tree, with any count of digits in the leaf's name: the
 # right count is a ledger (if the id is valid), a wrong one an invalid ledger znode.
@@ -95,7 +101,7 @@ class IndexSync:
 
     def __init__(
         self,
-        zk: ZkClient,
+        zk: MetadataStore,
         index: MetadataIndex,
         *,
         concurrency: int = 100,
@@ -132,7 +138,7 @@ class IndexSync:
                 try:
                     queue = await self._watch()
                     await self._load()
-                except ZkUnavailableError as exc:
+                except StoreUnavailableError as exc:
                     self.log.warning("index load interrupted; starting again", error=str(exc))
                     await asyncio.sleep(self.retry_delay)
                     continue
@@ -173,9 +179,9 @@ class IndexSync:
         while True:
             try:
                 return await self.zk.watch_tree(self.index.root)
-            except PersistentWatchUnsupported:
+            except WatchUnsupportedError:
                 raise
-            except ZkUnavailableError as exc:
+            except StoreUnavailableError as exc:
                 self.log.info("index cannot watch yet; retrying", error=str(exc))
                 await asyncio.sleep(self.retry_delay)
 
@@ -229,7 +235,7 @@ class IndexSync:
                     break
             try:
                 await self._reread()
-            except ZkUnavailableError as exc:
+            except StoreUnavailableError as exc:
                 # A read that failed may have been the only news of a change.
                 return f"re-read failed: {exc}"
 

@@ -156,7 +156,7 @@ class BookKeeperEtcdView:
     async def get(self, path: str) -> tuple[bytes, Stat]:
         return await self.store.get(self.to_store(path))
 
-    async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, Stat] | None]:
+    async def get_many(self, paths: Sequence[str]) -> Sequence[tuple[bytes, Stat] | None]:
         return await self.store.get_many([self.to_store(p) for p in paths])
 
     async def get_children(self, path: str) -> list[str]:

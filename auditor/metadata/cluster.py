@@ -1,8 +1,11 @@
-"""A cluster to connect to, and connecting: ZooKeeper session, ledgers root, ledger manager.
+"""A cluster to connect to, and connecting: the metadata store, ledgers root, ledger manager.
 
 The CLI, the daemon and the scan's partitions all connect through here, so it
 sits in the metadata layer, below every one of them (the flags that build a
-`ClusterTarget` from a command line stay in `auditor.cli.cluster`).
+`ClusterTarget` from a command line stay in `auditor.cli.cluster`). It is also the one
+place that picks the metadata-store adapter (`open_store`): ZooKeeper, etcd as Pulsar
+keeps its tree there, or etcd as BookKeeper's own driver keys it (seen through
+`BookKeeperEtcdView`, so that everything above names ZooKeeper's paths).
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from auditor.errors import AuditorError
+from auditor.etcd import EtcdStore
+from auditor.metadata.bk_etcd import BookKeeperEtcdView
 from auditor.metadata.layout import LayoutError, LedgerManager, parse_layout
 from auditor.metadata.service_uri import MetadataDriver
-from auditor.zk import NoNodeError, ZkClient, ZkSecurity
+from auditor.store import MetadataStore, NoNodeError, StoreKind
+from auditor.zk import ZkClient, ZkSecurity
 
 
 class NoClusterError(AuditorError):
@@ -23,6 +29,7 @@ class NoClusterError(AuditorError):
 
 @dataclass(frozen=True, slots=True)
 class ClusterTarget:
+    #: A ZooKeeper connect string, or (store ETCD) the etcd endpoints joined by ','.
     hosts: str
     root: str
     manager: LedgerManager | None  # None: read it from LAYOUT
@@ -31,9 +38,51 @@ class ClusterTarget:
     security: ZkSecurity = field(default_factory=ZkSecurity)
     #: Whose driver the cluster's Java nodes run (`metadata-store:` URIs: Pulsar's).
     driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    #: Which store holds the metadata.
+    store: StoreKind = StoreKind.ZOOKEEPER
+
+    @property
+    def marks(self) -> bool:
+        """Whether the cluster's driver has an under-replication manager (marks, workers)."""
+        return self.driver.marks
 
 
-async def read_manager(zk: ZkClient, root: str) -> LedgerManager:
+def open_store(
+    hosts: str,
+    *,
+    store: StoreKind = StoreKind.ZOOKEEPER,
+    driver: MetadataDriver = MetadataDriver.BOOKKEEPER,
+    root: str = "/ledgers",
+    timeout: float = 10.0,
+    session_timeout: float = 30.0,
+    security: ZkSecurity | None = None,
+) -> MetadataStore:
+    """A client of the cluster's metadata store, not yet started.
+
+    On BookKeeper's own etcd driver the client is seen through `BookKeeperEtcdView`
+    (its keys for the layout, the instance id and the registry are named differently).
+    """
+    if store is StoreKind.ETCD:
+        etcd = EtcdStore(hosts.split(","), timeout=timeout, session_timeout=session_timeout)
+        if driver is MetadataDriver.ETCD:
+            return BookKeeperEtcdView(etcd, root)
+        return etcd
+    return ZkClient(hosts, timeout=timeout, session_timeout=session_timeout, security=security)
+
+
+def target_store(target: ClusterTarget) -> MetadataStore:
+    """`open_store` for a `ClusterTarget`."""
+    return open_store(
+        target.hosts,
+        store=target.store,
+        driver=target.driver,
+        root=target.root,
+        timeout=target.timeout,
+        security=target.security,
+    )
+
+
+async def read_manager(zk: MetadataStore, root: str) -> LedgerManager:
     try:
         data, _ = await zk.get(f"{root}/LAYOUT")
     except NoNodeError as exc:
@@ -47,15 +96,15 @@ async def read_manager(zk: ZkClient, root: str) -> LedgerManager:
 
 
 @asynccontextmanager
-async def connect(target: ClusterTarget) -> AsyncIterator[tuple[ZkClient, LedgerManager]]:
-    zk = ZkClient(target.hosts, timeout=target.timeout, security=target.security)
+async def connect(target: ClusterTarget) -> AsyncIterator[tuple[MetadataStore, LedgerManager]]:
+    zk = target_store(target)
     await zk.start()
     try:
         try:
             manager = target.manager or await read_manager(zk, target.root)
         except NoClusterError as exc:
             _, slash, chroot = target.hosts.partition("/")
-            if not slash or not chroot:
+            if target.store is not StoreKind.ZOOKEEPER or not slash or not chroot:
                 raise
             # The root is inside the chroot: say so, or the path shown looks absolute.
             raise NoClusterError(f"{exc} (under ZooKeeper chroot /{chroot})") from exc

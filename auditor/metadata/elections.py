@@ -9,6 +9,12 @@ of a `String`: UTF-8 with the quotes, no newline). Neither election sees the oth
 a cluster whose nodes disagree on the driver runs two auditors; the daemon and
 `whoisauditor` read both through this module.
 
+BookKeeper's own etcd driver has no election (nor anything that would act on one:
+no under-replication manager, apache/bookkeeper#3441); our auditors on it elect with a
+leader key of our own, `<scope>/bk-auditor/leader`, kept as Pulsar keeps its key (an
+ephemeral key on the session's lease, the id as a JSON string), and there is no other
+driver's election to watch.
+
 "Live" means held by a session: a vote or a leader key that is not ephemeral is
 nobody's (BookKeeper and Pulsar only ever write ephemeral ones), so it is named
 but never taken for a leader.
@@ -21,10 +27,12 @@ from dataclasses import dataclass
 
 from auditor.metadata.records import RecordFormatError, decode_auditor_vote
 from auditor.metadata.service_uri import MetadataDriver
-from auditor.zk import NoNodeError, ZkClient
+from auditor.store import MetadataStore, NoNodeError
 
 BOOKKEEPER_ELECTION = "underreplication/auditorelection"
 PULSAR_LEADER = "underreplication/leader"
+#: Our own leader key on BookKeeper's etcd driver (no Java node has an election there).
+ETCD_LEADER = "bk-auditor/leader"
 #: How often a reader looks again when the first vote vanishes as it reads it.
 _ATTEMPTS = 5
 
@@ -37,11 +45,18 @@ def pulsar_leader_path(root: str) -> str:
     return f"{root.rstrip('/')}/{PULSAR_LEADER}"
 
 
+def leader_key_path(driver: MetadataDriver, root: str) -> str:
+    """The leader key of a driver that elects with one (Pulsar's, or ours on etcd)."""
+    if driver is MetadataDriver.ETCD:
+        return f"{root.rstrip('/')}/{ETCD_LEADER}"
+    return pulsar_leader_path(root)
+
+
 def election_path_of(driver: MetadataDriver, root: str) -> str:
-    """The znode a driver's election lives at (the votes' parent, or Pulsar's key)."""
-    if driver is MetadataDriver.PULSAR:
-        return pulsar_leader_path(root)
-    return bookkeeper_election_path(root)
+    """The node a driver's election lives at (the votes' parent, or the leader key)."""
+    if driver is MetadataDriver.BOOKKEEPER:
+        return bookkeeper_election_path(root)
+    return leader_key_path(driver, root)
 
 
 def vote_sequence(name: str) -> int | None:
@@ -90,9 +105,12 @@ class ElectionHolder:
         return self.session != 0
 
 
-async def pulsar_holder(zk: ZkClient, root: str) -> ElectionHolder | None:
-    """The leader key of Pulsar's election, or None when there is none. Writes nothing."""
-    path = pulsar_leader_path(root)
+async def pulsar_holder(
+    zk: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.PULSAR
+) -> ElectionHolder | None:
+    """The leader key of Pulsar's election (or of ours on etcd: `driver`), or None when
+    there is none. Writes nothing."""
+    path = leader_key_path(driver, root)
     try:
         data, stat = await zk.get(path)
     except NoNodeError:
@@ -102,11 +120,11 @@ async def pulsar_holder(zk: ZkClient, root: str) -> ElectionHolder | None:
         error = ""
     except RecordFormatError as exc:
         auditor, error = None, str(exc)
-    return ElectionHolder(MetadataDriver.PULSAR, path, auditor, int(stat.ephemeralOwner), error)
+    return ElectionHolder(driver, path, auditor, int(stat.ephemeralOwner), error)
 
 
 async def bookkeeper_holder(
-    zk: ZkClient, root: str, *, live_only: bool = False
+    zk: MetadataStore, root: str, *, live_only: bool = False
 ) -> ElectionHolder | None:
     """The first vote of BookKeeper's election, or None when there is none. Writes nothing.
 
@@ -141,14 +159,18 @@ async def bookkeeper_holder(
 
 
 async def holder_of(
-    zk: ZkClient, root: str, driver: MetadataDriver, *, live_only: bool = False
+    zk: MetadataStore, root: str, driver: MetadataDriver, *, live_only: bool = False
 ) -> ElectionHolder | None:
     """The holder of `driver`'s election (see `pulsar_holder`, `bookkeeper_holder`)."""
-    if driver is MetadataDriver.PULSAR:
-        found = await pulsar_holder(zk, root)
+    if driver is not MetadataDriver.BOOKKEEPER:
+        found = await pulsar_holder(zk, root, driver)
         return found if found is None or found.live or not live_only else None
     return await bookkeeper_holder(zk, root, live_only=live_only)
 
 
-def other_driver(driver: MetadataDriver) -> MetadataDriver:
+def other_driver(driver: MetadataDriver) -> MetadataDriver | None:
+    """The election nodes that disagree with us on the driver would run; None on etcd's
+    own driver (no Java node runs an auditor there)."""
+    if driver is MetadataDriver.ETCD:
+        return None
     return MetadataDriver.BOOKKEEPER if driver is MetadataDriver.PULSAR else MetadataDriver.PULSAR

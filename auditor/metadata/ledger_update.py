@@ -36,7 +36,7 @@ from auditor.metadata.serde import (
     encode_ledger_metadata,
 )
 from auditor.metadata.textformat import DEFAULT_STYLE, EscapeStyle
-from auditor.zk import BadVersionError, NoNodeError, ZkClient
+from auditor.store import BadVersionError, MetadataStore, NoNodeError
 
 #: A change to a ledger's metadata: the new metadata, or None when there is nothing to do.
 Transform = Callable[[LedgerMetadata], LedgerMetadata | None]
@@ -76,8 +76,8 @@ class UpdateResult:
 
 
 async def update_ledger(
-    zk_fenced: ZkClient,
-    zk: ZkClient,
+    zk_fenced: MetadataStore,
+    zk: MetadataStore,
     path: str,
     ledger_id: int,
     transform: Transform,

@@ -26,7 +26,7 @@ from auditor.metadata.records import (
     encode_bookie_service_info,
     encode_cookie,
 )
-from auditor.zk import NodeExistsError, NoNodeError, ZkClient
+from auditor.store import MetadataStore, NodeExistsError, NoNodeError
 
 READONLY = "readonly"
 
@@ -100,26 +100,26 @@ def address_from_id(bookie_id: str) -> tuple[str, int] | None:
     return (host, p) if 0 < p < 65536 else None
 
 
-async def _children(zk: ZkClient, path: str) -> list[str]:
+async def _children(zk: MetadataStore, path: str) -> list[str]:
     try:
         return await zk.get_children(path)
     except NoNodeError:
         return []
 
 
-async def read_bookies(zk: ZkClient, root: str) -> BookieSet:
+async def read_bookies(zk: MetadataStore, root: str) -> BookieSet:
     writable, readonly = await asyncio.gather(
         _children(zk, f"{root}/available"), _children(zk, f"{root}/available/{READONLY}")
     )
     return BookieSet(frozenset(b for b in writable if b != READONLY), frozenset(readonly))
 
 
-async def all_known_bookies(zk: ZkClient, root: str) -> frozenset[str]:
+async def all_known_bookies(zk: MetadataStore, root: str) -> frozenset[str]:
     """Every bookie that ever registered (its cookie survives it)."""
     return frozenset(await _children(zk, f"{root}/cookies"))
 
 
-async def resolve_bookie(zk: ZkClient, root: str, bookie_id: str) -> tuple[str, int] | None:
+async def resolve_bookie(zk: MetadataStore, root: str, bookie_id: str) -> tuple[str, int] | None:
     for readonly in (False, True):
         try:
             data, _ = await zk.get(available_path(root, bookie_id, readonly=readonly))
@@ -133,7 +133,7 @@ async def resolve_bookie(zk: ZkClient, root: str, bookie_id: str) -> tuple[str, 
 
 
 async def register_bookie(
-    zk: ZkClient,
+    zk: MetadataStore,
     root: str,
     bookie_id: str,
     host: str,
@@ -159,13 +159,13 @@ async def register_bookie(
         await zk.delete(available_path(root, bookie_id, readonly=not readonly))
 
 
-async def unregister_bookie(zk: ZkClient, root: str, bookie_id: str) -> None:
+async def unregister_bookie(zk: MetadataStore, root: str, bookie_id: str) -> None:
     for readonly in (False, True):
         with contextlib.suppress(NoNodeError):
             await zk.delete(available_path(root, bookie_id, readonly=readonly))
 
 
-async def watch_bookies(zk: ZkClient, root: str) -> AsyncGenerator[BookieSet, None]:
+async def watch_bookies(zk: MetadataStore, root: str) -> AsyncGenerator[BookieSet, None]:
     """The current bookie set, then each changed set as bookies come and go.
 
     Built on one-shot child watches re-armed after every change, so no change

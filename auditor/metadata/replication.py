@@ -76,18 +76,20 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
-from auditor.zk import (
+from auditor.store import (
     BadVersionError,
+    Event,
     EventType,
     FencedOutError,
+    Gap,
+    MetadataStore,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
-    ZkClient,
-    ZkStat,
-    ZkUnavailableError,
+    Stat,
+    StoreUnavailableError,
+    WatchUnsupportedError,
 )
-from auditor.zk.persistent import Event, Gap, PersistentWatchUnsupported
 
 #: The hex directory levels between `underreplication/ledgers` and a mark.
 HEX_LEVELS = 4
@@ -168,7 +170,7 @@ class ReplicationQueue:
 
     def __init__(
         self,
-        zk: ZkClient,
+        zk: MetadataStore,
         root: str,
         holder: str,
         *,
@@ -270,7 +272,7 @@ class ReplicationQueue:
         self._orphans.pop(lock_path, None)
         return taken
 
-    async def _lock(self, lock_path: str) -> ZkStat | None:
+    async def _lock(self, lock_path: str) -> Stat | None:
         """Creates the ephemeral lock; its stat when this session owns it, else None.
 
         A create that was cancelled or failed may have happened all the same: it is
@@ -390,7 +392,7 @@ class ReplicationQueue:
                 return
             try:
                 events = await self.zk.watch_tree(self.base)
-            except PersistentWatchUnsupported:
+            except WatchUnsupportedError:
                 self._watch_supported = False
                 return
             self._epoch += 1
@@ -424,7 +426,7 @@ class ReplicationQueue:
 
     # --- holding, unmarking, releasing -------------------------------------------
 
-    def fenced(self, taken: TakenLedger) -> ZkClient:
+    def fenced(self, taken: TakenLedger) -> MetadataStore:
         """The ZooKeeper view whose writes happen only while our lock on `taken` is at its
         version; FencedOutError at once when the lock is not held by this queue or the
         session that took it is gone."""
@@ -474,7 +476,7 @@ class ReplicationQueue:
         # The empty hex directories above it, deepest first, as Java: the first that is
         # not empty (or changed, or gone) ends it; `underreplication/ledgers` stays.
         parent = taken.mark_path.rsplit("/", 1)[0]
-        with contextlib.suppress(ZkUnavailableError):
+        with contextlib.suppress(StoreUnavailableError):
             while parent.startswith(self.ledgers + "/"):
                 stat = await self.zk.exists(parent)
                 if stat is None or stat.numChildren:
@@ -488,7 +490,7 @@ class ReplicationQueue:
 
     async def release(self, taken: TakenLedger) -> None:
         """Deletes our lock on `taken` if it is still ours; a lock gone, or now another
-        worker's, is left alone. ZkUnavailableError keeps it held (`close` tries again)."""
+        worker's, is left alone. StoreUnavailableError keeps it held (`close` tries again)."""
         hold = self._held.get(taken.lock_path)
         if hold is None or hold.taken != taken:
             return
@@ -510,7 +512,7 @@ class ReplicationQueue:
             if lock_path in self._held:
                 del self._orphans[lock_path]
                 continue
-            with contextlib.suppress(ZkUnavailableError):
+            with contextlib.suppress(StoreUnavailableError):
                 await self._delete_own_lock(lock_path, owner)
                 del self._orphans[lock_path]
 
@@ -535,5 +537,4 @@ class ReplicationQueue:
             await self._reap_orphans()
 
     def _session(self) -> int | None:
-        cid = self.zk.client_id
-        return None if cid is None else cid[0]
+        return self.zk.session

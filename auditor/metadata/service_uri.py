@@ -17,8 +17,15 @@ What Pulsar does, and so what we do (`docs`: README, "Metadata service URIs"):
 * Before the first `?`, every `;` becomes `,`. A store prefix `zk:` is removed; a URL
   with no known prefix is a ZooKeeper connect string as it stands
   (`MetadataStoreFactoryImpl`), so `metadata-store:zk1:2181` is ZooKeeper too.
-* `memory:`, `rocksdb:`, `etcd:` and `oxia:` select other stores. We speak ZooKeeper
-  only, so they are refused with one line, as is BookKeeper's `etcd://`.
+* `etcd:` selects etcd: `metadata-store:etcd:http://h1:2379,h2:2379` (Pulsar's
+  `EtcdMetadataStore`: the same tree, kept as keys that are the full paths; an item
+  without a scheme takes the previous item's, `http://` for the first). There is no
+  chroot there, so a path after the endpoints is refused. `memory:`, `rocksdb:` and
+  `oxia:` select stores we do not speak (no server of theirs can be reached by a
+  process of ours, or, for Oxia, tested here): refused with one line.
+* BookKeeper's own etcd driver, `etcd://h1:2379;h2:2379/<scope>`: the path is the
+  scope under which BookKeeper keeps its keys (`metadata-drivers/etcd`), each host an
+  `http://` endpoint, as `EtcdMetadataDriverBase` builds them.
 * `metadata-store:zk://h:2181/x` is refused: Pulsar hands `//h:2181/x` to ZooKeeper,
   which reads it as a chroot of an empty host list and fails, so no Java node runs
   with it, and guessing what was meant could point us at another tree.
@@ -44,6 +51,7 @@ from urllib.parse import unquote_plus
 
 from auditor.errors import ConfigError, shown_name
 from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT, LedgerManager
+from auditor.store import StoreKind
 
 
 class MetadataDriver(enum.StrEnum):
@@ -53,10 +61,19 @@ class MetadataDriver(enum.StrEnum):
     bare `--zk`): votes under `<root>/underreplication/auditorelection`.
     PULSAR: Pulsar's driver (`metadata-store:zk:...`): one ephemeral key
     `<root>/underreplication/leader` holding the leader's bookie id as a JSON string.
+    ETCD: BookKeeper's own etcd driver (`etcd://`): no election and no under-replication
+    manager upstream (apache/bookkeeper#3441); our auditors elect with a leader key of
+    our own, `<scope>/bk-auditor/leader`, and never mark.
     """
 
     BOOKKEEPER = "bookkeeper"
     PULSAR = "pulsar"
+    ETCD = "etcd"
+
+    @property
+    def marks(self) -> bool:
+        """Whether the driver has an under-replication manager (marks a worker reads)."""
+        return self is not MetadataDriver.ETCD
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +81,7 @@ class MetadataServiceUri:
     """Where a cluster's metadata is, as its Java nodes find it."""
 
     #: A kazoo connect string: `h1:2181,h2:2181`, with Pulsar's chroot appended
-    #: (`h1:2181,h2:2181/pulsar`).
+    #: (`h1:2181,h2:2181/pulsar`); on etcd the endpoints, `http://h1:2379,http://h2:2379`.
     hosts: str
     #: The ledgers root inside the connection (under the chroot, if any).
     ledgers_root: str
@@ -75,13 +92,17 @@ class MetadataServiceUri:
     session_timeout_ms: int | None = None
     #: Query parameter names that mean nothing to us, in order, each once.
     ignored: tuple[str, ...] = ()
+    store: StoreKind = StoreKind.ZOOKEEPER
+    #: Pulsar's `configFilePath` for an etcd store (its TLS and authority), when given.
+    etcd_config: str | None = None
 
 
 METADATA_STORE_SCHEME = "metadata-store:"
 ZK_STORE_PREFIX = "zk:"
 #: Pulsar's other stores (`MetadataStoreFactoryImpl`'s providers), by prefix.
-REFUSED_STORES = {"etcd:": "etcd", "oxia:": "Oxia", "rocksdb:": "RocksDB", "memory:": "memory"}
-NOT_ZOOKEEPER = "bk-auditor speaks ZooKeeper only"
+ETCD_STORE_PREFIX = "etcd:"
+REFUSED_STORES = {"oxia:": "Oxia", "rocksdb:": "RocksDB", "memory:": "memory"}
+NOT_ZOOKEEPER = "bk-auditor speaks ZooKeeper and etcd only"
 
 #: `MetadataStoreConfigQueryParams`: key -> the rule of its value.
 _BOOLEAN, _NON_NEGATIVE, _POSITIVE, _STRING = "boolean", "non-negative", "positive", "string"
@@ -97,12 +118,13 @@ PULSAR_QUERY_KEYS = {
     "sessionTimeoutMillis": _POSITIVE,
 }
 SESSION_TIMEOUT_KEY = "sessionTimeoutMillis"
+CONFIG_FILE_KEY = "configFilePath"
 #: How many ignored names one note shows before "and N more".
 IGNORED_SHOWN = 8
 
 _FORMS = (
-    "zk[+MANAGER]://HOST:PORT[;HOST:PORT...]/LEDGERS_ROOT "
-    "or metadata-store:zk:HOST:PORT[,...][/CHROOT]"
+    "zk[+MANAGER]://HOST:PORT[;HOST:PORT...]/LEDGERS_ROOT, etcd://HOST:PORT[;...]/SCOPE, "
+    "metadata-store:zk:HOST:PORT[,...][/CHROOT] or metadata-store:etcd:http://HOST:PORT[,...]"
 )
 _BOOKKEEPER_URI = re.compile(r"(?P<scheme>[a-z]+)(?:\+(?P<type>[a-z]+))?://(?P<rest>.*)", re.DOTALL)
 _STORE_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
@@ -151,7 +173,7 @@ def _parse_bookkeeper(text: str, where: str) -> MetadataServiceUri:
         raise ConfigError(f"{where}: not a metadata service URI; give {_FORMS}")
     scheme = m["scheme"]
     if scheme == "etcd":
-        raise ConfigError(f"{where}: the etcd metadata store is not supported ({NOT_ZOOKEEPER})")
+        return _parse_bookkeeper_etcd(m["type"], m["rest"], where)
     if scheme != "zk":
         raise ConfigError(
             f"{where}: unsupported metadata service scheme {shown_name(scheme)}; give {_FORMS}"
@@ -160,6 +182,8 @@ def _parse_bookkeeper(text: str, where: str) -> MetadataServiceUri:
     if m["type"] and m["type"] != "null":
         try:
             manager = LedgerManager(m["type"])
+            if manager is LedgerManager.ETCD:
+                raise ValueError(manager)
         except ValueError:
             raise ConfigError(
                 f"{where}: unsupported ledger manager type {shown_name(m['type'])} "
@@ -178,12 +202,76 @@ def _parse_bookkeeper(text: str, where: str) -> MetadataServiceUri:
     return MetadataServiceUri(hosts, root, manager, MetadataDriver.BOOKKEEPER, None, ignored)
 
 
+def _parse_bookkeeper_etcd(kind: str | None, rest: str, where: str) -> MetadataServiceUri:
+    """`etcd://h1:2379;h2:2379/<scope>`, as BookKeeper's `EtcdMetadataDriverBase` reads it."""
+    if kind:
+        raise ConfigError(
+            f"{where}: etcd:// takes no ledger manager type ({shown_name(kind)}): its "
+            "ledger manager is the etcd driver's own"
+        )
+    rest, _, query = rest.partition("?")
+    rest = rest.partition("#")[0]
+    authority, slash, path = rest.partition("/")
+    endpoints = ",".join(f"http://{h}" for h in _hosts(authority, where, store="etcd").split(","))
+    scope = ("/" + path).rstrip("/") if slash else ""
+    scope = scope or DEFAULT_LEDGERS_ROOT
+    _check_path(scope, "scope", where)
+    ignored = tuple(dict.fromkeys(_query_key(p) for p in query.partition("#")[0].split("&") if p))
+    return MetadataServiceUri(
+        endpoints, scope, LedgerManager.ETCD, MetadataDriver.ETCD, None, ignored, StoreKind.ETCD
+    )
+
+
 # --- Pulsar's driver -------------------------------------------------------------------
+
+
+def _etcd_endpoints(url: str, where: str) -> str:
+    """Pulsar's etcd endpoints (`http://h1:2379,h2:2379`) as full URLs, each checked."""
+    scheme = "http"
+    out: list[str] = []
+    for item in (i.strip() for i in url.split(",")):
+        if not item:
+            continue
+        m = re.fullmatch(r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<rest>.*)", item)
+        assert m is not None
+        if m["scheme"]:
+            scheme = m["scheme"].lower()
+            if scheme not in ("http", "https"):
+                raise ConfigError(
+                    f"{where}: etcd endpoint {shown_name(item)} is not http:// or https://"
+                )
+        host, slash, path = m["rest"].partition("/")
+        if slash and path:
+            raise ConfigError(
+                f"{where}: etcd endpoint {shown_name(item)} has a path: Pulsar's etcd store "
+                "has no chroot (its keys are the full paths)"
+            )
+        checked = _hosts(host, where, store="etcd")
+        if ":" not in checked.rsplit("]", 1)[-1]:
+            checked += ":2379"
+        out.append(f"{scheme}://{checked}")
+    if not out:
+        raise ConfigError(f"{where}: no etcd endpoint (give http://HOST:PORT[,HOST:PORT...])")
+    return ",".join(out)
 
 
 def _parse_metadata_store(body: str, where: str) -> MetadataServiceUri:
     url, _, query = body.partition("?")
     url = url.replace(";", ",")
+    if url.startswith(ETCD_STORE_PREFIX):
+        endpoints = _etcd_endpoints(url[len(ETCD_STORE_PREFIX) :], where)
+        session_timeout, ignored, config_file = _pulsar_query(query, where)
+        ignored = tuple(k for k in ignored if k != CONFIG_FILE_KEY)
+        return MetadataServiceUri(
+            endpoints,
+            DEFAULT_LEDGERS_ROOT,
+            None,
+            MetadataDriver.PULSAR,
+            session_timeout,
+            ignored,
+            StoreKind.ETCD,
+            config_file,
+        )
     for prefix, name in REFUSED_STORES.items():
         if url.startswith(prefix):
             raise ConfigError(
@@ -203,7 +291,7 @@ def _parse_metadata_store(body: str, where: str) -> MetadataServiceUri:
                 f"{where}: unknown metadata store {shown_name(other['scheme'])} "
                 f"({NOT_ZOOKEEPER}: metadata-store:zk:HOST:PORT[,...][/CHROOT])"
             )
-    session_timeout, ignored = _pulsar_query(query, where)
+    session_timeout, ignored, _ = _pulsar_query(query, where)
     # ZooKeeper's ConnectStringParser: the chroot starts at the first '/'; a lone '/'
     # is no chroot.
     connect, slash, chroot = url.partition("/")
@@ -216,9 +304,11 @@ def _parse_metadata_store(body: str, where: str) -> MetadataServiceUri:
     )
 
 
-def _pulsar_query(query: str, where: str) -> tuple[int | None, tuple[str, ...]]:
-    """`sessionTimeoutMillis`, and the names of the other parameters, as Pulsar reads them."""
+def _pulsar_query(query: str, where: str) -> tuple[int | None, tuple[str, ...], str | None]:
+    """`sessionTimeoutMillis`, the names of the other parameters, and `configFilePath`
+    (the etcd store's configuration file), as Pulsar reads them."""
     session_timeout: int | None = None
+    config_file: str | None = None
     ignored: dict[str, None] = {}
     for param in query.split("&"):
         if not param:
@@ -237,9 +327,13 @@ def _pulsar_query(query: str, where: str) -> tuple[int | None, tuple[str, ...]]:
         if key == SESSION_TIMEOUT_KEY:
             session_timeout = value
             ignored.pop(key, None)
+        elif key == CONFIG_FILE_KEY:
+            # Named as ignored where it is (on ZooKeeper); the etcd store takes it out.
+            config_file = _decode(param[sep + 1 :], param, where)
+            ignored[key] = None
         else:
             ignored[key] = None
-    return session_timeout, tuple(ignored)
+    return session_timeout, tuple(ignored), config_file
 
 
 def _decode(text: str, param: str, where: str) -> str:
@@ -276,7 +370,7 @@ def _query_key(param: str) -> str:
 # --- what both share -------------------------------------------------------------------
 
 
-def _hosts(connect: str, where: str) -> str:
+def _hosts(connect: str, where: str, *, store: str = "ZooKeeper") -> str:
     """A ZooKeeper host list as kazoo takes it: HOST[:PORT] items joined by ','.
 
     Items are trimmed and empty ones skipped, as ZooKeeper's connect string parser
@@ -285,13 +379,13 @@ def _hosts(connect: str, where: str) -> str:
     names = [h.strip() for h in re.split(r"[;,]", connect)]
     names = [h for h in names if h]
     if not names:
-        raise ConfigError(f"{where}: no ZooKeeper host (give HOST:PORT[,HOST:PORT...])")
+        raise ConfigError(f"{where}: no {store} host (give HOST:PORT[,HOST:PORT...])")
     for name in names:
         m = _HOST_PORT.fullmatch(name)
         port = m["port"] if m is not None else None
         if m is None or (port is not None and not 0 < int(port) < 65536):
             raise ConfigError(
-                f"{where}: ZooKeeper host {shown_name(name)} is not HOST[:PORT] "
+                f"{where}: {store} host {shown_name(name)} is not HOST[:PORT] "
                 "with a port 1..65535"
             )
     return ",".join(names)

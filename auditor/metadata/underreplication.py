@@ -44,7 +44,7 @@ from auditor.metadata.records import (
     encode_rereplication_layout,
     encode_underreplicated_ledger,
 )
-from auditor.zk import BadVersionError, NodeExistsError, NoNodeError, ZkClient
+from auditor.store import BadVersionError, MetadataStore, NodeExistsError, NoNodeError
 
 _MARK_PREFIX = "urL"
 _MARK_NAME = re.compile(r"^urL(\d+)$")
@@ -195,7 +195,7 @@ class UnderreplicationManager:
     (default true).
     """
 
-    def __init__(self, zk: ZkClient, root: str, *, store_ctime: bool = True) -> None:
+    def __init__(self, zk: MetadataStore, root: str, *, store_ctime: bool = True) -> None:
         self.zk = zk
         self.root = root.rstrip("/")
         self.base = f"{self.root}/underreplication"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import LONG_MAX, is_valid_ledger_id
 from auditor.metadata.walk import FLAT_LEAF, FOUR, LEAF, IdRange, Tree, trees_of
-from auditor.zk import NoNodeError, ZkClient
+from auditor.store import MetadataStore, NoNodeError
 
 #: Buckets per partition the plan aims for before it stops descending.
 BUCKETS_PER_PARTITION = 4
@@ -41,7 +41,7 @@ class Bucket:
     tree: Tree | None
 
 
-async def _children(zk: ZkClient, path: str) -> list[str]:
+async def _children(zk: MetadataStore, path: str) -> list[str]:
     try:
         return sorted(await zk.get_children(path))
     except NoNodeError:
@@ -62,7 +62,7 @@ def _plannable(b: Bucket) -> bool:
     return is_valid_ledger_id(b.lo)
 
 
-async def _expand(zk: ZkClient, b: Bucket) -> list[Bucket]:
+async def _expand(zk: MetadataStore, b: Bucket) -> list[Bucket]:
     """The next level down of one directory bucket."""
     assert b.tree is not None
     names = await _children(zk, b.path)
@@ -77,7 +77,9 @@ def _leaf_parent(b: Bucket) -> bool:
     return b.tree is None or len(b.prefix) + 4 == b.tree.digits
 
 
-async def buckets(zk: ZkClient, root: str, manager: LedgerManager, partitions: int) -> list[Bucket]:
+async def buckets(
+    zk: MetadataStore, root: str, manager: LedgerManager, partitions: int
+) -> list[Bucket]:
     """Where the ledgers are, as id-ordered buckets of comparable size."""
     root = root.rstrip("/")
     if manager is LedgerManager.FLAT:
@@ -118,6 +120,6 @@ def split(found: list[Bucket], partitions: int) -> list[IdRange]:
 
 
 async def plan_ranges(
-    zk: ZkClient, root: str, manager: LedgerManager, partitions: int
+    zk: MetadataStore, root: str, manager: LedgerManager, partitions: int
 ) -> list[IdRange]:
     return split(await buckets(zk, root, manager, partitions), partitions)

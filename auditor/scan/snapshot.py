@@ -50,8 +50,8 @@ from auditor.metadata.walk import UNEXPECTED_KEPT, IdRange, LedgerRecord
 from auditor.scan.output import Column
 from auditor.scan.partition import PartitionResult, ScanSpec
 from auditor.scan.progress import PartitionProgress
+from auditor.store import MetadataStore
 from auditor.timefmt import iso_datetime
-from auditor.zk import ZkClient
 
 LEDGERS = "ledgers"
 CLUSTER = "cluster.json"
@@ -277,7 +277,7 @@ class SnapshotCluster:
 
 
 async def describe_cluster(
-    zk: ZkClient, root: str, manager: str, config: AuditorConfig, seen: set[str], ledgers: int
+    zk: MetadataStore, root: str, manager: str, config: AuditorConfig, seen: set[str], ledgers: int
 ) -> SnapshotCluster:
     """Bookies and their locations, through the same sources the live check uses."""
     from auditor.metadata.registry import all_known_bookies, read_bookies

@@ -43,7 +43,7 @@ from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet, read_bookies
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.selftest.harness import FixtureFailure, SelfTestResult
-from auditor.zk import NoNodeError, ZkClient
+from auditor.store import MetadataStore, NoNodeError
 
 #: The canary's layout, whatever the cluster's (its root is ours).
 CANARY_MANAGER = LedgerManager.HIERARCHICAL
@@ -146,7 +146,7 @@ class CanaryLayout:
         return out
 
 
-async def _put(zk: ZkClient, path: str, data: bytes) -> None:
+async def _put(zk: MetadataStore, path: str, data: bytes) -> None:
     try:
         current, stat = await zk.get(path)
     except NoNodeError:
@@ -156,7 +156,7 @@ async def _put(zk: ZkClient, path: str, data: bytes) -> None:
         await zk.set(path, data, version=int(stat.version))
 
 
-async def write_canary(zk: ZkClient, layout: CanaryLayout) -> None:
+async def write_canary(zk: MetadataStore, layout: CanaryLayout) -> None:
     """Brings the canary's znodes to `layout` (`zk`: the leader's fenced view)."""
     await _put(zk, layout.racks_path, layout.racks())
     wanted = layout.ledgers()

@@ -26,7 +26,7 @@ from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import READONLY, cookie_bytes
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.zk import NodeExistsError, ZkClient
+from auditor.store import MetadataStore, NodeExistsError
 
 Ensembles = Sequence[str] | Sequence[tuple[int, Sequence[str]]]
 
@@ -93,7 +93,7 @@ class ClusterWriter:
 
     def __init__(
         self,
-        zk: ZkClient,
+        zk: MetadataStore,
         root: str = DEFAULT_LEDGERS_ROOT,
         manager: LedgerManager = LedgerManager.HIERARCHICAL,
     ) -> None:

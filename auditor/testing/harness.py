@@ -15,10 +15,10 @@ from auditor.checks.context import CheckContext, open_context
 from auditor.config import AuditorConfig, load_config
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.registry import resolve_bookie
+from auditor.store import MetadataStore
 from auditor.testing.bookie import BookieEmulator, Storage
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.writer import LedgerWriter
-from auditor.zk import ZkClient
 
 
 class TestCluster:
@@ -28,7 +28,7 @@ class TestCluster:
 
     def __init__(
         self,
-        zk: ZkClient,
+        zk: MetadataStore,
         bookies: list[BookieEmulator],
         cluster: ClusterWriter,
         writer: LedgerWriter,
@@ -62,7 +62,7 @@ class TestCluster:
 
 @asynccontextmanager
 async def test_cluster(
-    zk: ZkClient,
+    zk: MetadataStore,
     bookies: int | Sequence[Storage | str] = 3,
     *,
     root: str = "/ledgers",

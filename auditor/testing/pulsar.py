@@ -58,9 +58,9 @@ from auditor.metadata.pulsar.formats import (
 from auditor.metadata.pulsar.naming import managed_ledger_of_topic, schema_id_of_topic
 from auditor.proto import pulsar_ml_formats_pb2 as ml
 from auditor.proto import pulsar_schema_formats_pb2 as sc
+from auditor.store import MetadataStore, NodeExistsError, NoNodeError
 from auditor.testing.harness import TestCluster
 from auditor.testing.writer import LedgerWriter
-from auditor.zk import NodeExistsError, NoNodeError, ZkClient
 
 CompressionType = ml.CompressionType
 CustomMetadata = list[tuple[str, bytes]]
@@ -147,7 +147,7 @@ class PulsarWriter:
         entries: int = 3,
     ) -> None:
         self.writer = writer
-        self.zk: ZkClient = writer.cluster.zk
+        self.zk: MetadataStore = writer.cluster.zk
         self.bookies = list(bookies)
         self.root = root.rstrip("/")
         self.cluster = cluster

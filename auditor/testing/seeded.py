@@ -35,11 +35,11 @@ from auditor.bookie.client import BookieClient
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.registry import resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.store import MetadataStore
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.pulsar import Cursor, PulsarWriter, managed_ledger_metadata
 from auditor.testing.writer import LedgerWriter
-from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
 HEALTHY = 2000
@@ -71,7 +71,7 @@ def _held(index: int, e: int, w: int) -> list[int]:
 
 
 async def build_seeded_cluster(
-    zk: ZkClient, bookies: list[BookieEmulator], healthy: int = HEALTHY
+    zk: MetadataStore, bookies: list[BookieEmulator], healthy: int = HEALTHY
 ) -> None:
     """Writes the cluster onto eight started emulators; the caller then crashes bookie 6
     and pauses bookie 7 (that is the "lost" and the "registered but silent" bookie)."""
@@ -152,7 +152,7 @@ PULSAR_EXPECTED: dict[str, set[int]] = {
 _PULSAR_RING = (0, 2, 4)
 
 
-async def build_pulsar_topics(zk: ZkClient, bookies: list[BookieEmulator]) -> None:
+async def build_pulsar_topics(zk: MetadataStore, bookies: list[BookieEmulator]) -> None:
     """Writes Pulsar's tree (at ZooKeeper's root, as a Pulsar cluster sharing its
     ZooKeeper with BookKeeper has it) and its ledgers onto the started emulators of
     `build_seeded_cluster` (see the module's docstring)."""

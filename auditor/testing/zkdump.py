@@ -6,19 +6,20 @@ below it) changes one of them, so two equal dumps mean an untouched tree.
 
 from __future__ import annotations
 
-from auditor.zk import NoNodeError, ZkClient
+from auditor.store import MetadataStore, NoNodeError
 
 Dump = dict[str, tuple[bytes, int, int]]
 
 
-async def dump_tree(zk: ZkClient, path: str = "/") -> Dump:
+async def dump_tree(zk: MetadataStore, path: str = "/") -> Dump:
     """Every znode under `path` (itself included): data, version, child version."""
     out: Dump = {}
     try:
         data, stat = await zk.get(path)
     except NoNodeError:
         return out
-    out[path] = (data, int(stat.version), int(stat.cversion))
+    # The child version is ZooKeeper's; a store without it (etcd) shows -1.
+    out[path] = (data, int(stat.version), int(getattr(stat, "cversion", -1)))
     for child in sorted(await zk.get_children(path)):
         out.update(await dump_tree(zk, f"{path.rstrip('/')}/{child}"))
     return out

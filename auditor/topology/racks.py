@@ -67,6 +67,7 @@ from typing import Any
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
 from auditor.metadata.registry import address_from_id, resolve_bookie
+from auditor.store import MetadataStore, NoNodeError
 from auditor.topology.locations import normalize_location
 from auditor.topology.script import (
     SCRIPT_OUTPUT_CAP,
@@ -76,7 +77,6 @@ from auditor.topology.script import (
     parse_script_output,
 )
 from auditor.topology.sources import Address, AddressOf, RackSource, RackSourceError
-from auditor.zk import NoNodeError, ZkClient
 
 __all__ = [
     "SCRIPT_OUTPUT_CAP",
@@ -231,7 +231,7 @@ def parse_pulsar_racks(data: bytes, source: str) -> StaticMapping:
     return StaticMapping(f"znode:{source}", by_key, hosts)
 
 
-async def load_rack_znode(zk: ZkClient, path: str) -> StaticMapping | None:
+async def load_rack_znode(zk: MetadataStore, path: str) -> StaticMapping | None:
     """The Pulsar rack znode, or None when it does not exist."""
     try:
         data, _ = await zk.get(path)
@@ -288,7 +288,7 @@ class RackResolver:
 
 
 async def open_rack_resolver(
-    zk: ZkClient,
+    zk: MetadataStore,
     root: str,
     config: AuditorConfig,
     *,

@@ -55,6 +55,7 @@ from typing import Any
 from auditor.checks.context import CheckContext
 from auditor.logs import get_logger
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
+from auditor.store import FencedOutError, MetadataStore, StoreUnavailableError
 from auditor.waits import until_any
 from auditor.worker.repair import (
     Connection,
@@ -64,7 +65,6 @@ from auditor.worker.repair import (
     WorkerConnection,
 )
 from auditor.worker.state import Failure, InHand, Unrecoverable, WorkerState
-from auditor.zk import FencedOutError, ZkClient, ZkUnavailableError
 
 __all__ = [
     "Connection",
@@ -110,7 +110,7 @@ class ReplicationWorker:
         log: Any = None,
     ) -> None:
         self.ctx = ctx
-        self.zk: ZkClient = ctx.zk
+        self.zk: MetadataStore = ctx.zk
         self.config = ctx.config
         self.conn = conn
         self.state = state
@@ -176,7 +176,7 @@ class ReplicationWorker:
                     continue
                 changed = await self.queue.changed()
                 taken = await self.queue.take()
-            except ZkUnavailableError as exc:
+            except StoreUnavailableError as exc:
                 self.state.waiting = f"ZooKeeper unavailable: {exc}"
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 continue
@@ -306,7 +306,7 @@ class ReplicationWorker:
     async def _release(self, taken: TakenLedger, start: float) -> None:
         try:
             await self.queue.release(taken)
-        except ZkUnavailableError as exc:
+        except StoreUnavailableError as exc:
             # The lock is ephemeral: it goes with the session if the delete could not.
             self.log.warning(
                 "could not release a replication lock", ledger=taken.ledger_id, error=str(exc)

@@ -74,7 +74,7 @@ from auditor.errors import AuditorError
 from auditor.metadata.ledger_update import Transform, begin_recovery, close_ledger, update_ledger
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.schedule import write_set
-from auditor.zk import ZkClient
+from auditor.store import MetadataStore
 
 __all__ = [
     "NotCoveredError",
@@ -217,8 +217,8 @@ def close_recovered(
 
 async def recover_open_ledger(
     client: BookieClient,
-    zk_fenced: ZkClient,
-    zk: ZkClient,
+    zk_fenced: MetadataStore,
+    zk: MetadataStore,
     path: str,
     ledger_id: int,
     *,

@@ -50,13 +50,13 @@ from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
+from auditor.store import NoNodeError
 from auditor.topology.racks import open_rack_resolver
 from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
 from auditor.worker.plan import LedgerPlan, Repair, plan_ledger
 from auditor.worker.recovery import Recovered, recover_open_ledger
 from auditor.worker.state import Failure, InHand, WorkerState
 from auditor.worker.targets import NoTargetError, choose_targets
-from auditor.zk import NoNodeError
 
 T = TypeVar("T")
 

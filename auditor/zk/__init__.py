@@ -1,15 +1,20 @@
-"""The only place that talks to kazoo: an asyncio facade with a timeout on every call.
+"""The ZooKeeper adapter of the metadata-store port: the only place that talks to kazoo.
 
-The kazoo exceptions callers branch on are re-exported here unchanged, so no
-other module imports kazoo.
+`ZkClient` is an asyncio facade with a timeout on every call; it raises the port's
+errors (`auditor.store`), re-exported here with the ZooKeeper-only ones (credentials,
+TLS) so that code that is about ZooKeeper itself has one place to import from.
 """
 
-from kazoo.client import KazooState
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
-from kazoo.protocol.states import EventType
-
-from auditor.zk.client import (
+from auditor.store import (
+    BadVersionError,
+    EventType,
     FencedOutError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionState,
+)
+from auditor.zk.client import (
     ZkAuthError,
     ZkClient,
     ZkError,
@@ -32,11 +37,11 @@ __all__ = [
     "BadVersionError",
     "EventType",
     "FencedOutError",
-    "KazooState",
     "NoNodeError",
     "NodeExistsError",
     "NotEmptyError",
     "SaslOptions",
+    "SessionState",
     "ZkAuthError",
     "ZkClient",
     "ZkCredentials",

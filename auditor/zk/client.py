@@ -7,10 +7,12 @@ queues requests while the connection is SUSPENDED (a call made then can block
 until the session expires). One kazoo connection carries all calls, so many
 reads can be in flight without holding a thread each.
 
-The kazoo exceptions callers branch on (no node, node exists, bad version, not
-empty) are re-exported unchanged; connection-level failures become
-`ZkUnavailableError` and a missed deadline `ZkTimeoutError`, both operator
-errors with a readable message. Refusals (a server that requires
+This is the ZooKeeper adapter of the metadata-store port (`auditor.store`): the
+kazoo exceptions callers branch on (no node, node exists, bad version, not empty)
+are raised as the port's (`auditor.store.errors`), session states as its
+`SessionState`; connection-level failures become `ZkUnavailableError` and a missed
+deadline `ZkTimeoutError` (the port's `StoreUnavailableError` and
+`StoreTimeoutError`), operator errors with a readable message. Refusals (a server that requires
 authentication, rejected credentials, a node whose ACL does not admit us)
 become `ZkAuthError`, which says how credentials are given.
 
@@ -38,7 +40,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -47,7 +49,6 @@ from kazoo.exceptions import (
     ConnectionDropped,
     ConnectionLoss,
     NoAuthError,
-    NoNodeError,
     OperationTimeoutError,
     RolledBackError,
     SASLException,
@@ -56,12 +57,40 @@ from kazoo.exceptions import (
     UnimplementedError,
     ZookeeperError,
 )
+from kazoo.exceptions import (
+    BadVersionError as KazooBadVersion,
+)
+from kazoo.exceptions import (
+    NodeExistsError as KazooNodeExists,
+)
+from kazoo.exceptions import (
+    NoNodeError as KazooNoNode,
+)
+from kazoo.exceptions import (
+    NotEmptyError as KazooNotEmpty,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Connect
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
-from auditor.errors import AuditorError, ServiceUnavailableError
+from auditor.store import (
+    BadVersionError,
+    Event,
+    FencedOutError,
+    Gap,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RangeItem,
+    SessionState,
+    StoreAuthError,
+    StoreError,
+    StoreKind,
+    StoreResponseError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from auditor.zk.multiread import (
     GET_DATA,
     MalformedMultiReadError,
@@ -70,7 +99,7 @@ from auditor.zk.multiread import (
     chrooted,
     submit,
 )
-from auditor.zk.persistent import Event, Gap, PersistentWatches
+from auditor.zk.persistent import PersistentWatches
 from auditor.zk.security import ZkSecurity
 from auditor.zk.tls import TlsFailure, TlsHandler
 
@@ -88,15 +117,37 @@ _CONNECTION_ERRORS = (
 _AUTH_ERRORS = (SessionClosedRequireSaslError, AuthFailedError, NoAuthError)
 
 
-class ZkUnavailableError(ServiceUnavailableError):
+#: kazoo's refusals of one operation, and the port's errors they are raised as.
+_STORE_ERRORS: dict[type[BaseException], type[StoreError]] = {
+    KazooNoNode: NoNodeError,
+    KazooNodeExists: NodeExistsError,
+    KazooBadVersion: BadVersionError,
+    KazooNotEmpty: NotEmptyError,
+}
+
+
+_STORE_ERROR_TYPES = tuple(_STORE_ERRORS)
+
+
+def _store_error(exc: BaseException, path: str) -> BaseException:
+    """`exc` as the port raises it: kazoo's refusal of one operation becomes the port's."""
+    kind = _STORE_ERRORS.get(type(exc))
+    if kind is None:
+        return exc
+    error = kind(path)
+    error.__cause__ = exc
+    return error
+
+
+class ZkUnavailableError(StoreUnavailableError):
     """ZooKeeper could not be reached, or the session is gone."""
 
 
-class ZkTimeoutError(ZkUnavailableError):
+class ZkTimeoutError(ZkUnavailableError, StoreTimeoutError):
     """A ZooKeeper call did not complete within its deadline."""
 
 
-class ZkAuthError(AuditorError):
+class ZkAuthError(StoreAuthError):
     """ZooKeeper refused this session: it needs authentication, rejected the credentials,
     or a node's ACL does not admit our identity.
 
@@ -104,15 +155,13 @@ class ZkAuthError(AuditorError):
     change, hence the exit code of a configuration error.
     """
 
-    exit_code = 2
-
 
 class ZkTlsError(ZkUnavailableError):
     """No TLS connection to ZooKeeper could be made: the handshake failed (an untrusted
     certificate, a refused client certificate, no TLS on that port)."""
 
 
-class ZkResponseError(ZkUnavailableError):
+class ZkResponseError(ZkUnavailableError, StoreResponseError):
     """ZooKeeper answered with a reply that does not parse (a batch of reads fails, the
     connection goes on)."""
 
@@ -131,15 +180,6 @@ class _MultiReadSupport:
 
 
 _T = TypeVar("_T")
-
-
-class FencedOutError(ZkUnavailableError):
-    """A fenced write was refused: the fencing node (our vote) is gone or changed.
-
-    This is how a leader that lost its session, or its leadership, is kept
-    from writing anything: the write and the check of its own vote node go
-    to ZooKeeper as one multi-op, so either both happen or neither does.
-    """
 
 
 def _end_session_on_sasl_refusal(kazoo: KazooClient) -> None:
@@ -302,7 +342,7 @@ class ZkClient:
         _bound_handshake(self._kazoo, limit, self._handshake)
         if self.security.credentials.sasl is not None:
             _end_session_on_sasl_refusal(self._kazoo)
-        self._listeners: list[asyncio.Queue[KazooState]] = []
+        self._listeners: list[asyncio.Queue[SessionState]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         try:
             self._creation_loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -313,7 +353,7 @@ class ZkClient:
         self._fence: tuple[str, int] | None = None
         self._persistent: PersistentWatches | None = None
 
-    def fenced(self, path: str, version: int) -> ZkClient:
+    def fenced(self, path: str, version: int) -> Self:
         """A view of this session whose writes only happen while `path` is at `version`.
 
         Reads are unaffected. Creates with makepath create missing parents
@@ -404,7 +444,7 @@ class ZkClient:
         with contextlib.suppress(Exception):
             self._kazoo.close()
 
-    async def __aenter__(self) -> ZkClient:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -415,6 +455,28 @@ class ZkClient:
     def kazoo(self) -> KazooClient:
         """The raw client, for kazoo recipes (Election) that have no async form."""
         return self._kazoo
+
+    @property
+    def kind(self) -> StoreKind:
+        return StoreKind.ZOOKEEPER
+
+    @property
+    def where(self) -> str:
+        return f"ZooKeeper at {self.hosts}"
+
+    @property
+    def session(self) -> int | None:
+        """Our session id, as the `ephemeralOwner` of the nodes it creates shows it."""
+        cid = self._kazoo.client_id
+        return None if cid is None else int(cid[0])
+
+    @property
+    def ranged(self) -> bool:
+        """ZooKeeper has no range reads: the walk goes by children and `get_many`."""
+        return False
+
+    async def read_range(self, start: str, end: str, *, limit: int) -> tuple[list[RangeItem], bool]:
+        raise NotImplementedError("ZooKeeper has no range reads (see `ranged`)")
 
     @property
     def client_id(self) -> tuple[int, bytes] | None:
@@ -445,20 +507,21 @@ class ZkClient:
         loop = self._loop or self._creation_loop
         if loop is None or loop.is_closed():
             return
+        ours = SessionState(str(state))
         for q in list(self._listeners):
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(q.put_nowait, state)
+                loop.call_soon_threadsafe(q.put_nowait, ours)
 
-    def states(self) -> AsyncGenerator[KazooState, None]:
+    def states(self) -> AsyncGenerator[SessionState, None]:
         """Every connection-state change (CONNECTED, SUSPENDED, LOST) from this call on.
 
         The subscription starts here, not at the first `anext`, so no change
         between this call and the first read is missed.
         """
-        q: asyncio.Queue[KazooState] = asyncio.Queue()
+        q: asyncio.Queue[SessionState] = asyncio.Queue()
         self._listeners.append(q)
 
-        async def stream() -> AsyncGenerator[KazooState, None]:
+        async def stream() -> AsyncGenerator[SessionState, None]:
             try:
                 while True:
                     yield await q.get()
@@ -487,6 +550,8 @@ class ZkClient:
             raise ZkUnavailableError(
                 f"ZooKeeper {what} {path} failed: {type(exc).__name__}"
             ) from exc
+        except _STORE_ERROR_TYPES as exc:
+            raise _store_error(exc, path) from exc
 
     async def _settled(self, start: Callable[[], Any], limit: float) -> Any:
         """The outcome of one kazoo async call, as kazoo raises it; TimeoutError after
@@ -550,7 +615,7 @@ class ZkClient:
         """A failed op of a multi, raised as a lone call of it would have been."""
         if isinstance(outcome, _AUTH_ERRORS):
             raise self._auth_error(outcome, what, path) from outcome
-        raise outcome
+        raise _store_error(outcome, path)
 
     async def get(self, path: str) -> tuple[bytes, ZnodeStat]:
         data, stat = await self._call("get", path, lambda: self._kazoo.get_async(path))
@@ -626,7 +691,7 @@ class ZkClient:
                 i = len(found)
                 if isinstance(result, tuple):
                     found.append(result)
-                elif isinstance(result, NoNodeError):
+                elif isinstance(result, KazooNoNode):
                     found.append(None)
                 elif isinstance(result, BaseException):
                     self._raise_outcome(result, "get", paths[i])
@@ -640,7 +705,7 @@ class ZkClient:
         outcomes = await self._settled_all([get(p) for p in paths], self.timeout)
         found: list[tuple[bytes, ZnodeStat] | None] = []
         for path, outcome in zip(paths, outcomes, strict=True):
-            if isinstance(outcome, NoNodeError):
+            if isinstance(outcome, KazooNoNode):
                 found.append(None)
             elif isinstance(outcome, BaseException):
                 self._raise_outcome(outcome, "get", path)
@@ -822,6 +887,6 @@ class ZkClient:
         for (path, _), r in zip(items, results, strict=False):
             if isinstance(r, _AUTH_ERRORS):
                 self._raise_outcome(r, "create", path)
-        for r in results:
+        for (path, _), r in zip(items, results, strict=False):
             if isinstance(r, BaseException):
-                raise r
+                raise _store_error(r, path)

@@ -32,15 +32,14 @@ import enum
 import threading
 from collections import namedtuple
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import UnimplementedError
 from kazoo.protocol.serialization import Watch, int_struct, write_string
-from kazoo.protocol.states import Callback, EventType
+from kazoo.protocol.states import Callback
 
-from auditor.errors import ServiceUnavailableError
+from auditor.store import Event, EventType, Gap, WatchUnsupportedError
 
 ADD_WATCH = 106
 REMOVE_WATCHES = 18
@@ -56,7 +55,7 @@ class WatchMode(enum.IntEnum):
     PERSISTENT_RECURSIVE = 1
 
 
-class PersistentWatchUnsupported(ServiceUnavailableError):
+class PersistentWatchUnsupported(WatchUnsupportedError):
     """The ZooKeeper server does not know `addWatch` (it is older than 3.6)."""
 
 
@@ -84,22 +83,6 @@ class _RemoveWatches(namedtuple("_RemoveWatches", "path watcher_type")):
     @classmethod
     def deserialize(cls, buffer: bytes, offset: int) -> bool:
         return True
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A change under a watched root: `type` is created, deleted or changed; `path`
-    is relative to the client's chroot, as every path the caller uses."""
-
-    type: EventType
-    path: str
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """The watch is gone (connection or session lost); events may have been missed."""
-
-    state: str
 
 
 Listener = Callable[[Event | Gap], None]

@@ -145,7 +145,9 @@ def test_unreachable_zookeeper_fails_within_its_timeout() -> None:
         (["ledgers"], "--zk"),
         (["ledgers", "--zk", "h:1", "--timeout", "0"], "--timeout"),
         (["ledgers", "--zk", "h:1", "--ledgers-root", "ledgers"], "--ledgers-root"),
-        (["ledgers", "--metadata-service-uri", "etcd://x/ledgers"], "etcd"),
+        (["ledgers", "--metadata-service-uri", "metadata-store:oxia://x:6648"], "Oxia"),
+        (["check", "replicas", "--mark", "--metadata-service-uri", "etcd://x/ledgers"], "etcd"),
+        (["recover", "h:1", "--metadata-service-uri", "etcd://x/ledgers"], "etcd"),
         (["nonsense"], "invalid choice"),
     ],
 )

@@ -15,7 +15,7 @@ from auditor.daemon.election import (
 )
 from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
-from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
+from auditor.zk import FencedOutError, SessionState, ZkClient, ZkUnavailableError
 
 ROOT = "/ledgers"
 
@@ -116,8 +116,8 @@ async def test_a_leader_whose_session_expired_writes_nothing(
             assert await observer.exists(ur_ledger_path(f"{ROOT}/underreplication", 1)) is not None
             assert await observer.exists(ur_ledger_path(f"{ROOT}/underreplication", 2)) is None
             # Again after kazoo has reconnected with a new session.
-            seen: list[KazooState] = []
-            while not (KazooState.LOST in seen and seen[-1] == KazooState.CONNECTED):
+            seen: list[SessionState] = []
+            while not (SessionState.LOST in seen and seen[-1] == SessionState.CONNECTED):
                 seen.append(await asyncio.wait_for(states.__anext__(), 15))
             with pytest.raises((FencedOutError, ZkUnavailableError)):
                 await urm.mark_underreplicated(3, ["b:3181"])

@@ -109,7 +109,9 @@ async def test_a_leader_whose_session_expires_while_marking_comes_back_and_finis
             while await urm.count_underreplicated() < 50:
                 assert time.monotonic() < deadline, "the leader never started marking"
                 await asyncio.sleep(0.02)
-            client_id = daemon._zk().client_id
+            zk_of_daemon = daemon._zk()
+            assert isinstance(zk_of_daemon, ZkClient)
+            client_id = zk_of_daemon.client_id
             assert client_id is not None
             await asyncio.to_thread(expire_session, zk_server.hosts, client_id)
             expired_at = await urm.count_underreplicated()

@@ -50,7 +50,7 @@ from auditor.testing.leaks import assert_no_leaks, snapshot
 from auditor.testing.netproxy import TcpProxy
 from auditor.testing.seeded import ROOT, build_seeded_cluster
 from auditor.testing.zkserver import ZooKeeperServer
-from auditor.zk import KazooState, ZkClient, ZkUnavailableError
+from auditor.zk import SessionState, ZkClient, ZkUnavailableError
 from auditor.zk.multiread import MultiRead
 
 pytestmark = pytest.mark.slow
@@ -216,11 +216,11 @@ async def test_an_unanswered_reconnect_costs_a_third_of_the_session_not_the_sess
         mine = await zk.create(f"/held-{uuid.uuid4().hex[:8]}", ephemeral=True)
         async with contextlib.aclosing(zk.states()) as states:
             proxy.hold()
-            assert await asyncio.wait_for(anext(states), 5) == KazooState.SUSPENDED
+            assert await asyncio.wait_for(anext(states), 5) == SessionState.SUSPENDED
             await _until("a reconnect taken and held", lambda: proxy.held == 1, 10)
             held = time.monotonic()
             proxy.mend()
-            assert await asyncio.wait_for(anext(states), session) == KazooState.CONNECTED
+            assert await asyncio.wait_for(anext(states), session) == SessionState.CONNECTED
         # A third of the session (3 s) and kazoo's retry delay (under 2 s), not the session.
         assert time.monotonic() - held < session * 2 / 3
         assert (proxy.held, proxy.held_closed) == (1, 1)
@@ -392,7 +392,7 @@ def _check_read_unanswered(daemon: Daemon, reads: re.Pattern[str] = _CHECK_READ)
     machine). Reads kazoo's own list of sent, unanswered requests (kazoo is pinned); with
     the server frozen only kazoo's thread appends to it.
     """
-    assert daemon.zk is not None
+    assert isinstance(daemon.zk, ZkClient)
     sent = list(daemon.zk.kazoo._pending)
     return any(
         any(reads.search(path) for path in request.paths)

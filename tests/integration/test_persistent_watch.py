@@ -8,7 +8,7 @@ from kazoo.protocol.states import EventType
 
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
 from auditor.zk import ZkClient
-from auditor.zk.persistent import Event, Gap
+from auditor.store import Event, Gap
 
 
 async def _next(queue: asyncio.Queue[Event | Gap]) -> Event | Gap:

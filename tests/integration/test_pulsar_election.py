@@ -152,10 +152,10 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
             gone = time.monotonic()
             await until(daemon.decided, lambda: daemon.state.is_leader, "takes over", SESSION + 2)
             assert time.monotonic() - gone < SESSION + 2
-            assert daemon.zk is not None and daemon.zk.client_id is not None
+            assert daemon.zk is not None and daemon.zk.session is not None
             data, stat = await zk.get(KEY)
             assert data == b'"pulsar-a:3181"'
-            assert int(stat.ephemeralOwner) == daemon.zk.client_id[0]
+            assert int(stat.ephemeralOwner) == daemon.zk.session
             assert await zk.exists(VOTES) is None
 
             # A second daemon of ours follows it, writing nothing either.

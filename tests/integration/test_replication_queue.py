@@ -22,7 +22,7 @@ from auditor.metadata.underreplication import (
     ur_lock_path,
 )
 from auditor.testing.zkserver import expire_session
-from auditor.zk import FencedOutError, KazooState, ZkClient, ZkUnavailableError
+from auditor.zk import FencedOutError, SessionState, ZkClient, ZkUnavailableError
 
 ROOT = "/ledgers"
 BASE = f"{ROOT}/underreplication"
@@ -423,8 +423,8 @@ async def test_after_our_session_expired_nothing_is_unmarked(zk: ZkClient, zk_ho
         assert theirs is not None and theirs.ledger_id == 7 and theirs.lock_version == 0
         # Again once kazoo runs a new session: the rival's lock passes a version check,
         # so it is the session that refuses.
-        seen: list[KazooState] = []
-        while not (KazooState.LOST in seen and seen[-1] == KazooState.CONNECTED):
+        seen: list[SessionState] = []
+        while not (SessionState.LOST in seen and seen[-1] == SessionState.CONNECTED):
             seen.append(await asyncio.wait_for(states.__anext__(), 15))
         stale = TakenLedger(7, taken.mark_path, 0, taken.lock_path, 0, ("a:3181",))
         assert await queue.still_held(stale) is False

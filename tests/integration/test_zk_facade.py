@@ -14,9 +14,9 @@ from auditor.testing.zkserver import ZooKeeperServer, expire_session, free_port
 from auditor.zk import (
     BadVersionError,
     FencedOutError,
-    KazooState,
     NodeExistsError,
     NoNodeError,
+    SessionState,
     ZkClient,
     ZkTimeoutError,
     ZkUnavailableError,
@@ -189,9 +189,9 @@ async def test_real_session_expiry_is_reported_as_lost(
     cid = zk.client_id
     assert cid is not None
     await asyncio.to_thread(expire_session, zk_server.hosts, cid)
-    seen: list[KazooState] = []
+    seen: list[SessionState] = []
     nxt = first
-    while KazooState.LOST not in seen:
+    while SessionState.LOST not in seen:
         seen.append(await asyncio.wait_for(nxt, 15))
         nxt = asyncio.ensure_future(anext(states))
     nxt.cancel()

@@ -91,3 +91,26 @@ def test_layers_contract_is_kept() -> None:
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "0 broken" in out.stdout
+
+
+#: Each store's client library, and the one package (its adapter) that may import it.
+STORE_CLIENTS = {"kazoo": "auditor.zk", "aetcd": "auditor.etcd"}
+
+
+def test_only_each_adapter_imports_its_store_client() -> None:
+    """The metadata-store port holds: above the adapters, nothing knows which store it
+    talks to (test support that runs a real server of one store is its own matter)."""
+    graph = grimp.build_graph("auditor", "kazoo", "aetcd", cache_dir=None)
+    wrong = []
+    for library, adapter in STORE_CLIENTS.items():
+        importers = set()
+        for module in graph.find_descendants(library) | {library}:
+            importers |= graph.find_modules_that_directly_import(module)
+        for importer in sorted(importers):
+            if importer.startswith("auditor.") and not (
+                importer == adapter
+                or importer.startswith(adapter + ".")
+                or importer.startswith("auditor.testing.")
+            ):
+                wrong.append(f"{importer} imports {library}")
+    assert wrong == []

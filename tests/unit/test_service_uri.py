@@ -14,6 +14,7 @@ from auditor.cli.main import main
 from auditor.daemon.config import load_daemon_config
 from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
+from auditor.store import StoreKind
 from auditor.metadata.service_uri import (
     IGNORED_SHOWN,
     MetadataDriver,
@@ -24,6 +25,8 @@ from auditor.metadata.service_uri import (
 
 BK = MetadataDriver.BOOKKEEPER
 PULSAR = MetadataDriver.PULSAR
+BK_ETCD = MetadataDriver.ETCD
+ETCD = StoreKind.ETCD
 ALL_PULSAR_KEYS = (
     "allowReadOnlyOperations=TRUE&batchingEnabled=false&batchingMaxDelayMillis=0"
     "&batchingMaxOperations=1000&batchingMaxSizeKb=128&configFilePath=%2Fetc%2Fstore.yaml"
@@ -117,21 +120,94 @@ def test_accepted_forms(uri: str, expected: MetadataServiceUri) -> None:
     assert parse_metadata_service_uri(uri) == expected
 
 
-NOT_ZK = "is not supported (bk-auditor speaks ZooKeeper only)"
+def pulsar_etcd(
+    endpoints: str,
+    timeout: int | None = None,
+    ignored: tuple[str, ...] = (),
+    config: str | None = None,
+) -> MetadataServiceUri:
+    return MetadataServiceUri(endpoints, "/ledgers", None, PULSAR, timeout, ignored, ETCD, config)
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        # Pulsar's docs: an endpoint without a scheme takes the previous one's.
+        (
+            "metadata-store:etcd:http://h1:2379,h2:2379",
+            pulsar_etcd("http://h1:2379,http://h2:2379"),
+        ),
+        ("metadata-store:etcd:h1", pulsar_etcd("http://h1:2379")),
+        (
+            "metadata-store:etcd:https://e1:2379;https://e2:2380/",
+            pulsar_etcd("https://e1:2379,https://e2:2380"),
+        ),
+        (
+            "metadata-store:etcd:http://h:2379?sessionTimeoutMillis=6000&configFilePath=%2Fetc%2Fetcd.yaml&batchingEnabled=false",
+            pulsar_etcd("http://h:2379", 6000, ("batchingEnabled",), "/etc/etcd.yaml"),
+        ),
+        # BookKeeper's own etcd driver: the path is the scope, each host an http endpoint.
+        (
+            "etcd://h1:2379;h2:2379/ledgers",
+            MetadataServiceUri(
+                "http://h1:2379,http://h2:2379",
+                "/ledgers",
+                LedgerManager.ETCD,
+                BK_ETCD,
+                None,
+                (),
+                ETCD,
+            ),
+        ),
+        (
+            "etcd://h:2379",
+            MetadataServiceUri(
+                "http://h:2379", "/ledgers", LedgerManager.ETCD, BK_ETCD, None, (), ETCD
+            ),
+        ),
+        (
+            "etcd://h:2379/bk/scope?x=1",
+            MetadataServiceUri(
+                "http://h:2379", "/bk/scope", LedgerManager.ETCD, BK_ETCD, None, ("x",), ETCD
+            ),
+        ),
+    ],
+)
+def test_accepted_etcd_forms(uri: str, expected: MetadataServiceUri) -> None:
+    parsed = parse_metadata_service_uri(uri)
+    assert parsed == expected
+    assert parsed.driver.marks is (expected.driver is not BK_ETCD)
+
+
+NOT_ZK = "is not supported (bk-auditor speaks ZooKeeper and etcd only)"
 FORMS = (
-    "give zk[+MANAGER]://HOST:PORT[;HOST:PORT...]/LEDGERS_ROOT "
-    "or metadata-store:zk:HOST:PORT[,...][/CHROOT]"
+    "give zk[+MANAGER]://HOST:PORT[;HOST:PORT...]/LEDGERS_ROOT, etcd://HOST:PORT[;...]/SCOPE, "
+    "metadata-store:zk:HOST:PORT[,...][/CHROOT] or metadata-store:etcd:http://HOST:PORT[,...]"
 )
 
 
 @pytest.mark.parametrize(
     ("uri", "reason"),
     [
-        ("metadata-store:etcd:http://h:2379", f"the etcd metadata store {NOT_ZK}"),
         ("metadata-store:oxia://oxia:6648/bookkeeper", f"the Oxia metadata store {NOT_ZK}"),
         ("metadata-store:rocksdb:/data/store", f"the RocksDB metadata store {NOT_ZK}"),
         ("metadata-store:memory:local", f"the memory metadata store {NOT_ZK}"),
-        ("etcd://h1:2379;h2:2379/ledgers", f"the etcd metadata store {NOT_ZK}"),
+        (
+            "metadata-store:etcd:http://h:2379/pulsar",
+            "etcd endpoint 'http://h:2379/pulsar' has a path: Pulsar's etcd store has no "
+            "chroot (its keys are the full paths)",
+        ),
+        (
+            "metadata-store:etcd:ftp://h:2379",
+            "etcd endpoint 'ftp://h:2379' is not http:// or https://",
+        ),
+        ("metadata-store:etcd:", "no etcd endpoint (give http://HOST:PORT[,HOST:PORT...])"),
+        (
+            "etcd+flat://h:2379/ledgers",
+            "etcd:// takes no ledger manager type ('flat'): its ledger manager is the etcd "
+            "driver's own",
+        ),
+        ("etcd:///ledgers", "no etcd host (give HOST:PORT[,HOST:PORT...])"),
         (
             "metadata-store:zk://h:2181/pulsar",
             "Pulsar does not accept 'zk://' (ZooKeeper would read '//...' as a chroot and "
@@ -139,7 +215,7 @@ FORMS = (
         ),
         (
             "metadata-store:consul://h:8500",
-            "unknown metadata store 'consul' (bk-auditor speaks ZooKeeper only: "
+            "unknown metadata store 'consul' (bk-auditor speaks ZooKeeper and etcd only: "
             "metadata-store:zk:HOST:PORT[,...][/CHROOT])",
         ),
         ("http://x/y", f"unsupported metadata service scheme 'http'; {FORMS}"),
@@ -259,12 +335,12 @@ def test_an_empty_uri_and_an_over_long_one_are_one_bounded_line() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_metadata_service_uri("  ", label="--metadata-service-uri")
     assert str(caught.value) == f"--metadata-service-uri is empty: {FORMS}"
-    long_uri = "metadata-store:etcd:" + "h" * 10_000
+    long_uri = "metadata-store:oxia:" + "h" * 10_000
     with pytest.raises(ConfigError) as caught:
         parse_metadata_service_uri(long_uri)
     message = str(caught.value)
     assert "\n" not in message and len(message) < 300
-    assert message.endswith(f"(10020 characters): the etcd metadata store {NOT_ZK}")
+    assert message.endswith(f"(10020 characters): the Oxia metadata store {NOT_ZK}")
 
 
 def test_ignored_names_make_one_bounded_line() -> None:
@@ -320,11 +396,10 @@ def test_cli_target_of_a_metadata_store_uri(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(
     ("uri", "reason"),
     [
-        ("metadata-store:etcd:http://h:2379", f"the etcd metadata store {NOT_ZK}"),
         ("metadata-store:oxia://oxia:6648/bookkeeper", f"the Oxia metadata store {NOT_ZK}"),
         ("metadata-store:rocksdb:/data/store", f"the RocksDB metadata store {NOT_ZK}"),
         ("metadata-store:memory:local", f"the memory metadata store {NOT_ZK}"),
-        ("etcd://h:2379/ledgers", f"the etcd metadata store {NOT_ZK}"),
+        ("metadata-store:etcd:http://h:2379/x", "etcd endpoint 'http://h:2379/x' has a path"),
         ("metadata-store:consul://h:8500", "unknown metadata store 'consul' (bk-auditor"),
         ("ftp://h/x", "unsupported metadata service scheme 'ftp'"),
         (
@@ -351,7 +426,14 @@ def test_cli_refuses_with_one_line_and_exit_2(
 
 def test_cli_subprocess_refusal_is_one_line_without_traceback() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "auditor", "ledgers", "--metadata-service-uri", "etcd://h:2379"],
+        [
+            sys.executable,
+            "-m",
+            "auditor",
+            "ledgers",
+            "--metadata-service-uri",
+            "metadata-store:oxia://h:6648",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -360,8 +442,8 @@ def test_cli_subprocess_refusal_is_one_line_without_traceback() -> None:
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr == (
-        "bk-auditor: error: --metadata-service-uri 'etcd://h:2379': "
-        f"the etcd metadata store {NOT_ZK}\n"
+        "bk-auditor: error: --metadata-service-uri 'metadata-store:oxia://h:6648': "
+        f"the Oxia metadata store {NOT_ZK}\n"
     )
 
 

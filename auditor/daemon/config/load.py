@@ -63,6 +63,7 @@ from auditor.metadata.service_uri import (
     parse_metadata_service_uri,
 )
 from auditor.scan.options import parse_spark_conf
+from auditor.store import StoreKind
 
 #: Our intervals for the BP-34 checks when no layer sets them (seconds).
 DAEMON_PLACEMENT_INTERVAL = 86400
@@ -250,6 +251,7 @@ def load_daemon_config(
         pulsar=built["pulsar"],
         ledger_manager=uri.manager if uri is not None else None,
         metadata_driver=uri.driver if uri is not None else MetadataDriver.BOOKKEEPER,
+        metadata_store=uri.store if uri is not None else StoreKind.ZOOKEEPER,
         uri_ignored=uri.ignored if uri is not None else (),
         origins=origins,
         files=tuple(files),

@@ -29,6 +29,7 @@ from auditor.daemon.config.sections import (
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.scan.options import redact_spark_conf
+from auditor.store import StoreKind
 from auditor.zk.security import ZkSecurity
 
 
@@ -48,6 +49,8 @@ class DaemonConfig:
     ledger_manager: LedgerManager | None = None
     #: Whose driver the Java nodes run, from the URI (`metadata-store:`: Pulsar's).
     metadata_driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    #: Which store holds the metadata, from the URI (`etcd://`, `metadata-store:etcd:`).
+    metadata_store: StoreKind = StoreKind.ZOOKEEPER
     #: The URI's query parameters that mean nothing to us, for one startup log line.
     uri_ignored: tuple[str, ...] = field(default=(), compare=False)
     #: "section.key" -> where its value came from, for every key some layer set.
@@ -112,9 +115,10 @@ class DaemonConfig:
             for f in fields(section):
                 if getattr(section, f.name) != getattr(theirs[name], f.name):
                     out.append(f"{name}.{f.name}")
-        if (self.ledger_manager, self.metadata_driver) != (
+        if (self.ledger_manager, self.metadata_driver, self.metadata_store) != (
             other.ledger_manager,
             other.metadata_driver,
+            other.metadata_store,
         ):
             out.append("daemon.metadata_service_uri")
         return sorted(set(out))

@@ -15,7 +15,7 @@ metadata store is ZooKeeper's root):
   partitions share their topic's): a `SchemaLocator`. Intermediate znodes are
   empty; an empty znode at a locator's level is none (skipped).
 
-Data is read in batches (`ZkClient.get_many`: one multiRead per batch). A znode
+Data is read in batches (`MetadataStore.get_many`: one multiRead per batch). A znode
 deleted while we read (NoNode, on a listing or a read) is skipped: a topic
 deleted meanwhile is no error. A znode whose bytes do not decode is a
 `BadPulsarZnode` (path and reason) and the read goes on.
@@ -35,7 +35,7 @@ from auditor.metadata.pulsar.formats import (
     schema_refs,
 )
 from auditor.metadata.pulsar.refs import BadPulsarZnode, PulsarRefs
-from auditor.zk import NoNodeError, ZkClient
+from auditor.store import MetadataStore, NoNodeError
 
 MANAGED_LEDGERS = "managed-ledgers"
 SCHEMAS = "schemas"
@@ -57,7 +57,7 @@ def schemas_root(root: str) -> str:
     return f"{root.rstrip('/')}/{SCHEMAS}"
 
 
-async def _children(zk: ZkClient, path: str) -> list[str] | None:
+async def _children(zk: MetadataStore, path: str) -> list[str] | None:
     """Sorted children, or None when the znode is gone."""
     try:
         return sorted(await zk.get_children(path))
@@ -87,7 +87,7 @@ class _ManagedLedger:
     path: str
 
 
-async def _managed_ledger_names(zk: ZkClient, root: str) -> list[_ManagedLedger]:
+async def _managed_ledger_names(zk: MetadataStore, root: str) -> list[_ManagedLedger]:
     """Every managed ledger znode under `<root>/managed-ledgers`, in name order."""
     base = managed_ledgers_root(root)
     tenants = await _children(zk, base) or []
@@ -126,7 +126,7 @@ async def _managed_ledger_names(zk: ZkClient, root: str) -> list[_ManagedLedger]
     return [_ManagedLedger(n, f"{base}/{n}") for n in names]
 
 
-async def _read_managed_ledgers(zk: ZkClient, mls: Sequence[_ManagedLedger]) -> PulsarRefs:
+async def _read_managed_ledgers(zk: MetadataStore, mls: Sequence[_ManagedLedger]) -> PulsarRefs:
     out = PulsarRefs()
     for batch in _batches(mls):
         datas = await zk.get_many([m.path for m in batch])
@@ -157,7 +157,7 @@ async def _read_managed_ledgers(zk: ZkClient, mls: Sequence[_ManagedLedger]) -> 
     return out
 
 
-async def _schema_ids(zk: ZkClient, root: str) -> list[str]:
+async def _schema_ids(zk: MetadataStore, root: str) -> list[str]:
     """Every znode three levels under `<root>/schemas` (tenant, namespace, topic)."""
     base = schemas_root(root)
 
@@ -171,7 +171,7 @@ async def _schema_ids(zk: ZkClient, root: str) -> list[str]:
     return level
 
 
-async def _read_schemas(zk: ZkClient, root: str, ids: Sequence[str], out: PulsarRefs) -> None:
+async def _read_schemas(zk: MetadataStore, root: str, ids: Sequence[str], out: PulsarRefs) -> None:
     base = schemas_root(root)
     for batch in _batches(ids):
         datas = await zk.get_many([f"{base}/{i}" for i in batch])
@@ -186,7 +186,7 @@ async def _read_schemas(zk: ZkClient, root: str, ids: Sequence[str], out: Pulsar
                 out.bad_znodes.append(BadPulsarZnode(path, str(exc)))
 
 
-async def read_pulsar_refs(zk: ZkClient, root: str = "") -> PulsarRefs:
+async def read_pulsar_refs(zk: MetadataStore, root: str = "") -> PulsarRefs:
     """Every ledger reference in Pulsar's tree under `root`: managed ledgers, their
     cursors, schemas. Bad znodes are named in `bad_znodes`; nothing read is dropped."""
     out = await _read_managed_ledgers(zk, await _managed_ledger_names(zk, root))
@@ -194,14 +194,14 @@ async def read_pulsar_refs(zk: ZkClient, root: str = "") -> PulsarRefs:
     return out
 
 
-async def read_managed_ledger(zk: ZkClient, root: str, name: str) -> PulsarRefs:
+async def read_managed_ledger(zk: MetadataStore, root: str, name: str) -> PulsarRefs:
     """One managed ledger (`tenant/ns/persistent/topic`) and its cursors, read again.
     A managed ledger that is gone gives empty refs (`name not in managed_ledgers`)."""
     ml = _ManagedLedger(name, f"{managed_ledgers_root(root)}/{name}")
     return await _read_managed_ledgers(zk, [ml])
 
 
-async def read_schema(zk: ZkClient, root: str, schema_id: str) -> PulsarRefs:
+async def read_schema(zk: MetadataStore, root: str, schema_id: str) -> PulsarRefs:
     """One schema locator (`tenant/ns/topic`), read again; gone: empty refs."""
     out = PulsarRefs()
     path = f"{schemas_root(root)}/{schema_id}"

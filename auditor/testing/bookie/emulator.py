@@ -30,6 +30,7 @@ from auditor.bookie.protocol import (
 )
 from auditor.metadata.registry import register_bookie, unregister_bookie
 from auditor.proto import bookkeeper_protocol_pb2 as pb
+from auditor.store import MetadataStore
 from auditor.testing.bookie.faults import FaultTable, Latency
 from auditor.testing.bookie.handlers import (
     HANDLED,
@@ -51,7 +52,6 @@ from auditor.testing.bookie.storage import (
     as_runs,
     default_body,
 )
-from auditor.zk import ZkClient
 
 __all__ = ["BookieEmulator"]
 
@@ -66,7 +66,7 @@ class BookieEmulator:
 
     def __init__(
         self,
-        zk: ZkClient | None = None,
+        zk: MetadataStore | None = None,
         *,
         host: str = "127.0.0.1",
         port: int = 0,

@@ -1,0 +1,58 @@
+"""BookKeeper's auditor votes, cast with kazoo's Lock recipe (ZooKeeper only).
+
+BookKeeper's ZooKeeper driver elects its auditor with ephemeral-sequential votes
+`V_<seq>` under `<root>/underreplication/auditorelection`; the lowest sequence leads.
+kazoo's Lock recipe with its node name set to "V_" casts exactly such votes (`<uuid>V_<seq>`:
+kazoo needs the unique prefix to find its node again after a connection loss; Java reads
+the number after "V_" and the hex uuid never contains "V_") and orders contenders by the
+same number, Java's votes included. It is a kazoo recipe with blocking calls, so it
+lives in this adapter and is run on a thread by the daemon's `Elector`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from kazoo.exceptions import CancelledError as KazooCancelled
+from kazoo.recipe.lock import Lock
+
+from auditor.zk.client import ZkClient
+
+
+class _VoteLock(Lock):  # type: ignore[misc]
+    """kazoo's Lock with BookKeeper's vote naming."""
+
+    _NODE_NAME = "V_"
+    _EXCLUDE_NAMES = ["V_"]
+
+
+class Vote:
+    """One vote in the election directory `path`, carrying `identifier` as its data."""
+
+    def __init__(self, zk: ZkClient, path: str, identifier: str) -> None:
+        self._lock = _VoteLock(zk.kazoo, path, identifier=identifier)
+        self._timeout = zk.timeout
+
+    @property
+    def node(self) -> str | None:
+        """Our vote's name while we hold one (`<uuid>V_<seq>`)."""
+        node = self._lock.node
+        return node if isinstance(node, str) else None
+
+    async def won(self) -> None:
+        """Casts the vote and waits until it is first in line; cancelling withdraws it
+        (the caller still calls `withdraw` to delete what was cast)."""
+        acquiring = asyncio.ensure_future(asyncio.to_thread(self._lock.acquire))
+        try:
+            await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            self._lock.cancel()
+            with contextlib.suppress(Exception, KazooCancelled):
+                await acquiring
+            raise
+
+    async def withdraw(self) -> None:
+        """Deletes the vote if the session still has it (within the client's timeout)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.to_thread(self._lock.release), self._timeout)
