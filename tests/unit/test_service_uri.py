@@ -14,7 +14,6 @@ from auditor.cli.main import main
 from auditor.daemon.config import load_daemon_config
 from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
-from auditor.store import StoreKind
 from auditor.metadata.service_uri import (
     IGNORED_SHOWN,
     MetadataDriver,
@@ -22,6 +21,7 @@ from auditor.metadata.service_uri import (
     describe_ignored,
     parse_metadata_service_uri,
 )
+from auditor.store import StoreKind
 
 BK = MetadataDriver.BOOKKEEPER
 PULSAR = MetadataDriver.PULSAR
