@@ -385,8 +385,7 @@ def _hosts(connect: str, where: str, *, store: str = "ZooKeeper") -> str:
         port = m["port"] if m is not None else None
         if m is None or (port is not None and not 0 < int(port) < 65536):
             raise ConfigError(
-                f"{where}: {store} host {shown_name(name)} is not HOST[:PORT] "
-                "with a port 1..65535"
+                f"{where}: {store} host {shown_name(name)} is not HOST[:PORT] with a port 1..65535"
             )
     return ",".join(names)
 
