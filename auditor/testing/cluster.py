@@ -103,20 +103,28 @@ class ClusterWriter:
         self._parents: set[str] = set()
 
     async def init_cluster(self, instance_id: str | None = None) -> str:
-        """What `bookkeeper shell initnewcluster` creates. Returns the instance id."""
+        """What `bookkeeper shell initnewcluster` creates. Returns the instance id.
+
+        `LedgerManager.ETCD` (BookKeeper's etcd driver, written through
+        `metadata.bk_etcd.BookKeeperEtcdView`, which names its keys): its `ledgers`,
+        `buckets` and `underreplication` keys, no id generator node and no
+        under-replication layout (that driver has no under-replication manager)."""
         instance = instance_id or str(uuid.uuid4())
+        etcd = self.manager is LedgerManager.ETCD
         await self.zk.ensure_path(self.root)
+        empty = ("ledgers", "buckets", "underreplication") if etcd else ("idgen",)
         for path, data in [
-            (f"{self.root}/LAYOUT", Layout(self.manager).encode()),
+            (f"{self.root}/LAYOUT", Layout.current(self.manager).encode()),
             (f"{self.root}/INSTANCEID", instance.encode()),
             (f"{self.root}/available", b""),
             (f"{self.root}/available/{READONLY}", b""),
             (f"{self.root}/cookies", b""),
-            (f"{self.root}/idgen", b""),
+            *[(f"{self.root}/{name}", b"") for name in empty],
         ]:
             with contextlib.suppress(NodeExistsError):
                 await self.zk.create(path, data)
-        await UnderreplicationManager(self.zk, self.root).check_layout()
+        if not etcd:
+            await UnderreplicationManager(self.zk, self.root).check_layout()
         return instance
 
     async def add_cookie(self, bookie_id: str) -> None:
