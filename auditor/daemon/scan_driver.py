@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
+from auditor.metadata.service_uri import MetadataDriver
+from auditor.store import StoreKind
 from auditor.zk.security import ZkSecurity
 
 if TYPE_CHECKING:
@@ -54,6 +56,10 @@ class ScanDriver:
     partitions: int = 0
     #: The daemon's ZooKeeper credentials: partitions need them on a secured ZooKeeper.
     security: ZkSecurity | None = None
+    #: The store and driver of the daemon's metadata service URI (partitions on etcd
+    #: open an etcd session, seen as the driver keys it).
+    store: StoreKind = StoreKind.ZOOKEEPER
+    driver: MetadataDriver = MetadataDriver.BOOKKEEPER
 
     @property
     def name(self) -> str:
@@ -72,7 +78,13 @@ class ScanDriver:
         try:
             spec = ScanSpec(
                 target=ClusterTarget(
-                    self.hosts, ctx.root, ctx.manager, self.timeout, self.security or ZkSecurity()
+                    self.hosts,
+                    ctx.root,
+                    ctx.manager,
+                    self.timeout,
+                    self.security or ZkSecurity(),
+                    self.driver,
+                    self.store,
                 ),
                 config=ctx.config,
                 checks=(check,),
@@ -125,4 +137,6 @@ def scan_driver(config: DaemonConfig) -> ScanDriver | None:
         timeout=config.auditor.zk_timeout,
         partitions=scan.partitions,
         security=config.zk_security,
+        store=config.metadata_store,
+        driver=config.metadata_driver,
     )
