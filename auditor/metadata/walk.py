@@ -43,6 +43,7 @@ import asyncio
 import re
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -311,8 +312,9 @@ class LedgerWalker:
     async def ledger_paths(self) -> AsyncGenerator[tuple[int, str], None]:
         """(ledger id, znode path) in ascending id order."""
         if self.zk.ranged:
-            async for ledger_id, path, _ in RangedWalk(self, 1024).items():
-                yield ledger_id, path
+            async with aclosing(RangedWalk(self, 1024).items()) as ranged:
+                async for ledger_id, path, _ in ranged:
+                    yield ledger_id, path
             return
         if self.manager is LedgerManager.FLAT:
             sources = [self._flat_paths()]
@@ -438,14 +440,16 @@ class LedgerWalker:
         size, depth = batch_shape(concurrency)
         if self.zk.ranged:
             hooked = type(self).read is not LedgerWalker.read
-            async for ledger_id, path, item in RangedWalk(self, size * depth).items():
-                if hooked:
-                    # A subclass that hooks `read` (tests inject changes there) sees every read.
-                    rec = await self.read(ledger_id, path)
-                else:
-                    rec = _record(ledger_id, path, item.data, item.stat)
-                if (out := self._account(rec)) is not None:
-                    yield out
+            async with aclosing(RangedWalk(self, size * depth).items()) as ranged:
+                async for ledger_id, path, item in ranged:
+                    if hooked:
+                        # A subclass that hooks `read` (tests inject changes there) sees
+                        # every read.
+                        rec = await self.read(ledger_id, path)
+                    else:
+                        rec = _record(ledger_id, path, item.data, item.stat)
+                    if (out := self._account(rec)) is not None:
+                        yield out
             return
         window: deque[asyncio.Future[list[LedgerRecord | None]]] = deque()
         ids: list[int] = []
@@ -528,7 +532,10 @@ class RangedWalk:
         self._named: list[str] = []
 
     # --- the key ranges --------------------------------------------------------------
-    def _families(self) -> list[_Family]:
+    def _families(self, *, pruned: bool = True) -> list[_Family]:
+        """The key families of the walk's manager, their spans pruned to the walk's id
+        range unless not `pruned` (the largest id is looked for in the whole tree, as the
+        ZooKeeper walk does)."""
         r = self.root
         manager = self.w.manager
         if manager is LedgerManager.ETCD:
@@ -542,7 +549,7 @@ class RangedWalk:
                 spans = [(f"{r}/{dd}/", f"{r}/{dd}0") for dd in tops]
             else:  # the 3-4-4-4-4 tree: `<root>/DD0/...` to `<root>/DD9/...`
                 spans = [(f"{r}/{dd}0", f"{r}/{dd}:") for dd in tops]
-            rng = self.w.id_range
+            rng = self.w.id_range if pruned else None
             below = tree.digits - 2
             kept = [
                 span
@@ -577,13 +584,14 @@ class RangedWalk:
             out.append((prefix, path))
         return out
 
-    def _window(self, family: _Family) -> tuple[str, str, list[tuple[str, str]]]:
+    def _window(self, family: _Family) -> tuple[str, str, list[tuple[str, str, bool]]]:
         """The keys [start, end) this walk reads of `family` ("": no bound), and the
-        directories it owns that run past its end: (directory, where their rest starts),
-        the deepest first (the order ZooKeeper's depth-first walk comes back up in)."""
+        directories it owns that run past its end: (directory, where their rest starts,
+        whether it holds the leaves), the deepest first (the order ZooKeeper's
+        depth-first walk comes back up in)."""
         rng = self.w.id_range
         start, end = "", ""
-        tails: list[tuple[str, str]] = []
+        tails: list[tuple[str, str, bool]] = []
         if rng is None:
             return start, end, tails
         tree = family.tree
@@ -605,13 +613,14 @@ class RangedWalk:
             dirs = self._dirs(tree, f"{rng.hi:0{tree.digits}d}")
             for i, (prefix, path) in enumerate(dirs):
                 if rng.lo <= int(prefix) * 10 ** tree.below(prefix) < rng.hi:
-                    rest = _subtree_end(dirs[i + 1][1]) if i + 1 < len(dirs) else end
-                    tails.append((path, rest))
+                    leaves = i + 1 == len(dirs)
+                    rest = end if leaves else _subtree_end(dirs[i + 1][1])
+                    tails.append((path, rest, leaves))
             tails.reverse()
         return start, end, tails
 
     # --- reading ---------------------------------------------------------------------
-    async def _pages(self, start: str, end: str) -> AsyncIterator[list[RangeItem]]:
+    async def _pages(self, start: str, end: str) -> AsyncGenerator[list[RangeItem], None]:
         """Pages of [start, end), the next one read while the last is worked through."""
         store = self.w.zk
         pending: asyncio.Future[tuple[list[RangeItem], bool]] | None = asyncio.ensure_future(
@@ -635,7 +644,7 @@ class RangedWalk:
         hi = min(span[1], end) if end else span[1]
         return (lo, hi) if lo < hi else None
 
-    async def items(self) -> AsyncIterator[tuple[int, str, RangeItem]]:
+    async def items(self) -> AsyncGenerator[tuple[int, str, RangeItem], None]:
         """(ledger id, path, its item) of every ledger of the walk, in id order."""
         for family in self._families():
             self._named = []
@@ -644,26 +653,23 @@ class RangedWalk:
                 clipped = self._clip(span, start, end)
                 if clipped is None:
                     continue
-                async for page in self._pages(*clipped):
-                    for item in page:
-                        path = self._judge(family, item.path)
-                        if path is None:
-                            continue
-                        ledger_id = self._checked(family, path)
-                        if ledger_id is not None:
-                            yield ledger_id, path, item
-            for directory, rest in tails:
-                await self._tail(family, directory, rest)
+                async with aclosing(self._pages(*clipped)) as pages:
+                    async for page in pages:
+                        for item in page:
+                            path = self._judge(family, item.path)
+                            if path is None:
+                                continue
+                            ledger_id = self._checked(family, path)
+                            if ledger_id is not None:
+                                yield ledger_id, path, item
+            for directory, rest, leaves in tails:
+                await self._tail(family, directory, rest, leaves=leaves)
 
-    async def _tail(self, family: _Family, directory: str, rest: str) -> None:
+    async def _tail(self, family: _Family, directory: str, rest: str, *, leaves: bool) -> None:
         """The children of `directory` from `rest` on, for the unexpected ones among them:
-        each child is one read (its subtree is skipped: its ids are past this walk's)."""
+        the leaves' directory in pages, any other one child by child (a read each, its
+        subtree skipped: its ids are past this walk's)."""
         end = _subtree_end(directory)
-        leaves = (
-            family.tree is not None
-            and len(rest) > len(directory) + 1
-            and (rest.rsplit("/", 1)[-1].startswith("L"))
-        )
         limit = self.page if leaves else 1
         pos = rest
         while pos < end:
@@ -777,17 +783,18 @@ class RangedWalk:
         return ledger_id
 
     async def _first_from(self, family: _Family, start: str, end: str) -> int | None:
-        async for page in self._pages(start, end):
-            for item in page:
-                found = self._leaf_id(family, item.path)
-                if found is not None:
-                    return found
+        async with aclosing(self._pages(start, end)) as pages:
+            async for page in pages:
+                for item in page:
+                    found = self._leaf_id(family, item.path)
+                    if found is not None:
+                        return found
         return None
 
     async def max_ledger_id(self) -> int | None:
         """The largest ledger id: the last span with a ledger, then a binary search in it
         (a few dozen short reads; the ids are not read in bulk)."""
-        for family in reversed(self._families()):
+        for family in reversed(self._families(pruned=False)):
             for span in reversed(family.spans):
                 known = await self._first_from(family, *span)
                 if known is None:

@@ -42,6 +42,7 @@ STRAYS = {
         "000/0000/0002/abcd",  # foreign in the long tree
         "999/9999/9999/9999/L9999",  # an id beyond 2^63-1
         "000/0000/0214/7483/L64x",  # foreign at the leaves' level of the long tree
+        "000/0000/0000/zzzz",  # after every id of its directory's (an id range's tail)
     ],
     LH: [
         "000/0000/0000/0000/notaledger",
@@ -49,6 +50,7 @@ STRAYS = {
         "000/0000/0000/0000/L0001/child",
         "000/abc",
         "000/0000/xyz/deeper/still",
+        "000/0000/0000/zzzz",
         "00/0000/L0001",  # a legacy path: not this layout's tree, passed over
         "999/9999/9999/9999/L9999",
     ],
@@ -62,6 +64,7 @@ RANGES = [
     IdRange(5, 123457),
     IdRange(10001, 10**17 + 4),
     IdRange(2147483647, 2147483649),
+    IdRange(10**17 + 4, 10**18),  # no ledgers: the largest id is the range's last
 ]
 
 
@@ -117,6 +120,7 @@ async def test_same_tree_walks_the_same_on_zookeeper_and_etcd(
             "000/0000/0002/abcd",
             "999/9999/9999/9999/L9999",
             "000/0000/0214/7483/L64x",
+            "000/0000/0000/zzzz",
         }
     else:
         assert named == {
@@ -125,6 +129,7 @@ async def test_same_tree_walks_the_same_on_zookeeper_and_etcd(
             "000/abc",
             "000/0000/xyz",
             "999/9999/9999/9999/L9999",
+            "000/0000/0000/zzzz",
         }
 
     # Restricted to id ranges, both walks see the same ledgers and name the same znodes
@@ -160,3 +165,47 @@ async def test_etcd_manager_on_zookeeper_is_refused(zk: ZkClient) -> None:
 
     with pytest.raises(NotRangedError, match="etcd"):
         LedgerWalker(zk, "/ledgers", LedgerManager.ETCD)
+
+
+@pytest.mark.parametrize(
+    ("manager", "ids", "strays", "named"),
+    [
+        (
+            LedgerManager.FLAT,
+            [0, 5, 123, 9999999999],
+            ["L123", "L00000000012/child", "LAYOUTX", "notaledger"],
+            {"/ledgers/L123", "/ledgers/L00000000012"},
+        ),
+        (
+            LedgerManager.LEGACY_HIERARCHICAL,
+            [3, 20000, 2147483646, 9999999999],
+            ["00/0000/L12", "05/bad", "000/0000/0000/0000/L0001"],
+            {"/ledgers/00/0000/L12", "/ledgers/05/bad"},
+        ),
+    ],
+)
+async def test_flat_and_legacy_walk_the_same(
+    zk: ZkClient,
+    etcd: MetadataStore,
+    manager: LedgerManager,
+    ids: list[int],
+    strays: list[str],
+    named: set[str],
+) -> None:
+    for store in (zk, etcd):
+        w = ClusterWriter(store, "/ledgers", manager)
+        await w.init_cluster()
+        for i in ids:
+            await w.write_ledger(make_metadata(i, ENSEMBLE, ctime=1_700_000_000_000, ctoken=1))
+        for stray in strays:
+            await store.create(f"/ledgers/{stray}", b"x", makepath=True)
+    on_zk = await walk(zk, manager, None)
+    on_etcd = await walk(etcd, manager, None)
+    assert on_etcd == on_zk
+    assert [r[0] for r in on_etcd[0]] == ids
+    assert {u.path for u in on_etcd[1]} == named
+    assert on_etcd[3] == ids[-1]
+    # Within an id range, the same ledgers.
+    rng = IdRange(4, 20001)
+    zk_part, etcd_part = await walk(zk, manager, rng), await walk(etcd, manager, rng)
+    assert etcd_part[0] == zk_part[0] and etcd_part[3] == zk_part[3]
