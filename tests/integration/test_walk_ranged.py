@@ -9,6 +9,8 @@ the same order, and the same largest id, whole and restricted to id ranges.
 
 from __future__ import annotations
 
+import itertools
+import random
 from typing import Any
 
 import pytest
@@ -209,3 +211,51 @@ async def test_flat_and_legacy_walk_the_same(
     rng = IdRange(4, 20001)
     zk_part, etcd_part = await walk(zk, manager, rng), await walk(etcd, manager, rng)
     assert etcd_part[0] == zk_part[0] and etcd_part[3] == zk_part[3]
+
+
+def random_tree(seed: int, manager: LedgerManager) -> tuple[list[int], list[str]]:
+    """Ledger ids and stray znodes (no names with characters below "/": their order as keys
+    and as children differs, the one difference the module docstring names)."""
+    rnd = random.Random(seed)
+    scales = [10**4, 10**6, 10**8, 2**31, 10**12, 10**16, 2**63]
+    ids = sorted({rnd.randrange(0, rnd.choice(scales)) for _ in range(40)})
+    tree = [(3, 4)] if manager is LH else [(2, 2), (3, 4)]
+    strays = []
+    for _ in range(16):
+        top, levels = rnd.choice(tree)
+        digits = [f"{rnd.randrange(0, 10**top):0{top}d}"] + [
+            f"{rnd.randrange(0, 3):04d}" for _ in range(levels - 1)
+        ]
+        depth = rnd.randrange(1, levels + 1)
+        name = rnd.choice(["zz", "abc", "L12", "L123456", "12345", "idgen", "ID-1", "Lx"])
+        path = "/".join([*digits[:depth], name])
+        if rnd.random() < 0.3:
+            path += "/below"
+        strays.append(path)
+    return ids, strays
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("manager", [H, LH], ids=["hierarchical", "longhierarchical"])
+async def test_random_trees_walk_the_same(
+    zk: ZkClient, etcd: MetadataStore, manager: LedgerManager, seed: int
+) -> None:
+    ids, strays = random_tree(seed, manager)
+    for store in (zk, etcd):
+        w = ClusterWriter(store, "/ledgers", manager)
+        await w.init_cluster()
+        await w.write_ledgers(
+            make_metadata(i, ENSEMBLE, ctime=1_700_000_000_000, ctoken=1) for i in ids
+        )
+        for stray in strays:
+            if await store.exists(f"/ledgers/{stray}") is None:
+                await store.create(f"/ledgers/{stray}", b"x", makepath=True)
+    assert await walk(etcd, manager, None) == await walk(zk, manager, None)
+    rnd = random.Random(seed)
+    cuts = sorted({0, LONG_MAX + 1, *(rnd.choice(ids) + rnd.randrange(-2, 3) for _ in range(6))})
+    cuts = [c for c in cuts if 0 <= c <= LONG_MAX + 1]
+    cuts += [1, 10**4, 10**8, 2**31] if seed == 1 else []
+    cuts = sorted(set(cuts))
+    for lo, hi in itertools.pairwise(cuts):
+        rng = IdRange(lo, hi)
+        assert await walk(etcd, manager, rng) == await walk(zk, manager, rng), rng
