@@ -126,6 +126,12 @@ class BookKeeperEtcdView:
         await self.store.start()
 
     async def close(self) -> None:
+        pumps, self._pumps = list(self._pumps.values()), {}
+        for pump in pumps:
+            pump.cancel()
+        for pump in pumps:
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
         await self.store.close()
 
     async def __aenter__(self) -> Self:

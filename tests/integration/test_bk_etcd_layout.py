@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from auditor.etcd import EtcdStore
 from auditor.metadata.bk_etcd import BookKeeperEtcdView
 from auditor.metadata.cluster import read_manager
@@ -25,7 +27,7 @@ from auditor.metadata.registry import (
 )
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.walk import IdRange, LedgerWalker
-from auditor.store import Event, EventType
+from auditor.store import Event, EventType, FencedOutError
 from auditor.testing.cluster import ClusterWriter, make_metadata
 
 SCOPE = "/ledgers"
@@ -200,3 +202,38 @@ async def test_the_cluster_writer_writes_bookkeepers_etcd_keys(etcd: EtcdStore) 
     walker = LedgerWalker(view, SCOPE, LedgerManager.ETCD)
     assert [i async for i in walker.ledger_ids()] == [0, 10, 255]
     assert walker.stats.unexpected == []
+
+
+async def test_the_views_calls_name_zookeepers_paths(etcd: EtcdStore) -> None:
+    await write_as_bookkeeper(etcd)
+    view = BookKeeperEtcdView(etcd, SCOPE)
+    assert view.ranged and view.kind is etcd.kind and view.session == etcd.session
+    created = await view.create(f"{SCOPE}/available/b9:3181", b"", ephemeral=True)
+    assert created == f"{SCOPE}/available/b9:3181"
+    assert (await etcd.get(f"{SCOPE}/bookies/writable/b9:3181"))[0] == b""
+    got = await view.get_many([f"{SCOPE}/LAYOUT", f"{SCOPE}/INSTANCEID", f"{SCOPE}/nothing"])
+    assert [g[0] if g else None for g in got] == [LAYOUT, INSTANCE.encode(), None]
+    assert sorted(await view.get_children(f"{SCOPE}/available")) == [
+        "b1:3181",
+        "b2:3181",
+        "b9:3181",
+        "readonly",
+    ]
+    assert await view.get_children(f"{SCOPE}/available/readonly") == ["b3:3181"]
+    # A fenced write: only while the fencing node is at its version.
+    fence = f"{SCOPE}/available/b9:3181"
+    fenced = view.fenced(fence, 0)
+    await fenced.set(f"{SCOPE}/INSTANCEID", b"changed")
+    assert (await etcd.get(f"{SCOPE}/instanceid"))[0] == b"changed"
+    await view.delete(fence)
+    assert await etcd.exists(f"{SCOPE}/bookies/writable/b9:3181") is None
+    with pytest.raises(FencedOutError):
+        await fenced.set(f"{SCOPE}/INSTANCEID", b"again")
+    items, _ = await view.read_range(f"{SCOPE}/bookies/", f"{SCOPE}/bookies0", limit=10)
+    assert [i.path for i in items] == [
+        f"{SCOPE}/available/readonly",
+        f"{SCOPE}/available/readonly/b3:3181",
+        f"{SCOPE}/available",
+        f"{SCOPE}/available/b1:3181",
+        f"{SCOPE}/available/b2:3181",
+    ]
