@@ -34,7 +34,12 @@ Deliberate differences from Java, each for a reason:
   freed), or the watch is lost (a connection loss: anything may have changed
   meanwhile; the next walk reads everything again); nothing else can make a
   walk succeed. A server without `addWatch` gets Pulsar's behaviour: no
-  cache, and a walk every second.
+  cache, and a walk every second. The cache does not rely on parents being
+  nodes of their own: on etcd a hex "directory" is only the keys below it,
+  so it comes with its first mark and goes with its last with no event of
+  its own. A created node therefore also drops every cached listing above it
+  that lacks the way down to it, and a listed directory found gone drops its
+  parent's listing.
 * Unmarking (versioned delete of the mark) is fenced on our lock, in one
   multi-op with a check of the lock's version, so a worker that lost its lock
   cannot unmark. ZooKeeper's check compares versions only and every new lock
@@ -316,6 +321,9 @@ class ReplicationQueue:
         try:
             children = await self.zk.get_children(path)
         except NoNodeError:
+            # Listed but gone: its parent's listing is stale (on etcd, a directory goes
+            # with the last key below it, and no event says so).
+            self._forget(path.rsplit("/", 1)[0])
             return None
         finally:
             changed = path in self._stale
@@ -413,16 +421,34 @@ class ReplicationQueue:
                 return
             if item.type == EventType.CHANGED:
                 continue  # data only: no listing changes
-            parent = item.path.rsplit("/", 1)[0]
-            self._listings.pop(parent, None)
-            if parent in self._reading:
-                self._stale.add(parent)
-            if item.type == EventType.DELETED:
-                self._listings.pop(item.path, None)
+            self._forget_listings(item)
             freed = item.type == EventType.DELETED and item.path.startswith(locks)
             marked = item.type == EventType.CREATED and item.path.startswith(ledgers)
             if freed or marked:
                 self._wake.set()
+
+    def _forget(self, path: str) -> None:
+        """Drops `path`'s cached listing; one being read is then used once, not cached."""
+        self._listings.pop(path, None)
+        if path in self._reading:
+            self._stale.add(path)
+
+    def _forget_listings(self, event: Event) -> None:
+        """Drops the listings a created or deleted node may have changed: its parent's;
+        a deleted node's own; and for a created node every listing above it that lacks
+        the way down to it (or is being read): on a store without parent nodes (etcd)
+        the directories above a new mark appear with it, with no event of their own."""
+        child = event.path.rsplit("/", 1)[0]
+        self._forget(child)
+        if event.type == EventType.DELETED:
+            self._listings.pop(event.path, None)
+            return
+        while child.startswith(self.base + "/"):
+            parent, _, name = child.rpartition("/")
+            listing = self._listings.get(parent)
+            if parent in self._reading or (listing is not None and name not in listing):
+                self._forget(parent)
+            child = parent
 
     # --- holding, unmarking, releasing -------------------------------------------
 
