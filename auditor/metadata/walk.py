@@ -32,9 +32,10 @@ the same unexpected znodes on either store. Of a walk of one IdRange, the direct
 it owns (`_owns`) but that run past the range's end are looked through to their end
 child by child, without reading the ledgers there. The ordering of names with characters
 below "/" (`0000-x` sorts before `0000/...` as a key, after it as a child) is the one
-place where the two reports' order may differ. BookKeeper's etcd driver's keys
-(`LedgerManager.ETCD`, `<root>/ledgers/<UUID>`) and the flat layout are one key range
-each; a bad key there is named by the walk whose key range holds it.
+place where the two reports' order may differ. The flat layout is one key range (its
+misnamed znodes named by the walk of id 0, as on ZooKeeper); so are BookKeeper's etcd
+driver's keys (`LedgerManager.ETCD`, `<root>/ledgers/<UUID>`), where a bad key is named
+by the walk whose key range holds it.
 """
 
 from __future__ import annotations
@@ -617,6 +618,9 @@ class RangedWalk:
                     rest = end if leaves else _subtree_end(dirs[i + 1][1])
                     tails.append((path, rest, leaves))
             tails.reverse()
+        elif self.w.manager is LedgerManager.FLAT and rng.lo == 0:
+            # The walk of id 0 owns the one directory's misnamed znodes, as on ZooKeeper.
+            tails.append((self.root, end, True))
         return start, end, tails
 
     # --- reading ---------------------------------------------------------------------
@@ -669,7 +673,7 @@ class RangedWalk:
         """The children of `directory` from `rest` on, for the unexpected ones among them:
         the leaves' directory in pages, any other one child by child (a read each, its
         subtree skipped: its ids are past this walk's)."""
-        end = _subtree_end(directory)
+        end = family.spans[-1][1] if family.tree is None else _subtree_end(directory)
         limit = self.page if leaves else 1
         pos = rest
         while pos < end:
@@ -706,7 +710,7 @@ class RangedWalk:
             rng = self.w.id_range
             ok = key == node and (rng is None or rng.contains_prefix(name[1:], 0))
             return node if ok else None
-        if LEDGER_SHAPED.match(name) and self._once(node, key):
+        if self.w._owns("", 10) and LEDGER_SHAPED.match(name) and self._once(node, key):
             self.w._invalid(node, misnamed_reason(name, 10))
         return None
 
