@@ -33,6 +33,7 @@ from auditor.daemon.config.layers import bk_conf_layer
 from auditor.daemon.config.zookeeper import cli_zk_tls
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget
+from auditor.metadata.etcd_config import read_etcd_config
 from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT
 from auditor.metadata.service_uri import describe_ignored, parse_metadata_service_uri
 from auditor.zk import ZkCredentials, ZkSecurity
@@ -92,8 +93,14 @@ def target_from_args(
         root = _root(ledgers_root) if ledgers_root else parsed.ledgers_root
         if parsed.ignored:
             print(f"bk-auditor: note: {describe_ignored(parsed.ignored)}", file=sys.stderr)
+        etcd = read_etcd_config(parsed.etcd_config) if parsed.etcd_config else None
+        if etcd is not None and etcd.ignored:
+            print(
+                f"bk-auditor: note: ignoring etcd configuration keys {', '.join(etcd.ignored)}",
+                file=sys.stderr,
+            )
         return ClusterTarget(
-            parsed.hosts, root, parsed.manager, timeout, sec, parsed.driver, parsed.store
+            parsed.hosts, root, parsed.manager, timeout, sec, parsed.driver, parsed.store, etcd
         )
     if not zk:
         raise ConfigError(NO_ADDRESS)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check, CheckReport
+from auditor.metadata.etcd_config import EtcdOptions
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.store import StoreKind
 from auditor.zk.security import ZkSecurity
@@ -60,6 +61,7 @@ class ScanDriver:
     #: open an etcd session, seen as the driver keys it).
     store: StoreKind = StoreKind.ZOOKEEPER
     driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    etcd: EtcdOptions | None = None
 
     @property
     def name(self) -> str:
@@ -85,6 +87,7 @@ class ScanDriver:
                     self.security or ZkSecurity(),
                     self.driver,
                     self.store,
+                    self.etcd,
                 ),
                 config=ctx.config,
                 checks=(check,),
@@ -139,4 +142,5 @@ def scan_driver(config: DaemonConfig) -> ScanDriver | None:
         security=config.zk_security,
         store=config.metadata_store,
         driver=config.metadata_driver,
+        etcd=config.etcd,
     )

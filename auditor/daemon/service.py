@@ -983,6 +983,7 @@ class Daemon:
             timeout=self.config.auditor.zk_timeout,
             session_timeout=d.zk_session_timeout,
             security=self.config.zk_security,
+            etcd=self.config.etcd,
         )
         self.zk = zk
         follow = asyncio.ensure_future(self._follow_connection(zk))
@@ -1027,6 +1028,10 @@ class Daemon:
             )
             if self.config.uri_ignored:
                 self.log.warning(describe_ignored(self.config.uri_ignored))
+            if self.config.etcd is not None and self.config.etcd.ignored:
+                self.log.warning(
+                    "ignoring etcd configuration keys", keys=list(self.config.etcd.ignored)
+                )
             watch = asyncio.ensure_future(self._watch_bookies(zk))
             election = self.election = asyncio.ensure_future(self._elect(zk))
             supervised = {

@@ -244,7 +244,9 @@ class EtcdStore:
     key. `timeout` bounds every call and `start()`; `session_timeout` is the lease's TTL
     in seconds (at least 1). `username`/`password`: etcd authentication. `ca_file`
     (default: the system's CAs), `cert_file` and `key_file` (a client certificate): TLS,
-    for https endpoints.
+    for https endpoints. `authority`: the name the servers' certificates are checked
+    against (and sent as the request's authority) instead of the endpoint's host, as
+    jetcd's `authority` (Pulsar's etcd configuration file) does.
     """
 
     def __init__(
@@ -259,6 +261,7 @@ class EtcdStore:
         ca_file: str | Path | None = None,
         cert_file: str | Path | None = None,
         key_file: str | Path | None = None,
+        authority: str | None = None,
     ) -> None:
         self._s = _Session(parse_endpoints(endpoints))
         if prefix.endswith("/"):
@@ -282,6 +285,12 @@ class EtcdStore:
                 root_certificates=Path(ca_file).read_bytes() if ca_file else None,
                 private_key=Path(key_file).read_bytes() if key_file else None,
                 certificate_chain=Path(cert_file).read_bytes() if cert_file else None,
+            )
+        self._channel_options: tuple[tuple[str, int | str], ...] = _CHANNEL_OPTIONS
+        if authority:
+            self._channel_options += (
+                ("grpc.default_authority", authority),
+                ("grpc.ssl_target_name_override", authority),
             )
         #: (path, version) every write of this view must find unchanged.
         self._fence: tuple[str, int] | None = None
@@ -416,9 +425,11 @@ class EtcdStore:
         s = self._s
         target = s.endpoint.target
         if self._credentials is not None:
-            channel = grpc.aio.secure_channel(target, self._credentials, options=_CHANNEL_OPTIONS)
+            channel = grpc.aio.secure_channel(
+                target, self._credentials, options=self._channel_options
+            )
         else:
-            channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(target, options=self._channel_options)
         s.channel = channel
         s.kv = rpc.KVStub(channel)
         s.lease_stub = rpc.LeaseStub(channel)

@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from auditor.errors import AuditorError
+from auditor.errors import AuditorError, ConfigError
 from auditor.etcd import EtcdStore
 from auditor.metadata.bk_etcd import BookKeeperEtcdView
+from auditor.metadata.etcd_config import EtcdOptions
 from auditor.metadata.layout import LayoutError, LedgerManager, parse_layout
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.store import MetadataStore, NoNodeError, StoreKind
@@ -40,6 +41,8 @@ class ClusterTarget:
     driver: MetadataDriver = MetadataDriver.BOOKKEEPER
     #: Which store holds the metadata.
     store: StoreKind = StoreKind.ZOOKEEPER
+    #: etcd's TLS and authority (Pulsar's etcd configuration file), when given.
+    etcd: EtcdOptions | None = None
 
     @property
     def marks(self) -> bool:
@@ -56,6 +59,7 @@ def open_store(
     timeout: float = 10.0,
     session_timeout: float = 30.0,
     security: ZkSecurity | None = None,
+    etcd: EtcdOptions | None = None,
 ) -> MetadataStore:
     """A client of the cluster's metadata store, not yet started.
 
@@ -63,11 +67,34 @@ def open_store(
     (its keys for the layout, the instance id and the registry are named differently).
     """
     if store is StoreKind.ETCD:
-        etcd = EtcdStore(hosts.split(","), timeout=timeout, session_timeout=session_timeout)
+        client = _etcd_store(hosts, etcd or EtcdOptions(), timeout, session_timeout)
         if driver is MetadataDriver.ETCD:
-            return BookKeeperEtcdView(etcd, root)
-        return etcd
+            return BookKeeperEtcdView(client, root)
+        return client
     return ZkClient(hosts, timeout=timeout, session_timeout=session_timeout, security=security)
+
+
+def _etcd_store(
+    hosts: str, options: EtcdOptions, timeout: float, session_timeout: float
+) -> EtcdStore:
+    """An etcd client of `hosts`; TLS where an endpoint is https:// or `useTls` says so (as
+    jetcd with an SSL context), the TLS files read then."""
+    endpoints = hosts.split(",")
+    if options.use_tls:
+        endpoints = [e.replace("http://", "https://", 1) for e in endpoints]
+    tls = any(e.startswith("https://") for e in endpoints)
+    try:
+        return EtcdStore(
+            endpoints,
+            timeout=timeout,
+            session_timeout=session_timeout,
+            ca_file=options.ca_file if tls else None,
+            cert_file=options.cert_file if tls else None,
+            key_file=options.key_file if tls else None,
+            authority=options.authority,
+        )
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"etcd at {hosts}: {exc}") from None
 
 
 def target_store(target: ClusterTarget) -> MetadataStore:
@@ -79,6 +106,7 @@ def target_store(target: ClusterTarget) -> MetadataStore:
         root=target.root,
         timeout=target.timeout,
         security=target.security,
+        etcd=target.etcd,
     )
 
 

@@ -13,14 +13,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from auditor.errors import ServiceUnavailableError
+from auditor.testing.pki import Issued
 from auditor.testing.zkserver import free_port
 
 ETCD_BIN = Path(os.environ.get("BK_AUDITOR_ETCD", "/usr/bin/etcd"))
@@ -32,10 +35,20 @@ class EtcdServerError(ServiceUnavailableError):
     """The throwaway etcd could not be started."""
 
 
-def healthy(endpoint: str, timeout: float = 1.0) -> bool:
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """A TLS etcd's material: the CA that signed both, the server's and a client's pair."""
+
+    ca: Path
+    server: Issued
+    client: Issued
+
+
+def healthy(endpoint: str, timeout: float = 1.0, context: ssl.SSLContext | None = None) -> bool:
     """Whether the etcd at `endpoint` answers its health check as healthy."""
     try:
-        with urllib.request.urlopen(f"{endpoint}/health", timeout=timeout) as reply:
+        url = f"{endpoint}/health"
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as reply:
             return bool(json.loads(reply.read()).get("health") == "true")
     except (OSError, ValueError, urllib.error.URLError):
         return False
@@ -44,7 +57,11 @@ def healthy(endpoint: str, timeout: float = 1.0) -> bool:
 class EtcdServer:
     """One single-member etcd cluster; `start()` blocks until it serves (or raises)."""
 
-    def __init__(self, base_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, base_dir: Path | None = None, port: int | None = None, tls: EtcdTls | None = None
+    ) -> None:
+        #: With `tls`, clients connect over TLS and must show a certificate `tls.ca` signed.
+        self.tls = tls
         self._own_dir = base_dir is None
         self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-etcd-"))
         self.port = port or free_port()
@@ -53,7 +70,8 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def hosts(self) -> str:
@@ -75,7 +93,28 @@ class EtcdServer:
             "--initial-cluster-token", "bk-auditor-test",
             "--logger", "zap",
             "--log-outputs", "stderr",
+            *self._tls_flags(),
         ]  # fmt: skip
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            "--cert-file", str(self.tls.server.cert),
+            "--key-file", str(self.tls.server.key),
+            "--trusted-ca-file", str(self.tls.ca),
+            "--client-cert-auth",
+        ]  # fmt: skip
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        # The CA is checked, not the name: a test may issue a certificate for another name
+        # than 127.0.0.1 (the `authority` of Pulsar's etcd configuration).
+        context.check_hostname = False
+        context.load_cert_chain(self.tls.client.cert, self.tls.client.key)
+        return context
 
     def start(self, timeout: float = 30.0) -> None:
         if not ETCD_BIN.exists():
@@ -96,7 +135,8 @@ class EtcdServer:
                 code = self.proc.returncode
                 self.proc = None
                 raise EtcdServerError(f"etcd exited with {code}; see {self.base_dir}/etcd.log")
-            if healthy(self.endpoint, timeout=min(1.0, max(deadline - time.monotonic(), 0.01))):
+            left = min(1.0, max(deadline - time.monotonic(), 0.01))
+            if healthy(self.endpoint, timeout=left, context=self._health_context()):
                 return
             time.sleep(_POLL)
         self.stop()

@@ -57,6 +57,7 @@ from auditor.daemon.config.sections import (
     SelfTestSection,
 )
 from auditor.errors import ConfigError
+from auditor.metadata.etcd_config import EtcdOptions, read_etcd_config
 from auditor.metadata.service_uri import (
     MetadataDriver,
     MetadataServiceUri,
@@ -113,6 +114,17 @@ def _require_engine(daemon: DaemonSection, origins: Mapping[str, str]) -> None:
     except EngineUnavailableError as exc:
         where = origins.get("daemon.engine", "default")
         raise ConfigError(f"daemon.engine = 'spark' (from {where}): {exc}") from None
+
+
+def _etcd_options(uri: MetadataServiceUri | None, origins: dict[str, str]) -> EtcdOptions | None:
+    """Pulsar's etcd configuration file named by the URI's `configFilePath`, read."""
+    if uri is None or uri.etcd_config is None:
+        return None
+    try:
+        return read_etcd_config(uri.etcd_config)
+    except ConfigError as exc:
+        where = origins.get("daemon.metadata_service_uri", "default")
+        raise ConfigError(f"daemon.metadata_service_uri: {exc} (from {where})") from None
 
 
 def _resolve_cluster(
@@ -252,6 +264,7 @@ def load_daemon_config(
         ledger_manager=uri.manager if uri is not None else None,
         metadata_driver=uri.driver if uri is not None else MetadataDriver.BOOKKEEPER,
         metadata_store=uri.store if uri is not None else StoreKind.ZOOKEEPER,
+        etcd=_etcd_options(uri, origins),
         uri_ignored=uri.ignored if uri is not None else (),
         origins=origins,
         files=tuple(files),

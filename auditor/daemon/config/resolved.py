@@ -26,6 +26,7 @@ from auditor.daemon.config.sections import (
     SelfTestSection,
     WorkerSection,
 )
+from auditor.metadata.etcd_config import EtcdOptions
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.scan.options import redact_spark_conf
@@ -51,6 +52,8 @@ class DaemonConfig:
     metadata_driver: MetadataDriver = MetadataDriver.BOOKKEEPER
     #: Which store holds the metadata, from the URI (`etcd://`, `metadata-store:etcd:`).
     metadata_store: StoreKind = StoreKind.ZOOKEEPER
+    #: etcd's TLS and authority, from Pulsar's etcd configuration file (`configFilePath`).
+    etcd: EtcdOptions | None = field(default=None, compare=False)
     #: The URI's query parameters that mean nothing to us, for one startup log line.
     uri_ignored: tuple[str, ...] = field(default=(), compare=False)
     #: "section.key" -> where its value came from, for every key some layer set.
