@@ -134,7 +134,7 @@ constraints: dist
 
 # One JSON line per figure on stdout, progress on stderr; see bench/README.md.
 # BENCH_N=100000 (ledgers), BENCH_ONLY=scrutiny,memory,... (figures), BENCH_PROFILE=DIR (py-spy).
-bench: $(STAMP_PY)
+bench: $(STAMP_PY) etcd
 	@$(PY) -m bench
 
 # Three daemons, a ZooKeeper and six bookies under random faults; see docs/reliability.md.

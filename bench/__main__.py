@@ -4,16 +4,18 @@
 
 Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
 naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
-rereplication, spark. BENCH_ONLY picks some (by figure name, or by
-benchmark name for all its figures: scrutiny, big); a benchmark whose
-figures are all left out does not run. The first line describes the
-machine.
+rereplication, etcd-floor, etcd-replicas, spark. BENCH_ONLY picks some (by
+figure name, or by benchmark name for all its figures: scrutiny, big, etcd); a
+benchmark whose figures are all left out does not run. The first line
+describes the machine.
 Each benchmark sets up its own cluster and tears it down; one that fails
 prints `{"bench": ..., "error": ...}` and the others still run; the exit
 status is then 1. Knobs: BENCH_N (ledgers, default 100,000), BENCH_REPEAT
 (floor/auditor alternations, default 2), BENCH_NAIVE_N (default 2,000),
 BENCH_LATENCY_MS (bookie-load, default 5), BENCH_SESSION_TIMEOUT (failover,
-default 6), BENCH_BIG_N (memory-1m and failover-1m, default 1,000,000).
+default 6), BENCH_BIG_N (memory-1m and failover-1m, default 1,000,000),
+BENCH_ETCD_N (etcd-floor and etcd-replicas, default BENCH_N), BENCH_ETCD_PAGE
+(keys a range read of the etcd floor asks for, default 1,000).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bench import (
     bench_big,
     bench_bookie_load,
     bench_codec,
+    bench_etcd,
     bench_failover,
     bench_memory,
     bench_rereplication,
@@ -69,6 +72,10 @@ def _rereplication(n: int) -> Figures:
     return [asyncio.run(bench_rereplication.measure(n))]
 
 
+def _etcd(n: int) -> Figures:
+    return asyncio.run(bench_etcd.measure(bench_etcd.bench_etcd_n()))
+
+
 def _spark(n: int) -> Figures:
     return bench_spark.measure(n)
 
@@ -86,6 +93,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("failover", ("failover",), _failover),
     ("big", ("memory-1m", "failover-1m"), _big),
     ("rereplication", ("rereplication",), _rereplication),
+    ("etcd", ("etcd-floor", "etcd-replicas"), _etcd),
     ("spark", ("spark",), _spark),
 ]
 FIGURES = [f for _, figures, _ in BENCHMARKS for f in figures]
