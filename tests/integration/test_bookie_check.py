@@ -1,4 +1,4 @@
-"""The bookie check (lost bookies) against a real ZooKeeper and emulated bookies.
+"""The bookie check (lost bookies) against a real ZooKeeper or etcd and emulated bookies.
 
 Scenarios follow the behaviour spec's catalogue (S29-S36, S41, S44, S53, S71,
 S73), run as one-shot checks: the daemon's delay rules are covered by the
@@ -25,9 +25,9 @@ from auditor.metadata.registry import register_bookie, unregister_bookie
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
 from auditor.metadata.walk import LedgerRecord, LedgerWalker
+from auditor.store import MetadataStore
 from auditor.testing.cluster import make_metadata
 from auditor.testing.harness import TestCluster, test_cluster
-from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
 UR_BASE = f"{ROOT}/underreplication"
@@ -42,17 +42,17 @@ async def run(
         return await run_bookie_check(ctx)
 
 
-async def marks(zk: ZkClient) -> dict[int, tuple[str, ...]]:
-    urm = UnderreplicationManager(zk, ROOT)
+async def marks(store: MetadataStore) -> dict[int, tuple[str, ...]]:
+    urm = UnderreplicationManager(store, ROOT)
     return {m.ledger_id: m.replicas async for m in urm.list_underreplicated()}
 
 
-async def ur_tree(zk: ZkClient) -> list[str]:
-    return await zk.get_children(f"{UR_BASE}/ledgers")
+async def ur_tree(store: MetadataStore) -> list[str]:
+    return await store.get_children(f"{UR_BASE}/ledgers")
 
 
-async def mark_bytes(zk: ZkClient, ledger_id: int) -> bytes:
-    data, _ = await zk.get(ur_ledger_path(UR_BASE, ledger_id))
+async def mark_bytes(store: MetadataStore, ledger_id: int) -> bytes:
+    data, _ = await store.get(ur_ledger_path(UR_BASE, ledger_id))
     return data
 
 
@@ -65,9 +65,9 @@ def mark_pattern(*replicas: str) -> re.Pattern[bytes]:
     return re.compile(b"^" + lines + rb"ctime: (\d+)\n$")
 
 
-async def test_s29_never_registered_member_is_lost(zk: ZkClient) -> None:
+async def test_s29_never_registered_member_is_lost(store: MetadataStore) -> None:
     ghost = "192.0.2.1:1000"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         md = make_metadata(12345, [ghost, b[0], b[1]], state=LedgerState.OPEN)
         await tc.cluster.write_ledger(md)
@@ -78,21 +78,21 @@ async def test_s29_never_registered_member_is_lost(zk: ZkClient) -> None:
         assert report.lost_bookies == [ghost]
         assert report.ledgers_checked == 2
         assert report.marked_underreplicated == []
-        assert await ur_tree(zk) == []
+        assert await ur_tree(store) == []
 
         report = await run(tc, mark=True)
         assert report.marked_underreplicated == [12345]
-        assert await marks(zk) == {12345: (ghost,)}
-        assert mark_pattern(ghost).match(await mark_bytes(zk, 12345))
+        assert await marks(store) == {12345: (ghost,)}
+        assert mark_pattern(ghost).match(await mark_bytes(store, 12345))
 
 
-async def test_s30_closed_ledger_crashed_bookie_exact_mark_bytes(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s30_closed_ledger_crashed_bookie_exact_mark_bytes(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.writer.write_ledger(1, [b[0], b[1], b[2]], write_quorum=2, num_entries=100)
         await tc.writer.write_ledger(2, [b[0], b[1]], write_quorum=2, num_entries=20)
         assert pairs(await run(tc, mark=True)) == []
-        assert await ur_tree(zk) == []
+        assert await ur_tree(store) == []
 
         await tc.bookies[2].crash()
         before = int(time.time() * 1000)
@@ -106,15 +106,15 @@ async def test_s30_closed_ledger_crashed_bookie_exact_mark_bytes(zk: ZkClient) -
             "metadata_version": 0,
         }
         assert report.marked_underreplicated == [1]
-        data = await mark_bytes(zk, 1)
+        data = await mark_bytes(store, 1)
         m = mark_pattern(b[2]).match(data)
         assert m is not None, data
         assert before <= int(m.group(1)) <= after
-        assert await marks(zk) == {1: (b[2],)}
+        assert await marks(store) == {1: (b[2],)}
 
 
-async def test_s31_open_ledgers_count_and_the_mark_survives_a_restart(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s31_open_ledgers_count_and_the_mark_survives_a_restart(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         for lid in (10, 11):
             await tc.writer.write_ledger(
@@ -124,59 +124,59 @@ async def test_s31_open_ledgers_count_and_the_mark_survives_a_restart(zk: ZkClie
         report = await run(tc, mark=True)
         assert pairs(report) == [(10, LOST, b[2]), (11, LOST, b[2])]
         assert {v.detail["ledger_state"] for v in report.violations} == {"open"}
-        assert await marks(zk) == {10: (b[2],), 11: (b[2],)}
-        marked = await mark_bytes(zk, 10)
+        assert await marks(store) == {10: (b[2],), 11: (b[2],)}
+        marked = await mark_bytes(store, 10)
 
         await tc.bookies[2].restart()
         report = await run(tc, mark=True)
         assert pairs(report) == [] and report.lost_bookies == []
-        assert await mark_bytes(zk, 10) == marked  # the check never unmarks
+        assert await mark_bytes(store, 10) == marked  # the check never unmarks
 
 
-async def test_s32_second_loss_after_rereplication_marks_again(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_s32_second_loss_after_rereplication_marks_again(store: MetadataStore) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         await tc.writer.write_ledger(
             5, [b[0], b[1], b[2]], write_quorum=2, num_entries=30, state=LedgerState.OPEN
         )
         await tc.bookies[2].crash()
         await run(tc, mark=True)
-        assert await marks(zk) == {5: (b[2],)}
+        assert await marks(store) == {5: (b[2],)}
 
         # A replication worker moves b2's data to b3 and removes the mark.
         path = tc.cluster.path(5)
         md = make_metadata(5, [b[0], b[1], b[3]], write_quorum=2, state=LedgerState.OPEN)
-        await zk.set(path, encode_ledger_metadata(md))
-        await zk.delete(ur_ledger_path(UR_BASE, 5))
+        await store.set(path, encode_ledger_metadata(md))
+        await store.delete(ur_ledger_path(UR_BASE, 5))
         assert pairs(await run(tc)) == []
 
         await tc.bookies[1].crash()
         report = await run(tc, mark=True)
         assert pairs(report) == [(5, LOST, b[1])]
         assert report.violations[0].detail["metadata_version"] == 1
-        assert await marks(zk) == {5: (b[1],)}
+        assert await marks(store) == {5: (b[1],)}
 
 
-async def test_s35_s36_readonly_bookie_is_available_until_it_dies(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s35_s36_readonly_bookie_is_available_until_it_dies(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.writer.write_ledger(1, b, write_quorum=2, num_entries=40)
         await tc.bookies[2].set_readonly()
         report = await run(tc, mark=True)
         assert pairs(report) == [] and report.lost_bookies == []
-        assert await ur_tree(zk) == []
+        assert await ur_tree(store) == []
 
         await tc.bookies[2].crash()  # dies while read-only
         report = await run(tc, mark=True)
         assert pairs(report) == [(1, LOST, b[2])]
-        assert await marks(zk) == {1: (b[2],)}
+        assert await marks(store) == {1: (b[2],)}
 
 
-async def test_s41_open_ledgers_on_unregistered_bookies_all_marked(zk: ZkClient) -> None:
+async def test_s41_open_ledgers_on_unregistered_bookies_all_marked(store: MetadataStore) -> None:
     fakes = ["99.99.99.99:9999", "11.11.11.11:1111", "88.88.88.88:8888"]
     rng = random.Random(41)
     ids = sorted(rng.sample(range(1, 10**8), 5))
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         for lid in ids:
             md = make_metadata(lid, fakes, write_quorum=2, ack_quorum=2, state=LedgerState.OPEN)
             await tc.cluster.write_ledger(md)
@@ -185,11 +185,11 @@ async def test_s41_open_ledgers_on_unregistered_bookies_all_marked(zk: ZkClient)
         assert report.counts() == {LOST: 5, INVALID: 0}
         assert len(report.violations) == 15
         assert sorted(report.marked_underreplicated) == ids
-        assert await marks(zk) == {lid: tuple(sorted(fakes)) for lid in ids}
+        assert await marks(store) == {lid: tuple(sorted(fakes)) for lid in ids}
 
 
-async def test_s44_two_lost_bookies_are_both_on_one_mark(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_s44_two_lost_bookies_are_both_on_one_mark(store: MetadataStore) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         await tc.writer.write_ledger(1, b[:3], write_quorum=2, num_entries=60)
         await tc.bookies[1].crash()
@@ -199,11 +199,11 @@ async def test_s44_two_lost_bookies_are_both_on_one_mark(zk: ZkClient) -> None:
         assert pairs(report) == [(1, LOST, lost[0]), (1, LOST, lost[1])]
         assert report.counts()[LOST] == 1
         assert all(v.detail["missing_replicas"] == lost for v in report.violations)
-        assert mark_pattern(*lost).match(await mark_bytes(zk, 1))
+        assert mark_pattern(*lost).match(await mark_bytes(store, 1))
 
 
-async def test_s44_second_loss_merges_into_the_existing_mark(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_s44_second_loss_merges_into_the_existing_mark(store: MetadataStore) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         await tc.writer.write_ledger(1, b[:3], write_quorum=2, num_entries=60)
         await tc.bookies[1].crash()
@@ -211,35 +211,35 @@ async def test_s44_second_loss_merges_into_the_existing_mark(zk: ZkClient) -> No
         await tc.bookies[2].crash()
         await run(tc, mark=True)
         # The first lost bookie stays first: marks merge, they are not rewritten.
-        assert mark_pattern(b[1], b[2]).match(await mark_bytes(zk, 1))
+        assert mark_pattern(b[1], b[2]).match(await mark_bytes(store, 1))
 
 
-async def test_s53_lost_bookie_ledger_counts(zk: ZkClient) -> None:
+async def test_s53_lost_bookie_ledger_counts(store: MetadataStore) -> None:
     a, c = "127.0.0.1:1000", "127.0.0.1:1001"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b0 = tc.ids[0]
         for lid in range(1, 11):
             await tc.cluster.write_ledger(make_metadata(lid, [a, c]))
         for lid in range(11, 21):
             await tc.cluster.write_ledger(make_metadata(lid, [c, b0]))
 
-        await register_bookie(zk, ROOT, c, "127.0.0.1", 1001)
+        await register_bookie(store, ROOT, c, "127.0.0.1", 1001)
         report = await run(tc)
         assert report.lost_bookies == [a]
         assert Counter(v.bookie for v in report.violations) == {a: 10}
         assert report.counts()[LOST] == 10
 
-        await unregister_bookie(zk, ROOT, c)
-        await register_bookie(zk, ROOT, a, "127.0.0.1", 1000)
+        await unregister_bookie(store, ROOT, c)
+        await register_bookie(store, ROOT, a, "127.0.0.1", 1000)
         report = await run(tc)
         assert report.lost_bookies == [c]
         assert Counter(v.bookie for v in report.violations) == {c: 20}
         assert report.counts()[LOST] == 20
-        assert await ur_tree(zk) == []
+        assert await ur_tree(store) == []
 
 
-async def test_s71_s73_historical_ensembles_are_included(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_s71_s73_historical_ensembles_are_included(store: MetadataStore) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         # Ledger 1: b2 only in the first segment (replaced by b3 at entry 10).
         await tc.writer.write_ledger(
@@ -259,11 +259,11 @@ async def test_s71_s73_historical_ensembles_are_included(zk: ZkClient) -> None:
         assert pairs(report) == [(1, LOST, b[2]), (2, LOST, b[2])]
         segments = {v.ledger_id: v.detail["segments"] for v in report.violations}
         assert segments == {1: [0], 2: [0, 5]}
-        assert await marks(zk) == {1: (b[2],), 2: (b[2],)}
+        assert await marks(store) == {1: (b[2],), 2: (b[2],)}
 
 
-async def test_undecodable_metadata_is_reported_not_marked(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_undecodable_metadata_is_reported_not_marked(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.cluster.write_ledger(make_metadata(1, ["192.0.2.9:3181", b[0], b[1]]))
         bad = await tc.cluster.write_raw(2, b"BookieMetadataFormatVersion\t3\n\xff\xff\xff")
@@ -275,26 +275,26 @@ async def test_undecodable_metadata_is_reported_not_marked(zk: ZkClient) -> None
         assert invalid.detail["reason"]
         assert report.counts() == {LOST: 1, INVALID: 1}
         assert report.ledgers_checked == 2
-        assert await marks(zk) == {1: ("192.0.2.9:3181",)}
+        assert await marks(store) == {1: ("192.0.2.9:3181",)}
 
 
-async def test_replication_disabled_reports_but_does_not_mark(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_replication_disabled_reports_but_does_not_mark(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.writer.write_ledger(1, b, write_quorum=2, num_entries=10)
-        urm = UnderreplicationManager(zk, ROOT)
+        urm = UnderreplicationManager(store, ROOT)
         await urm.disable_replication()
         await tc.bookies[0].crash()
         await tc.bookies[1].crash()
         report = await run(tc, mark=True)
         assert pairs(report) == sorted([(1, LOST, b[0]), (1, LOST, b[1])])
         assert report.marked_underreplicated == []
-        assert await ur_tree(zk) == []
+        assert await ur_tree(store) == []
 
         await urm.enable_replication()
         report = await run(tc, mark=True)
         assert report.marked_underreplicated == [1]
-        assert await marks(zk) == {1: tuple(sorted([b[0], b[1]]))}
+        assert await marks(store) == {1: tuple(sorted([b[0], b[1]]))}
 
 
 class _HookedWalker(LedgerWalker):
@@ -312,33 +312,33 @@ class _HookedWalker(LedgerWalker):
 
 
 async def test_ledger_deleted_during_the_walk_is_skipped(
-    zk: ZkClient, monkeypatch: pytest.MonkeyPatch
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ghost = "192.0.2.7:3181"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         for lid in (1, 2, 3):
             await tc.cluster.write_ledger(make_metadata(lid, [ghost, b[0], b[1]]))
         async with tc.context(mark=True) as ctx:
-            monkeypatch.setattr(ctx, "walker", lambda: _HookedWalker(ctx, 2, zk.delete))
+            monkeypatch.setattr(ctx, "walker", lambda: _HookedWalker(ctx, 2, store.delete))
             report = await run_bookie_check(ctx)
         assert pairs(report) == [(1, LOST, ghost), (3, LOST, ghost)]
         assert report.ledgers_checked == 2
         assert dict(report.ledgers_skipped) == {"deleted": 1}
-        assert await marks(zk) == {1: (ghost,), 3: (ghost,)}
+        assert await marks(store) == {1: (ghost,), 3: (ghost,)}
 
 
 async def test_bookie_back_before_the_walk_ends_is_not_lost(
-    zk: ZkClient, monkeypatch: pytest.MonkeyPatch
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     back, gone = "192.0.2.7:3181", "192.0.2.8:3181"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.cluster.write_ledger(make_metadata(1, [back, gone, b[0]]))
         await tc.cluster.write_ledger(make_metadata(2, [back, b[0], b[1]]))
 
         async def comes_back(_path: str) -> None:
-            await register_bookie(zk, ROOT, back, "192.0.2.7", 3181)
+            await register_bookie(store, ROOT, back, "192.0.2.7", 3181)
 
         async with tc.context(mark=True) as ctx:
             monkeypatch.setattr(ctx, "walker", lambda: _HookedWalker(ctx, 2, comes_back))
@@ -346,12 +346,12 @@ async def test_bookie_back_before_the_walk_ends_is_not_lost(
         assert pairs(report) == [(1, LOST, gone)]
         assert report.violations[0].detail["missing_replicas"] == [gone]
         assert report.lost_bookies == [gone]
-        assert await marks(zk) == {1: (gone,)}
+        assert await marks(store) == {1: (gone,)}
 
 
-async def test_json_report(zk: ZkClient) -> None:
+async def test_json_report(store: MetadataStore) -> None:
     ghost = "192.0.2.1:1000"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.cluster.write_ledger(make_metadata(7, [b[0], ghost, b[1]], write_quorum=2))
         await tc.cluster.write_ledger(make_metadata(8, [b[0], b[1], b[2]], write_quorum=2))
@@ -403,9 +403,9 @@ async def test_json_report(zk: ZkClient) -> None:
         ) == (1, False, {LOST: [7], INVALID: []}, {}, 0.0)
 
 
-async def test_every_violation_is_logged_with_evidence_and_progress(zk: ZkClient) -> None:
+async def test_every_violation_is_logged_with_evidence_and_progress(store: MetadataStore) -> None:
     ghost = "192.0.2.1:1000"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         for lid in range(1, 6):
             await tc.cluster.write_ledger(make_metadata(lid, [b[0], ghost, b[1]]))
@@ -421,27 +421,29 @@ async def test_every_violation_is_logged_with_evidence_and_progress(zk: ZkClient
         assert any(e["event"] == "bookie check finished" for e in logs)
 
 
-async def test_corrupt_existing_mark_is_left_alone_and_the_rest_is_marked(zk: ZkClient) -> None:
+async def test_corrupt_existing_mark_is_left_alone_and_the_rest_is_marked(
+    store: MetadataStore,
+) -> None:
     ghost = "192.0.2.1:1000"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         for lid in (1, 2):
             await tc.cluster.write_ledger(make_metadata(lid, [b[0], ghost, b[1]]))
-        await zk.create(ur_ledger_path(UR_BASE, 1), b"\xffnot a mark", makepath=True)
+        await store.create(ur_ledger_path(UR_BASE, 1), b"\xffnot a mark", makepath=True)
         report = await run(tc, mark=True)
         assert pairs(report) == [(1, LOST, ghost), (2, LOST, ghost)]
         assert report.marked_underreplicated == [2]
-        assert await mark_bytes(zk, 1) == b"\xffnot a mark"
-        assert mark_pattern(ghost).match(await mark_bytes(zk, 2))
+        assert await mark_bytes(store, 1) == b"\xffnot a mark"
+        assert mark_pattern(ghost).match(await mark_bytes(store, 2))
 
 
-async def test_many_marks_with_bounded_concurrency(zk: ZkClient) -> None:
+async def test_many_marks_with_bounded_concurrency(store: MetadataStore) -> None:
     ghost = "192.0.2.1:1000"
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         ids = list(range(100, 250))
         await tc.cluster.write_ledgers(make_metadata(i, [b[i % 3], ghost]) for i in ids)
         report = await run(tc, mark=True, overrides=["checks.ledger_concurrency=7"])
         assert report.counts()[LOST] == len(ids) and report.ledgers_checked == len(ids)
         assert sorted(report.marked_underreplicated) == ids
-        assert await marks(zk) == {i: (ghost,) for i in ids}
+        assert await marks(store) == {i: (ghost,) for i in ids}

@@ -1,9 +1,12 @@
-"""The cluster writer and the bookie registry against a real ZooKeeper."""
+"""The cluster writer and the bookie registry against a real ZooKeeper and a real etcd."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from auditor.etcd import EtcdStore
 from auditor.metadata.registry import (
     BookieSet,
     address_from_service_info,
@@ -15,18 +18,27 @@ from auditor.metadata.registry import (
     unregister_bookie,
     watch_bookies,
 )
+from auditor.store import MetadataStore
 from auditor.testing.cluster import ClusterWriter
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
 
 
-async def test_init_cluster_lays_out_what_bookkeeper_creates(zk: ZkClient) -> None:
-    instance = await ClusterWriter(zk).init_cluster(
+def other_session(request: pytest.FixtureRequest, store: MetadataStore) -> MetadataStore:
+    """Another session (another process's) on the store `store` talks to, rooted where it is:
+    the test's ZooKeeper chroot, or its etcd key prefix."""
+    if isinstance(store, EtcdStore):
+        return EtcdStore([request.getfixturevalue("etcd_server").endpoint], prefix=store.prefix)
+    return ZkClient(request.getfixturevalue("zk_hosts"))
+
+
+async def test_init_cluster_lays_out_what_bookkeeper_creates(store: MetadataStore) -> None:
+    instance = await ClusterWriter(store).init_cluster(
         instance_id="7d3b5ad6-0000-4000-8000-000000000001"
     )
     assert instance == "7d3b5ad6-0000-4000-8000-000000000001"
-    assert sorted(await zk.get_children(ROOT)) == [
+    assert sorted(await store.get_children(ROOT)) == [
         "INSTANCEID",
         "LAYOUT",
         "available",
@@ -34,14 +46,14 @@ async def test_init_cluster_lays_out_what_bookkeeper_creates(zk: ZkClient) -> No
         "idgen",
         "underreplication",
     ]
-    assert (await zk.get(f"{ROOT}/LAYOUT"))[0] == (
+    assert (await store.get(f"{ROOT}/LAYOUT"))[0] == (
         b"2\norg.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory:1"
     )
-    assert (await zk.get(f"{ROOT}/INSTANCEID"))[0] == instance.encode()
-    assert await zk.get_children(f"{ROOT}/available") == ["readonly"]
-    assert (await zk.get(f"{ROOT}/underreplication/LAYOUT"))[0] == b'type: "BASIC"\nversion: 1\n'
+    assert (await store.get(f"{ROOT}/INSTANCEID"))[0] == instance.encode()
+    assert await store.get_children(f"{ROOT}/available") == ["readonly"]
+    assert (await store.get(f"{ROOT}/underreplication/LAYOUT"))[0] == b'type: "BASIC"\nversion: 1\n'
     # Idempotent.
-    await ClusterWriter(zk).init_cluster()
+    await ClusterWriter(store).init_cluster()
 
 
 def test_service_info_bytes_match_the_spec_example() -> None:
@@ -53,43 +65,45 @@ def test_service_info_bytes_match_the_spec_example() -> None:
     assert address_from_service_info(b"\xff\xff\xff") is None
 
 
-async def test_register_readonly_unregister_and_resolve(zk: ZkClient) -> None:
-    await ClusterWriter(zk).init_cluster()
-    await register_bookie(zk, ROOT, "bk1.example:3181", "127.0.0.1", 40001)
-    await register_bookie(zk, ROOT, "bookie-uuid-2", "127.0.0.2", 40002)
-    assert await read_bookies(zk, ROOT) == BookieSet(
+async def test_register_readonly_unregister_and_resolve(store: MetadataStore) -> None:
+    await ClusterWriter(store).init_cluster()
+    await register_bookie(store, ROOT, "bk1.example:3181", "127.0.0.1", 40001)
+    await register_bookie(store, ROOT, "bookie-uuid-2", "127.0.0.2", 40002)
+    assert await read_bookies(store, ROOT) == BookieSet(
         frozenset({"bk1.example:3181", "bookie-uuid-2"}), frozenset()
     )
     # Registration data wins over the id's own host:port.
-    assert await resolve_bookie(zk, ROOT, "bk1.example:3181") == ("127.0.0.1", 40001)
-    assert await resolve_bookie(zk, ROOT, "bookie-uuid-2") == ("127.0.0.2", 40002)
-    await register_bookie(zk, ROOT, "bookie-uuid-2", "127.0.0.2", 40002, readonly=True)
-    bs = await read_bookies(zk, ROOT)
+    assert await resolve_bookie(store, ROOT, "bk1.example:3181") == ("127.0.0.1", 40001)
+    assert await resolve_bookie(store, ROOT, "bookie-uuid-2") == ("127.0.0.2", 40002)
+    await register_bookie(store, ROOT, "bookie-uuid-2", "127.0.0.2", 40002, readonly=True)
+    bs = await read_bookies(store, ROOT)
     assert bs.writable == {"bk1.example:3181"} and bs.readonly == {"bookie-uuid-2"}
     assert bs.available == {"bk1.example:3181", "bookie-uuid-2"}
-    assert await resolve_bookie(zk, ROOT, "bookie-uuid-2") == ("127.0.0.2", 40002)
-    await unregister_bookie(zk, ROOT, "bookie-uuid-2")
-    await unregister_bookie(zk, ROOT, "bk1.example:3181")
-    assert await read_bookies(zk, ROOT) == BookieSet(frozenset(), frozenset())
+    assert await resolve_bookie(store, ROOT, "bookie-uuid-2") == ("127.0.0.2", 40002)
+    await unregister_bookie(store, ROOT, "bookie-uuid-2")
+    await unregister_bookie(store, ROOT, "bk1.example:3181")
+    assert await read_bookies(store, ROOT) == BookieSet(frozenset(), frozenset())
     # Gone, but cookies remember them; an unregistered id falls back to host:port.
-    assert await all_known_bookies(zk, ROOT) == {"bk1.example:3181", "bookie-uuid-2"}
-    assert await resolve_bookie(zk, ROOT, "bk1.example:3181") == ("bk1.example", 3181)
-    assert await resolve_bookie(zk, ROOT, "bookie-uuid-2") is None
-    cookie, _ = await zk.get(f"{ROOT}/cookies/bk1.example:3181")
+    assert await all_known_bookies(store, ROOT) == {"bk1.example:3181", "bookie-uuid-2"}
+    assert await resolve_bookie(store, ROOT, "bk1.example:3181") == ("bk1.example", 3181)
+    assert await resolve_bookie(store, ROOT, "bookie-uuid-2") is None
+    cookie, _ = await store.get(f"{ROOT}/cookies/bk1.example:3181")
     assert cookie.startswith(b'5\nbookieHost: "bk1.example:3181"\n')
 
 
-async def test_legacy_registration_without_data_resolves_from_the_id(zk: ZkClient) -> None:
-    await ClusterWriter(zk).init_cluster()
-    await zk.create(f"{ROOT}/available/10.1.1.1:3181", b"", ephemeral=True)
-    assert await resolve_bookie(zk, ROOT, "10.1.1.1:3181") == ("10.1.1.1", 3181)
+async def test_legacy_registration_without_data_resolves_from_the_id(store: MetadataStore) -> None:
+    await ClusterWriter(store).init_cluster()
+    await store.create(f"{ROOT}/available/10.1.1.1:3181", b"", ephemeral=True)
+    assert await resolve_bookie(store, ROOT, "10.1.1.1:3181") == ("10.1.1.1", 3181)
 
 
-async def test_bookie_changes_arrive_as_a_stream(zk: ZkClient, zk_hosts: str) -> None:
-    await ClusterWriter(zk).init_cluster()
-    stream = watch_bookies(zk, ROOT)
+async def test_bookie_changes_arrive_as_a_stream(
+    store: MetadataStore, request: pytest.FixtureRequest
+) -> None:
+    await ClusterWriter(store).init_cluster()
+    stream = watch_bookies(store, ROOT)
     assert await anext(stream) == BookieSet(frozenset(), frozenset())
-    async with ZkClient(zk_hosts) as other:  # a bookie with its own session
+    async with other_session(request, store) as other:  # a bookie with its own session
         nxt = asyncio.ensure_future(anext(stream))
         await register_bookie(other, ROOT, "b1:3181", "127.0.0.1", 3181)
         assert (await asyncio.wait_for(nxt, 10)).writable == {"b1:3181"}

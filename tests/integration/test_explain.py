@@ -24,6 +24,7 @@ from auditor.metadata.model import LedgerState
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
+from auditor.store import MetadataStore
 from auditor.testing.cli import bk
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config
@@ -172,8 +173,8 @@ async def test_healthy_ledger_cli_json_and_text(zk: ZkClient, tmp_path: Path) ->
         assert f"    ledgers    ok        {OK_LEDGERS['reason']}" in text
 
 
-async def test_missing_copies_ranges_and_categories(zk: ZkClient, tmp_path: Path) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_missing_copies_ranges_and_categories(store: MetadataStore, tmp_path: Path) -> None:
+    async with test_cluster(store, 3) as tc:
         ids = tc.ids
         await write_ledger(tc, 2)
         # Entry 1 is on indexes 1 and 2: gone from both (no copy); entry 4 loses one copy.
@@ -248,8 +249,8 @@ async def test_missing_copies_ranges_and_categories(zk: ZkClient, tmp_path: Path
         assert doc["checks"]["bookies"] == OK_BOOKIES
 
 
-async def test_placement_violation_names_the_window(zk: ZkClient, tmp_path: Path) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_placement_violation_names_the_window(store: MetadataStore, tmp_path: Path) -> None:
+    async with test_cluster(store, 3) as tc:
         ids = tc.ids
         racks = ["/r0", "/r0", "/r1"]
         path = write_racks(tmp_path, ids, racks)
@@ -297,13 +298,13 @@ def _fixed_clock(ctx: CheckContext) -> None:
     ctx.clock = lambda: NOW
 
 
-async def test_marked_ledgers_show_the_mark_and_grace(zk: ZkClient, tmp_path: Path) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_marked_ledgers_show_the_mark_and_grace(store: MetadataStore, tmp_path: Path) -> None:
+    async with test_cluster(store, 3) as tc:
         ids = tc.ids
         path = write_racks(tmp_path, ids, ["/r0", "/r1", "/r2"])
         await write_ledger(tc, 4)
         await write_ledger(tc, 5)
-        urm = UnderreplicationManager(zk, "/ledgers")
+        urm = UnderreplicationManager(store, "/ledgers")
         now_ms = int(NOW * 1000)
         await urm.mark_underreplicated(4, [ids[1]], now_ms=now_ms - 7_200_000)
         await urm.mark_underreplicated(5, [ids[2]], now_ms=now_ms - 60_000)
@@ -356,8 +357,8 @@ async def test_marked_ledgers_show_the_mark_and_grace(zk: ZkClient, tmp_path: Pa
         assert fresh["segments"][0]["copies"]["entries_by_copies"] == {"2": 7}
 
 
-async def test_lost_bookie_is_down_and_unanswered(zk: ZkClient, tmp_path: Path) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_lost_bookie_is_down_and_unanswered(store: MetadataStore, tmp_path: Path) -> None:
+    async with test_cluster(store, 3) as tc:
         ids = tc.ids
         path = write_racks(tmp_path, ids, ["/r0", "/r1", "/r2"])
         await write_ledger(tc, 6)
@@ -391,15 +392,17 @@ async def test_lost_bookie_is_down_and_unanswered(zk: ZkClient, tmp_path: Path) 
         )
 
 
-async def test_replication_disabled_skips_the_ledger_check(zk: ZkClient, tmp_path: Path) -> None:
+async def test_replication_disabled_skips_the_ledger_check(
+    store: MetadataStore, tmp_path: Path
+) -> None:
     """With replication disabled the ledger check reads nothing and marks nothing: explain
     says so and does not read entries either; the other checks' verdicts stand."""
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         ids = tc.ids
         path = write_racks(tmp_path, ids, ["/r0", "/r1", "/r2"])
         await write_ledger(tc, 6)
         await tc.bookies[2].stop()
-        urm = UnderreplicationManager(zk, "/ledgers")
+        urm = UnderreplicationManager(store, "/ledgers")
         await urm.disable_replication()
         async with tc.context(overrides=[f"checks.racks_file={path}"]) as ctx:
             doc = await explain_ledger(ctx, 6)

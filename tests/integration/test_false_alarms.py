@@ -1,4 +1,4 @@
-"""False-alarm accounting and bounded reports, against real ZooKeeper and emulated bookies.
+"""False-alarm accounting and bounded reports, against real ZooKeeper or etcd and emulated bookies.
 
 Each drop path of the checks is driven for real: a bookie silent on the first
 pass, a mark or a deletion landing while the check waits for a bookie, a lost
@@ -21,10 +21,10 @@ from auditor.checks.ledger_check_run import run_ledger_check
 from auditor.checks.replicas_run import run_replicas_check
 from auditor.cli.check import render_text
 from auditor.metadata.walk import LedgerRecord, LedgerWalker
+from auditor.store import MetadataStore
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import make_metadata
 from auditor.testing.harness import TestCluster, test_cluster
-from auditor.zk import ZkClient
 
 FAST = ["checks.retry_delay=0.1", "checks.retry_attempts=1", "readEntryTimeout=1"]
 
@@ -43,8 +43,8 @@ def accounting(report: CheckReport) -> tuple[object, ...]:
     )
 
 
-async def test_retry_that_succeeds_is_a_dropped_would_be_violation(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_retry_that_succeeds_is_a_dropped_would_be_violation(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.writer.write_ledger(3, b, write_quorum=2, num_entries=10)
         # Ledger 4 (bookies 0 and 1 only) really is below its ack quorum: entry 0 has one copy.
@@ -91,8 +91,10 @@ async def held_check(
         return await task
 
 
-async def test_ledger_marked_while_checked_is_dropped_as_marked_meanwhile(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_ledger_marked_while_checked_is_dropped_as_marked_meanwhile(
+    store: MetadataStore,
+) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.writer.write_ledger(7, b, write_quorum=2, num_entries=30)
         tc.bookies[1].drop_ledger(7)  # below write quorum, as the first look sees it
@@ -106,14 +108,14 @@ async def test_ledger_marked_while_checked_is_dropped_as_marked_meanwhile(zk: Zk
         assert report.marked_underreplicated == []
 
 
-async def test_ledger_deleted_while_checked_is_dropped_as_deleted(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_ledger_deleted_while_checked_is_dropped_as_deleted(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         written = await tc.writer.write_ledger(7, b, write_quorum=2, num_entries=30)
         tc.bookies[1].drop_ledger(7)
 
         async def delete(_ctx: CheckContext) -> None:
-            await zk.delete(written.path)
+            await store.delete(written.path)
 
         report = await held_check(tc, delete)
         assert accounting(report) == ([], {"ledger_deleted": 1}, 1.0)
@@ -121,9 +123,9 @@ async def test_ledger_deleted_while_checked_is_dropped_as_deleted(zk: ZkClient) 
 
 
 async def test_metadata_changed_while_checked_is_dropped_as_metadata_changed(
-    zk: ZkClient,
+    store: MetadataStore,
 ) -> None:
-    async with test_cluster(zk, 4) as tc:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         written = await tc.writer.write_ledger(7, b[0:3], write_quorum=2, num_entries=30)
         tc.bookies[1].drop_ledger(7)
@@ -137,14 +139,14 @@ async def test_metadata_changed_while_checked_is_dropped_as_metadata_changed(
         assert report.ledgers_checked == 1
 
 
-async def test_ledger_check_counts_a_deleted_ledger_as_dropped(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_ledger_check_counts_a_deleted_ledger_as_dropped(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         written = await tc.writer.write_ledger(5, b, write_quorum=2, num_entries=10)
         tc.bookies[1].drop_ledger(5)
 
         async def delete(_ctx: CheckContext) -> None:
-            await zk.delete(written.path)
+            await store.delete(written.path)
 
         report = await held_check(
             tc,
@@ -173,8 +175,10 @@ class _ReturningWalker(LedgerWalker):
                 await self.bookie.start()
 
 
-async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(
+    store: MetadataStore,
+) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         await tc.cluster.write_ledger(make_metadata(1, b[0:3], write_quorum=2))
         await tc.cluster.write_ledger(make_metadata(2, [b[0], b[1], b[3]], write_quorum=2))
@@ -205,9 +209,11 @@ async def unreplicated_cluster(tc: TestCluster, ids: list[int]) -> None:
     )
 
 
-async def test_samples_are_the_first_hundred_ids_and_listing_is_bounded(zk: ZkClient) -> None:
+async def test_samples_are_the_first_hundred_ids_and_listing_is_bounded(
+    store: MetadataStore,
+) -> None:
     ids = [1000 + 7 * i for i in range(105)]
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         await unreplicated_cluster(tc, ids)
         full = (await replicas(tc)).to_json()
         assert full["counts"]["no_replica"] == 105
@@ -245,9 +251,9 @@ async def test_samples_are_the_first_hundred_ids_and_listing_is_bounded(zk: ZkCl
         )
 
 
-async def test_limit_zero_lists_everything(zk: ZkClient) -> None:
+async def test_limit_zero_lists_everything(store: MetadataStore) -> None:
     ids = list(range(1, 13))
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         await unreplicated_cluster(tc, ids)
         report = await replicas(tc, "checks.max_violations_listed=0")
         doc = report.to_json()

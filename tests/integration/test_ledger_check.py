@@ -1,4 +1,4 @@
-"""The ledger check (checkAllLedgers) against a real ZooKeeper and emulated bookies.
+"""The ledger check (checkAllLedgers) against a real ZooKeeper or etcd and emulated bookies.
 
 Upstream scenarios (behaviour spec §5): S28 healthy run, S20 throttled run,
 S16/S17 lost or corrupt entries on one bookie, S18 replication disabled, S19
@@ -22,8 +22,8 @@ from auditor.checks.ledger_check_run import run_ledger_check
 from auditor.metadata.model import LedgerState, Segment
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import ur_ledger_path
+from auditor.store import MetadataStore
 from auditor.testing.harness import TestCluster, test_cluster
-from auditor.zk import ZkClient
 
 
 async def check(tc: TestCluster, *overrides: str, mark: bool = True) -> CheckReport:
@@ -56,8 +56,8 @@ async def assert_mark_bytes(tc: TestCluster, ledger_id: int, replicas: list[str]
     assert abs(ur.ctime - time.time() * 1000) < 60_000
 
 
-async def test_s28_healthy_ledgers_no_violation(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s28_healthy_ledgers_no_violation(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         for lid in range(1, 11):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=2)
         reset(tc)
@@ -72,8 +72,8 @@ async def test_s28_healthy_ledgers_no_violation(zk: ZkClient) -> None:
         assert await marks(tc) == {}
 
 
-async def test_s20_throttled_run_checks_every_ledger(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s20_throttled_run_checks_every_ledger(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         for lid in range(100, 130):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=5)
         for b in tc.bookies:
@@ -86,8 +86,8 @@ async def test_s20_throttled_run_checks_every_ledger(zk: ZkClient) -> None:
         assert all(b.max_in_flight <= 20 for b in tc.bookies)
 
 
-async def test_in_flight_read_limit_is_global(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_in_flight_read_limit_is_global(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         for lid in range(1, 11):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=4)
         for b in tc.bookies:
@@ -99,8 +99,8 @@ async def test_in_flight_read_limit_is_global(zk: ZkClient) -> None:
         assert all(b.max_in_flight <= 2 for b in tc.bookies)
 
 
-async def test_s16_s17_bookie_lost_a_ledger_is_reported_and_marked(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s16_s17_bookie_lost_a_ledger_is_reported_and_marked(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         for lid in (1, 2, 3):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=100)
         tc.bookies[0].drop_ledger(2)
@@ -127,8 +127,8 @@ async def test_s16_s17_bookie_lost_a_ledger_is_reported_and_marked(zk: ZkClient)
         await assert_mark_bytes(tc, 2, [tc.ids[0]])
 
 
-async def test_lost_entries_and_an_error_status_mark_all_bad_bookies(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_lost_entries_and_an_error_status_mark_all_bad_bookies(store: MetadataStore) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         # two segments; bookie 3 answers every read with EIO, bookie 1 lost entry 19
         await tc.writer.write_ledger(
@@ -151,8 +151,8 @@ async def test_lost_entries_and_an_error_status_mark_all_bad_bookies(zk: ZkClien
         await assert_mark_bytes(tc, 5, [b[1], b[3]])
 
 
-async def test_corrupt_entry_fails_its_digest(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_corrupt_entry_fails_its_digest(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(8, tc.ids, write_quorum=3, num_entries=3)
         good = tc.bookies[1].entry_body(8, 2)
         assert good is not None
@@ -165,19 +165,19 @@ async def test_corrupt_entry_fails_its_digest(zk: ZkClient) -> None:
         assert v.detail["fragments"][0]["bad_bookies"][0]["errors"] == {"digest mismatch": 1}
 
 
-async def test_no_marks_without_mark(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_no_marks_without_mark(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(1, tc.ids, write_quorum=3, num_entries=4)
         tc.bookies[2].drop_ledger(1)
         report = await check(tc, mark=False)
         assert [(v.ledger_id, v.bookie) for v in report.violations] == [(1, tc.ids[2])]
         assert report.marked_underreplicated == []
         assert await marks(tc) == {}
-        assert await zk.exists(f"{tc.root}/underreplication/ledgers/0000") is None
+        assert await store.exists(f"{tc.root}/underreplication/ledgers/0000") is None
 
 
-async def test_s18_replication_disabled_reads_and_marks_nothing(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s18_replication_disabled_reads_and_marks_nothing(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         for lid in range(1, 11):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=2)
         tc.bookies[0].inject_status(Status.EIO, Operation.READ_ENTRY)
@@ -199,9 +199,9 @@ async def test_s18_replication_disabled_reads_and_marks_nothing(zk: ZkClient) ->
 
 
 async def test_replication_disabled_mid_run_skips_the_rest_and_marks_nothing(
-    zk: ZkClient,
+    store: MetadataStore,
 ) -> None:
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         for lid in range(1, 21):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=2)
         tc.bookies[0].inject_status(Status.EIO, Operation.READ_ENTRY)
@@ -227,8 +227,8 @@ async def test_replication_disabled_mid_run_skips_the_rest_and_marks_nothing(
         assert await marks(tc) == {}
 
 
-async def test_s19_ledgers_deleted_while_checked_are_counted(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s19_ledgers_deleted_while_checked_are_counted(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         for lid in range(1, 11):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=2)
         reset(tc)
@@ -240,7 +240,7 @@ async def test_s19_ledgers_deleted_while_checked_are_counted(zk: ZkClient) -> No
                 await b.wait_requests(20, Operation.READ_ENTRY)
             # deleted as BookKeeper does it: metadata first, then the bookies' data
             for lid in range(1, 11):
-                await zk.delete(tc.cluster.path(lid))
+                await store.delete(tc.cluster.path(lid))
                 for b in tc.bookies:
                     b.drop_ledger(lid)
             for b in tc.bookies:
@@ -251,14 +251,14 @@ async def test_s19_ledgers_deleted_while_checked_are_counted(zk: ZkClient) -> No
         assert await marks(tc) == {}
 
 
-async def test_s19_repeated_runs_while_ledgers_are_deleted(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s19_repeated_runs_while_ledgers_are_deleted(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         for lid in range(1, 11):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=2)
 
         async def delete_all() -> None:
             for lid in range(1, 11):
-                await zk.delete(tc.cluster.path(lid))
+                await store.delete(tc.cluster.path(lid))
                 for b in tc.bookies:
                     b.drop_ledger(lid)
                 await asyncio.sleep(0)
@@ -275,8 +275,10 @@ async def test_s19_repeated_runs_while_ledgers_are_deleted(zk: ZkClient) -> None
         assert await marks(tc) == {}
 
 
-async def test_ensemble_replaced_mid_check_is_checked_again_not_reported(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_ensemble_replaced_mid_check_is_checked_again_not_reported(
+    store: MetadataStore,
+) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         written = await tc.writer.write_ledger(7, b[:3], write_quorum=3, num_entries=5)
         tc.bookies[2].drop_ledger(7)  # lost on bookie 2 ...
@@ -290,7 +292,7 @@ async def test_ensemble_replaced_mid_check_is_checked_again_not_reported(zk: ZkC
                 await x.wait_requests(2, Operation.READ_ENTRY)
             # the replication worker's metadata update lands while the reads are out
             fixed = replace(written.metadata, segments=(Segment(0, (b[0], b[1], b[3])),))
-            await zk.set(written.path, encode_ledger_metadata(fixed), version=0)
+            await store.set(written.path, encode_ledger_metadata(fixed), version=0)
             for x in tc.bookies:
                 x.resume()
             report = await task
@@ -300,8 +302,8 @@ async def test_ensemble_replaced_mid_check_is_checked_again_not_reported(zk: ZkC
         assert await marks(tc) == {}
 
 
-async def test_s27_dead_bookie_is_marked_even_where_it_stores_nothing(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_s27_dead_bookie_is_marked_even_where_it_stores_nothing(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         await tc.writer.write_ledger(1, b, write_quorum=2, num_entries=6)
         await tc.writer.write_ledger(2, b, write_quorum=3, num_entries=0)  # empty, closed
@@ -339,8 +341,8 @@ async def test_s27_dead_bookie_is_marked_even_where_it_stores_nothing(zk: ZkClie
         await assert_mark_bytes(tc, 3, [b[2]])
 
 
-async def test_registered_bookie_that_does_not_answer_is_bad(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_registered_bookie_that_does_not_answer_is_bad(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(1, tc.ids, write_quorum=3, num_entries=2)
         tc.bookies[2].pause()
         report = await check(tc, "readEntryTimeout=1")
@@ -351,8 +353,8 @@ async def test_registered_bookie_that_does_not_answer_is_bad(zk: ZkClient) -> No
         assert bad["errors"] == {"timeout": 2} and bad["failed_entries"] == [[0, 1]]
 
 
-async def test_open_ledger_is_checked_up_to_its_lac_only(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_open_ledger_is_checked_up_to_its_lac_only(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         # entries 0..9 on every bookie; each carries LAC e-1, so the LAC is 8
         await tc.writer.write_ledger(
             20, tc.ids, write_quorum=3, num_entries=10, state=LedgerState.OPEN
@@ -377,9 +379,9 @@ async def test_open_ledger_is_checked_up_to_its_lac_only(zk: ZkClient) -> None:
         await tc.writer.write_entries(20, [(0, tc.ids)], 3, 11)
 
 
-async def test_open_ledger_whose_bookies_do_not_answer(zk: ZkClient) -> None:
+async def test_open_ledger_whose_bookies_do_not_answer(store: MetadataStore) -> None:
     """No LAC answer: taken as -1, the probe finds no proof of absence, the bookies are bad."""
-    async with test_cluster(zk, 3) as tc:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(
             21, tc.ids, write_quorum=3, num_entries=4, state=LedgerState.OPEN
         )
@@ -396,8 +398,8 @@ async def test_open_ledger_whose_bookies_do_not_answer(zk: ZkClient) -> None:
         assert (frag["first_entry"], frag["last_entry"]) == (0, 0)
 
 
-async def test_single_entry_probe_both_ways(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_single_entry_probe_both_ways(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         b = tc.ids
         # one entry, E=3 W=2: entry 0 lives on bookies 0 and 1
         await tc.writer.write_ledger(30, b, write_quorum=2, num_entries=1)
@@ -419,8 +421,8 @@ async def test_single_entry_probe_both_ways(zk: ZkClient) -> None:
         assert await marks(tc) == {31: (b[0],)}
 
 
-async def test_percentage_100_reads_every_stored_entry(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_percentage_100_reads_every_stored_entry(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(40, tc.ids, write_quorum=2, num_entries=20)
         reset(tc)
         report = await check(tc, "auditorLedgerVerificationPercentage=100")
@@ -429,8 +431,8 @@ async def test_percentage_100_reads_every_stored_entry(zk: ZkClient) -> None:
         assert reads(tc) == [13, 14, 13]
 
 
-async def test_percentage_0_reads_two_entries_per_bookie_per_fragment(zk: ZkClient) -> None:
-    async with test_cluster(zk, 4) as tc:
+async def test_percentage_0_reads_two_entries_per_bookie_per_fragment(store: MetadataStore) -> None:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         await tc.writer.write_ledger(
             41, [(0, b[:3]), (10, [b[0], b[1], b[3]])], write_quorum=2, num_entries=20
@@ -441,8 +443,8 @@ async def test_percentage_0_reads_two_entries_per_bookie_per_fragment(zk: ZkClie
         assert reads(tc) == [4, 4, 2, 2]
 
 
-async def test_percentage_between_reads_a_sample(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_percentage_between_reads_a_sample(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(42, tc.ids, write_quorum=3, num_entries=200)
         reset(tc)
         report = await check(tc, "auditorLedgerVerificationPercentage=10")
@@ -452,8 +454,8 @@ async def test_percentage_between_reads_a_sample(zk: ZkClient) -> None:
         assert all(20 <= n <= 22 for n in reads(tc))
 
 
-async def test_undecodable_metadata_is_reported(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_undecodable_metadata_is_reported(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(1, tc.ids, write_quorum=3, num_entries=2)
         path = await tc.cluster.write_raw(2, b"not ledger metadata")
         report = await check(tc, mark=True)
@@ -465,16 +467,16 @@ async def test_undecodable_metadata_is_reported(zk: ZkClient) -> None:
         assert await marks(tc) == {}
 
 
-async def test_readonly_bookie_counts_as_available(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_readonly_bookie_counts_as_available(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(1, tc.ids, write_quorum=1, num_entries=2)
         await tc.bookies[2].set_readonly(True)
         report = await check(tc)
         assert report.violations == []
 
 
-async def test_context_type_is_the_shared_one(zk: ZkClient) -> None:
-    async with test_cluster(zk, 1) as tc, tc.context() as ctx:
+async def test_context_type_is_the_shared_one(store: MetadataStore) -> None:
+    async with test_cluster(store, 1) as tc, tc.context() as ctx:
         assert isinstance(ctx, CheckContext)
         report = await run_ledger_check(ctx)
         assert report.ledgers_checked == 0 and report.to_json()["check"] == "ledgers"

@@ -1,16 +1,17 @@
-"""Versioned ledger metadata updates on a real ZooKeeper: exact bytes, concurrent writers,
-deleted ledgers, lost locks; and the recovery transforms."""
+"""Versioned ledger metadata updates on a real ZooKeeper and a real etcd: exact bytes,
+concurrent writers, deleted ledgers, lost locks; and the recovery transforms."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
+from auditor.etcd import EtcdStore
 from auditor.metadata.ledger_update import (
     ConcurrentUpdateError,
     EnsembleConflictError,
@@ -31,8 +32,9 @@ from auditor.metadata.serde import (
 )
 from auditor.metadata.textformat import EscapeStyle
 from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.store import FencedOutError, MetadataStore
 from auditor.testing.cluster import ClusterWriter, make_metadata
-from auditor.zk import FencedOutError, ZkClient
+from auditor.zk import ZkClient
 
 T = TypeVar("T")
 ROOT = "/ledgers"
@@ -45,15 +47,15 @@ class Interloper:
     """Another process writing the same ledger: its own thread, event loop and session, so
     that a transform (synchronous, between our read and our write) can make it write."""
 
-    def __init__(self, hosts: str) -> None:
+    def __init__(self, connect: Callable[[], MetadataStore]) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.zk = self.run(self._connect(hosts))
+        self.zk = self.run(self._connect(connect))
 
     @staticmethod
-    async def _connect(hosts: str) -> ZkClient:
-        client = ZkClient(hosts, timeout=10.0)
+    async def _connect(connect: Callable[[], MetadataStore]) -> MetadataStore:
+        client = connect()
         await client.start()
         return client
 
@@ -78,9 +80,16 @@ class Interloper:
 
 
 @pytest.fixture
-def interloper(zk_hosts: str, zk: ZkClient) -> Iterator[Interloper]:
-    # `zk` first: it creates the chroot.
-    other = Interloper(zk_hosts)
+def interloper(request: pytest.FixtureRequest, store: MetadataStore) -> Iterator[Interloper]:
+    # `store` first: it creates the chroot (ZooKeeper); the interloper's session is on the
+    # same store, rooted where `store` is (the chroot, or the etcd key prefix).
+    if isinstance(store, EtcdStore):
+        endpoint = request.getfixturevalue("etcd_server").endpoint
+        prefix = store.prefix
+        other = Interloper(lambda: EtcdStore([endpoint], prefix=prefix, timeout=10.0))
+    else:
+        hosts = request.getfixturevalue("zk_hosts")
+        other = Interloper(lambda: ZkClient(hosts, timeout=10.0))
     try:
         yield other
     finally:
@@ -88,30 +97,30 @@ def interloper(zk_hosts: str, zk: ZkClient) -> Iterator[Interloper]:
 
 
 @pytest.fixture
-async def cluster(zk: ZkClient) -> ClusterWriter:
-    cw = ClusterWriter(zk, ROOT)
+async def cluster(store: MetadataStore) -> ClusterWriter:
+    cw = ClusterWriter(store, ROOT)
     await cw.init_cluster()
     return cw
 
 
 @pytest.fixture
-async def queue(zk: ZkClient) -> AsyncIterator[ReplicationQueue]:
-    q = ReplicationQueue(zk, ROOT, "worker")
+async def queue(store: MetadataStore) -> AsyncIterator[ReplicationQueue]:
+    q = ReplicationQueue(store, ROOT, "worker")
     try:
         yield q
     finally:
         await q.close()
 
 
-async def _lock(zk: ZkClient, queue: ReplicationQueue) -> TakenLedger:
-    await UnderreplicationManager(zk, ROOT).mark_underreplicated(LID, [B], now_ms=CTIME)
+async def _lock(store: MetadataStore, queue: ReplicationQueue) -> TakenLedger:
+    await UnderreplicationManager(store, ROOT).mark_underreplicated(LID, [B], now_ms=CTIME)
     taken = await queue.take()
     assert taken is not None and taken.ledger_id == LID
     return taken
 
 
-async def _stored(zk: ZkClient, path: str) -> tuple[bytes, LedgerMetadata, int]:
-    data, stat = await zk.get(path)
+async def _stored(store: MetadataStore, path: str) -> tuple[bytes, LedgerMetadata, int]:
+    data, stat = await store.get(path)
     return data, decode_ledger_metadata(data, LID, int(stat.ctime)), int(stat.version)
 
 
@@ -142,18 +151,18 @@ def _with_segment(md: LedgerMetadata, k: int, bookies: tuple[str, ...]) -> Ledge
 
 @pytest.mark.parametrize("format_version", [1, 2, 3])
 async def test_replace_bookies_writes_exactly_that_ensemble_in_the_ledgers_own_format(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue, format_version: int
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue, format_version: int
 ) -> None:
     path = await cluster.write_ledger(_two_segments(format_version))
-    before, original, _ = await _stored(zk, path)
-    taken = await _lock(zk, queue)
+    before, original, _ = await _stored(store, path)
+    taken = await _lock(store, queue)
     result = await update_ledger(
-        queue.fenced(taken), zk, path, LID, replace_bookies(10, {B: E, X: D})
+        queue.fenced(taken), store, path, LID, replace_bookies(10, {B: E, X: D})
     )
     # Only segment 10, only B's position; X is in no ensemble and D stays.
     expected = _with_segment(original, 1, (A, E, D))
     assert result == UpdateResult(True, expected, 1)
-    data, stored, version = await _stored(zk, path)
+    data, stored, version = await _stored(store, path)
     assert (stored, version) == (expected, 1)
     assert data == encode_ledger_metadata(expected)
     assert data.startswith(f"BookieMetadataFormatVersion\t{format_version}\n".encode())
@@ -163,56 +172,56 @@ async def test_replace_bookies_writes_exactly_that_ensemble_in_the_ledgers_own_f
 
 
 async def test_a_v2_ledger_keeps_the_escaping_of_the_java_that_wrote_it(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue
 ) -> None:
     md = _two_segments(2)
     older_java = encode_ledger_metadata(md, text_style=EscapeStyle.PROTOBUF_JAVA)
     assert older_java != encode_ledger_metadata(md, text_style=EscapeStyle.LIGHTPROTO)
     path = await cluster.write_raw(LID, older_java)
-    _, original, _ = await _stored(zk, path)
-    taken = await _lock(zk, queue)
-    await update_ledger(queue.fenced(taken), zk, path, LID, replace_bookies(0, {B: E}))
-    data, _, _ = await _stored(zk, path)
+    _, original, _ = await _stored(store, path)
+    taken = await _lock(store, queue)
+    await update_ledger(queue.fenced(taken), store, path, LID, replace_bookies(0, {B: E}))
+    data, _, _ = await _stored(store, path)
     expected = _with_segment(original, 0, (A, E, C))
     assert data == encode_ledger_metadata(expected, text_style=EscapeStyle.PROTOBUF_JAVA)
 
 
 async def test_nothing_to_replace_writes_nothing(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue
 ) -> None:
     path = await cluster.write_ledger(_two_segments(3))
-    before, original, _ = await _stored(zk, path)
-    taken = await _lock(zk, queue)
+    before, original, _ = await _stored(store, path)
+    taken = await _lock(store, queue)
     fenced = queue.fenced(taken)
     # Already replaced (no old bookie left), and a segment key that is not there.
     for transform in (replace_bookies(10, {X: E}), replace_bookies(5, {B: E})):
-        assert await update_ledger(fenced, zk, path, LID, transform) == UpdateResult(
+        assert await update_ledger(fenced, store, path, LID, transform) == UpdateResult(
             False, original, 0
         )
-    assert await _stored(zk, path) == (before, original, 0)
+    assert await _stored(store, path) == (before, original, 0)
 
 
 async def test_a_replacement_already_in_the_ensemble_is_a_conflict(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue
 ) -> None:
     path = await cluster.write_ledger(_two_segments(3))
-    before, original, _ = await _stored(zk, path)
-    taken = await _lock(zk, queue)
+    before, original, _ = await _stored(store, path)
+    taken = await _lock(store, queue)
     with pytest.raises(EnsembleConflictError, match=r"10\.0\.0\.3:3181 twice"):
-        await update_ledger(queue.fenced(taken), zk, path, LID, replace_bookies(0, {B: C}))
-    assert await _stored(zk, path) == (before, original, 0)
+        await update_ledger(queue.fenced(taken), store, path, LID, replace_bookies(0, {B: C}))
+    assert await _stored(store, path) == (before, original, 0)
 
 
 # --- concurrent writers, deleted ledgers, lost locks ------------------------------------
 
 
 async def test_a_writers_ensemble_change_between_read_and_write_is_kept(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
 ) -> None:
     md = make_metadata(LID, [A, B, C], write_quorum=2, state=LedgerState.OPEN, ctime=CTIME)
     path = await cluster.write_ledger(md)
-    _, original, _ = await _stored(zk, path)
-    taken = await _lock(zk, queue)
+    _, original, _ = await _stored(store, path)
+    taken = await _lock(store, queue)
     seen: list[LedgerMetadata] = []
     ours = replace_bookies(0, {B: E})
 
@@ -225,22 +234,22 @@ async def test_a_writers_ensemble_change_between_read_and_write_is_kept(
             interloper.rewrite(path, writer_adds_a_segment)
         return ours(m)
 
-    result = await update_ledger(queue.fenced(taken), zk, path, LID, racing)
+    result = await update_ledger(queue.fenced(taken), store, path, LID, racing)
     assert seen == [original, writer_adds_a_segment(original)]
     expected = dataclasses.replace(
         original, segments=(Segment(0, (A, E, C)), Segment(5, (A, X, C)))
     )
     assert result == UpdateResult(True, expected, 2)
-    data, stored, version = await _stored(zk, path)
+    data, stored, version = await _stored(store, path)
     assert (stored, version) == (expected, 2)
     assert data == encode_ledger_metadata(expected)
 
 
 async def test_others_writing_every_time_exhaust_the_attempts(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
 ) -> None:
     path = await cluster.write_ledger(_two_segments(3))
-    taken = await _lock(zk, queue)
+    taken = await _lock(store, queue)
     calls = 0
 
     def contended(m: LedgerMetadata) -> LedgerMetadata | None:
@@ -250,18 +259,18 @@ async def test_others_writing_every_time_exhaust_the_attempts(
         return replace_bookies(0, {B: E})(m)
 
     with pytest.raises(ConcurrentUpdateError, match="3 attempts"):
-        await update_ledger(queue.fenced(taken), zk, path, LID, contended, attempts=3)
+        await update_ledger(queue.fenced(taken), store, path, LID, contended, attempts=3)
     assert calls == 3
-    _, stored, version = await _stored(zk, path)
+    _, stored, version = await _stored(store, path)
     assert stored.segments[0].bookies == (A, B, C)
     assert version == 3
 
 
 async def test_a_deleted_ledger(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
 ) -> None:
     path = await cluster.write_ledger(_two_segments(3))
-    taken = await _lock(zk, queue)
+    taken = await _lock(store, queue)
     fenced = queue.fenced(taken)
 
     def deleted_meanwhile(m: LedgerMetadata) -> LedgerMetadata | None:
@@ -269,52 +278,52 @@ async def test_a_deleted_ledger(
         return replace_bookies(0, {B: E})(m)
 
     with pytest.raises(LedgerDeletedError, match=f"ledger {LID} was deleted"):
-        await update_ledger(fenced, zk, path, LID, deleted_meanwhile)
-    assert await zk.exists(path) is None
+        await update_ledger(fenced, store, path, LID, deleted_meanwhile)
+    assert await store.exists(path) is None
     with pytest.raises(LedgerDeletedError) as info:
-        await update_ledger(fenced, zk, path, LID, replace_bookies(0, {B: E}))
+        await update_ledger(fenced, store, path, LID, replace_bookies(0, {B: E}))
     assert (info.value.ledger_id, info.value.path) == (LID, path)
 
 
 async def test_a_lost_lock_refuses_the_write(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
 ) -> None:
     path = await cluster.write_ledger(_two_segments(3))
-    before, original, _ = await _stored(zk, path)
-    taken = await _lock(zk, queue)
+    before, original, _ = await _stored(store, path)
+    taken = await _lock(store, queue)
     fenced = queue.fenced(taken)
     interloper.run(interloper.zk.delete(taken.lock_path))
     with pytest.raises(FencedOutError):
-        await update_ledger(fenced, zk, path, LID, replace_bookies(0, {B: E}))
-    assert await _stored(zk, path) == (before, original, 0)
+        await update_ledger(fenced, store, path, LID, replace_bookies(0, {B: E}))
+    assert await _stored(store, path) == (before, original, 0)
 
 
 async def test_corrupt_metadata_names_its_znode(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue
 ) -> None:
     path = await cluster.write_raw(LID, b"BookieMetadataFormatVersion\t3\n\xff\xff")
-    taken = await _lock(zk, queue)
+    taken = await _lock(store, queue)
     with pytest.raises(LedgerMetadataFormatError, match=path):
-        await update_ledger(queue.fenced(taken), zk, path, LID, replace_bookies(0, {B: E}))
+        await update_ledger(queue.fenced(taken), store, path, LID, replace_bookies(0, {B: E}))
 
 
 async def test_recovery_begins_and_closes_with_exact_bytes(
-    zk: ZkClient, cluster: ClusterWriter, queue: ReplicationQueue
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue
 ) -> None:
     md = make_metadata(LID, [A, B, C], write_quorum=2, state=LedgerState.OPEN, ctime=CTIME)
     path = await cluster.write_ledger(md)
-    _, original, _ = await _stored(zk, path)
-    taken = await _lock(zk, queue)
+    _, original, _ = await _stored(store, path)
+    taken = await _lock(store, queue)
     fenced = queue.fenced(taken)
-    started = await update_ledger(fenced, zk, path, LID, begin_recovery())
+    started = await update_ledger(fenced, store, path, LID, begin_recovery())
     in_recovery = dataclasses.replace(original, state=LedgerState.IN_RECOVERY)
     assert started == UpdateResult(True, in_recovery, 1)
-    closed = await update_ledger(fenced, zk, path, LID, close_ledger(41, 4200))
+    closed = await update_ledger(fenced, store, path, LID, close_ledger(41, 4200))
     expected = dataclasses.replace(
         original, state=LedgerState.CLOSED, last_entry_id=41, length=4200
     )
     assert closed == UpdateResult(True, expected, 2)
-    data, stored, _ = await _stored(zk, path)
+    data, stored, _ = await _stored(store, path)
     assert stored == expected
     assert data == encode_ledger_metadata(expected)
 

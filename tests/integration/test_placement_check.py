@@ -1,4 +1,5 @@
-"""The placement check against a real ZooKeeper: upstream's scenarios S7-S15, and our differences.
+"""The placement check against a real ZooKeeper and a real etcd: upstream's scenarios S7-S15,
+and our differences.
 
 Upstream's harness registers fake bookies `98.98.98.i:2181` and maps them to
 racks with a static resolver; here the same ids are registered in ZooKeeper
@@ -22,10 +23,10 @@ from auditor.errors import ConfigError
 from auditor.metadata.model import LedgerState
 from auditor.metadata.registry import register_bookie
 from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
+from auditor.store import MetadataStore
 from auditor.testing import harness
 from auditor.testing.cluster import make_metadata
 from auditor.topology.racks import RackSourceError
-from auditor.zk import ZkClient
 
 RACKAWARE = "ensemblePlacementPolicy=org.apache.bookkeeper.client.RackawareEnsemblePlacementPolicy"
 ZONEAWARE = "ensemblePlacementPolicy=org.apache.bookkeeper.client.ZoneawareEnsemblePlacementPolicy"
@@ -82,9 +83,9 @@ def not_soft(report: CheckReport) -> tuple[int, int]:
     return c["placement_not_adhering"], c["placement_softly_adhering"]
 
 
-async def test_s7_bookies_in_different_racks_adhere(zk: ZkClient, tmp_path: Path) -> None:
+async def test_s7_bookies_in_different_racks_adhere(store: MetadataStore, tmp_path: Path) -> None:
     """S7: five racks, minNumRacksPerWriteQuorum=4; open ledgers are skipped and counted."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 5)
         racks = racks_file(tmp_path, {b[i]: f"/rack{i}" for i in range(5)})
         await ledger(tc, 1, [b[3], b[0], b[4], b[2], b[1]], 4, 2)
@@ -102,10 +103,10 @@ S8_RACKS = ["/rack1", "/rack2", "/rack3", "/rack1", "/rack2"]
 
 
 async def test_s8_not_adhering_ledger_reported_once_with_its_window(
-    zk: ZkClient, tmp_path: Path
+    store: MetadataStore, tmp_path: Path
 ) -> None:
     """S8: the wrapping write set {B3, B4, B0} spans 2 racks < 3; the open ledger is ignored."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 5)
         racks = racks_file(tmp_path, dict(zip(b, S8_RACKS, strict=True)))
         await ledger(tc, 1, b, 3, 2)
@@ -145,28 +146,28 @@ async def s8_single(tc: harness.TestCluster, tmp_path: Path) -> str:
     return racks_file(tmp_path, dict(zip(b, S8_RACKS, strict=True)))
 
 
-async def ur_ids(zk: ZkClient, root: str) -> list[int]:
+async def ur_ids(store: MetadataStore, root: str) -> list[int]:
     return sorted(
-        [m.ledger_id async for m in UnderreplicationManager(zk, root).list_underreplicated()]
+        [m.ledger_id async for m in UnderreplicationManager(store, root).list_underreplicated()]
     )
 
 
-async def test_s9_without_repair_nothing_is_marked(zk: ZkClient, tmp_path: Path) -> None:
+async def test_s9_without_repair_nothing_is_marked(store: MetadataStore, tmp_path: Path) -> None:
     """S9: the repair flag keeps its default (false): reported, not marked, even with --mark."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         racks = await s8_single(tc, tmp_path)
         report = await run(tc, racks, "minNumRacksPerWriteQuorum=3", mark=True)
         assert not_soft(report) == (1, 0)
         assert report.marked_underreplicated == []
-        assert await ur_ids(zk, tc.root) == []
+        assert await ur_ids(store, tc.root) == []
 
 
 async def test_s10_repair_marks_exactly_the_not_adhering_ledger(
-    zk: ZkClient, tmp_path: Path
+    store: MetadataStore, tmp_path: Path
 ) -> None:
     """S10: with repairedPlacementPolicyNotAdheringBookieEnabled the FAIL ledger is marked
     under-replicated with an empty replica list (the znode holds only a ctime)."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         racks = await s8_single(tc, tmp_path)
         opts = (
             racks,
@@ -177,21 +178,23 @@ async def test_s10_repair_marks_exactly_the_not_adhering_ledger(
         dry = await run(tc, *opts)
         assert not_soft(dry) == (1, 0)
         assert dry.marked_underreplicated == []
-        assert await ur_ids(zk, tc.root) == []
+        assert await ur_ids(store, tc.root) == []
 
         report = await run(tc, *opts, mark=True)
         assert not_soft(report) == (1, 0)
         assert report.marked_underreplicated == [1]
-        assert await ur_ids(zk, tc.root) == [1]
-        data, _ = await zk.get(ur_ledger_path(f"{tc.root}/underreplication", 1))
+        assert await ur_ids(store, tc.root) == [1]
+        data, _ = await store.get(ur_ledger_path(f"{tc.root}/underreplication", 1))
         assert re.fullmatch(rb"ctime: \d+\n", data), data
-        mark = await UnderreplicationManager(zk, tc.root).get(1)
+        mark = await UnderreplicationManager(store, tc.root).get(1)
         assert mark is not None and mark.replicas == ()
 
 
-async def test_s13_several_failing_segments_count_once(zk: ZkClient, tmp_path: Path) -> None:
+async def test_s13_several_failing_segments_count_once(
+    store: MetadataStore, tmp_path: Path
+) -> None:
     """S13: L2 has two segments spanning 3 racks < 4; it is one violation listing both."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 7)
         rack_of = ["/rack1", "/rack2", "/rack3", "/rack4", "/rack1", "/rack2", "/rack3"]
         racks = racks_file(tmp_path, dict(zip(b, rack_of, strict=True)))
@@ -210,9 +213,9 @@ async def test_s13_several_failing_segments_count_once(zk: ZkClient, tmp_path: P
     ]
 
 
-async def test_s14_zoneaware(zk: ZkClient, tmp_path: Path) -> None:
+async def test_s14_zoneaware(store: MetadataStore, tmp_path: Path) -> None:
     """S14: strict, ignored-open, FAIL (6 mod 5 != 0), and soft (two zones) ledgers."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 6)
         racks = racks_file(tmp_path, {b[i]: f"/zone{i % 3}/ud{i % 2}" for i in range(6)})
         await ledger(tc, 1, b, 6, 2)
@@ -235,10 +238,10 @@ async def test_s14_zoneaware(zk: ZkClient, tmp_path: Path) -> None:
     assert dict(report.ledgers_skipped) == {"open": 1}
 
 
-async def test_s15_all_bookies_in_default_rack_fail(zk: ZkClient) -> None:
+async def test_s15_all_bookies_in_default_rack_fail(store: MetadataStore) -> None:
     """S15: three bookies without rack configuration, W=3: every closed ledger fails,
     since one rack is fewer than min(3, 2)."""
-    async with harness.test_cluster(zk, 3) as tc:
+    async with harness.test_cluster(store, 3) as tc:
         for lid in range(1, 11):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, ack_quorum=2, num_entries=2)
         report = await run(tc)
@@ -250,11 +253,11 @@ async def test_s15_all_bookies_in_default_rack_fail(zk: ZkClient) -> None:
 
 
 async def test_regionaware_quorum_in_one_region_is_a_violation(
-    zk: ZkClient, tmp_path: Path
+    store: MetadataStore, tmp_path: Path
 ) -> None:
     """DIFFERENCE from upstream (region-aware always passes there): with two regions in the
     cluster, a ledger whose write quorums stay in one region does not adhere."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 4)
         racks = racks_file(
             tmp_path,
@@ -272,9 +275,9 @@ async def test_regionaware_quorum_in_one_region_is_a_violation(
     assert seg["reason"] == "write quorum spans 1 known region(s), needs 2 (the cluster has 2)"
 
 
-async def test_regionaware_single_region_passes(zk: ZkClient, tmp_path: Path) -> None:
+async def test_regionaware_single_region_passes(store: MetadataStore, tmp_path: Path) -> None:
     """With one known region in the cluster there is nothing to span: no violation."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 3)
         racks = racks_file(tmp_path, {b[0]: "/east/r1", b[1]: "/east/r1", b[2]: "/east/r2"})
         await ledger(tc, 1, [b[0], b[1]], 2, 2)
@@ -284,10 +287,12 @@ async def test_regionaware_single_region_passes(zk: ZkClient, tmp_path: Path) ->
     assert report.ledgers_checked == 2
 
 
-async def test_regionaware_counts_regions_of_down_bookies(zk: ZkClient, tmp_path: Path) -> None:
+async def test_regionaware_counts_regions_of_down_bookies(
+    store: MetadataStore, tmp_path: Path
+) -> None:
     """A region whose only bookie is down (its cookie remains) is still a region of the
     cluster, so an ensemble confined to the other region is reported."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 2)
         gone = "98.98.98.9:2181"
         await tc.cluster.add_cookie(gone)  # registered once, down now
@@ -297,12 +302,12 @@ async def test_regionaware_counts_regions_of_down_bookies(zk: ZkClient, tmp_path
     assert ids(report, Category.PLACEMENT_NOT_ADHERING) == [1]
 
 
-async def test_down_bookie_keeps_its_rack(zk: ZkClient, tmp_path: Path) -> None:
+async def test_down_bookie_keeps_its_rack(store: MetadataStore, tmp_path: Path) -> None:
     """DIFFERENCE from upstream (racks of down bookies): upstream only knows racks of
     registered writable bookies, so the unregistered B2 would add no rack and the ensemble
     would span 2 racks < 3 (FAIL). Here the racks file still places B2 in its own rack,
     so the ledger adheres."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 2)
         down = "98.98.98.7:2181"  # in the ensemble, never registered now
         racks = racks_file(tmp_path, {b[0]: "/rack1", b[1]: "/rack2", down: "/rack3"})
@@ -312,9 +317,9 @@ async def test_down_bookie_keeps_its_rack(zk: ZkClient, tmp_path: Path) -> None:
     assert report.ledgers_checked == 1
 
 
-async def test_metadata_invalid_and_in_recovery(zk: ZkClient, tmp_path: Path) -> None:
+async def test_metadata_invalid_and_in_recovery(store: MetadataStore, tmp_path: Path) -> None:
     """Undecodable metadata is reported with its reason and path; in-recovery ledgers skip."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 3)
         racks = racks_file(tmp_path, {b[0]: "/r1", b[1]: "/r2", b[2]: "/r3"})
         await ledger(tc, 1, b, 3, 2)
@@ -331,8 +336,8 @@ async def test_metadata_invalid_and_in_recovery(zk: ZkClient, tmp_path: Path) ->
     assert report.to_json()["counts"]["metadata_invalid"] == 1
 
 
-async def test_default_policy_always_adheres(zk: ZkClient) -> None:
-    async with harness.test_cluster(zk, 0) as tc:
+async def test_default_policy_always_adheres(store: MetadataStore) -> None:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 3)
         await ledger(tc, 1, b, 3, 2)
         report = await run(
@@ -343,11 +348,11 @@ async def test_default_policy_always_adheres(zk: ZkClient) -> None:
     assert report.ledgers_checked == 1
 
 
-async def test_pulsar_znode_is_used_without_rack_configuration(zk: ZkClient) -> None:
+async def test_pulsar_znode_is_used_without_rack_configuration(store: MetadataStore) -> None:
     """No racks file or script: Pulsar's /bookies znode (at the chroot) gives the racks."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 3)
-        await zk.create(
+        await store.create(
             "/bookies",
             json.dumps(
                 {"default": {b[0]: {"rack": "/r1"}, b[1]: {"rack": "/r2"}, b[2]: {"rack": "/r1"}}}
@@ -359,12 +364,12 @@ async def test_pulsar_znode_is_used_without_rack_configuration(zk: ZkClient) -> 
     assert ids(report, Category.PLACEMENT_NOT_ADHERING) == [2]
 
 
-async def test_bad_rack_sources_stop_the_check(zk: ZkClient, tmp_path: Path) -> None:
+async def test_bad_rack_sources_stop_the_check(store: MetadataStore, tmp_path: Path) -> None:
     """A broken rack source is a typed error (exit 2), not wrong verdicts."""
-    async with harness.test_cluster(zk, 0) as tc:
+    async with harness.test_cluster(store, 0) as tc:
         b = await register(tc, 3)
         await ledger(tc, 1, b, 3, 2)
-        await zk.create("/bookies", b"{not json")
+        await store.create("/bookies", b"{not json")
         with pytest.raises(RackSourceError, match="/bookies is not valid JSON") as err:
             await run(tc)
         assert err.value.exit_code == 2

@@ -19,25 +19,27 @@ import pytest
 from auditor.config import load_config
 from auditor.errors import ConfigError
 from auditor.metadata.registry import register_bookie
+from auditor.store import MetadataStore
 from auditor.testing.cluster import ClusterWriter
 from auditor.topology.racks import RackResolver, RackSourceError, open_rack_resolver
 from auditor.topology.script import SCRIPT_OUTPUT_CAP
-from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
 
 
-async def cluster(zk: ZkClient) -> None:
-    await ClusterWriter(zk, ROOT).init_cluster()
+async def cluster(store: MetadataStore) -> None:
+    await ClusterWriter(store, ROOT).init_cluster()
     # A bookie whose id is not its address, and two plain ones.
-    await register_bookie(zk, ROOT, "bookie-a", "10.0.0.1", 3181)
-    await register_bookie(zk, ROOT, "10.0.0.2:3181", "10.0.0.2", 3181)
-    await register_bookie(zk, ROOT, "10.0.0.3:3181", "10.0.0.3", 3181)
+    await register_bookie(store, ROOT, "bookie-a", "10.0.0.1", 3181)
+    await register_bookie(store, ROOT, "10.0.0.2:3181", "10.0.0.2", 3181)
+    await register_bookie(store, ROOT, "10.0.0.3:3181", "10.0.0.3", 3181)
 
 
-async def resolver(zk: ZkClient, *overrides: str, script_timeout: float = 10.0) -> RackResolver:
+async def resolver(
+    store: MetadataStore, *overrides: str, script_timeout: float = 10.0
+) -> RackResolver:
     return await open_rack_resolver(
-        zk, ROOT, load_config(None, overrides), script_timeout=script_timeout
+        store, ROOT, load_config(None, overrides), script_timeout=script_timeout
     )
 
 
@@ -91,9 +93,9 @@ def write_script(tmp_path: Path, body: str, name: str = "racks.sh") -> Path:
 # --- defaults ---------------------------------------------------------------------
 
 
-async def test_no_configuration_and_no_znode_knows_nothing(zk: ZkClient) -> None:
-    await cluster(zk)
-    r = await resolver(zk)
+async def test_no_configuration_and_no_znode_knows_nothing(store: MetadataStore) -> None:
+    await cluster(store)
+    r = await resolver(store)
     assert r.source_names == []
     assert await r.locations(["bookie-a", "10.0.0.9:3181"]) == {}
 
@@ -101,8 +103,8 @@ async def test_no_configuration_and_no_znode_knows_nothing(zk: ZkClient) -> None
 # --- files ------------------------------------------------------------------------
 
 
-async def test_json_file_by_id_by_address_and_by_host(zk: ZkClient, tmp_path: Path) -> None:
-    await cluster(zk)
+async def test_json_file_by_id_by_address_and_by_host(store: MetadataStore, tmp_path: Path) -> None:
+    await cluster(store)
     f = tmp_path / "racks.json"
     f.write_text(
         json.dumps(
@@ -114,7 +116,7 @@ async def test_json_file_by_id_by_address_and_by_host(zk: ZkClient, tmp_path: Pa
             }
         )
     )
-    r = await resolver(zk, f"checks.racks_file={f}")
+    r = await resolver(store, f"checks.racks_file={f}")
     assert r.source_names == [f"file:{f}"]
     got = await r.locations(["bookie-a", "10.0.0.2:3181", "10.0.0.3:3181", "10.0.0.9:3181", "x"])
     assert got == {
@@ -129,33 +131,33 @@ async def test_json_file_by_id_by_address_and_by_host(zk: ZkClient, tmp_path: Pa
 
 @pytest.mark.parametrize("name", ["racks.yaml", "racks.yml", "RACKS.YAML"])
 async def test_yaml_file_is_refused_with_a_pointer_to_json(
-    zk: ZkClient, tmp_path: Path, name: str
+    store: MetadataStore, tmp_path: Path, name: str
 ) -> None:
     """YAML is not read (BookKeeper has no YAML rack format): one line saying to use JSON."""
-    await cluster(zk)
+    await cluster(store)
     f = tmp_path / name
     # Refused by its name, whatever it holds: a flat mapping, nesting, or even JSON.
     for text in ("bookie-a: /r1\n", "racks:\n  bookie-a: /r1\n", '{"bookie-a": "/r1"}'):
         f.write_text(text)
         with pytest.raises(ConfigError) as err:
-            await resolver(zk, f"checks.racks_file={f}")
+            await resolver(store, f"checks.racks_file={f}")
         assert str(err.value) == (
             f"racks file {f} is YAML, which is not read: write the same mapping as a JSON "
             'object {"<bookie>": "</rack>"} in a .json file'
         )
     # Refused before it is read: a YAML name that does not exist gets the same line.
     with pytest.raises(ConfigError, match="is YAML, which is not read"):
-        await resolver(zk, f"checks.racks_file={tmp_path / 'missing.yml'}")
+        await resolver(store, f"checks.racks_file={tmp_path / 'missing.yml'}")
 
 
-async def test_malformed_files(zk: ZkClient, tmp_path: Path) -> None:
-    await cluster(zk)
+async def test_malformed_files(store: MetadataStore, tmp_path: Path) -> None:
+    await cluster(store)
     bad = tmp_path / "bad.json"
     bad.write_text('{"bookie-a": "/r1",}')
     with pytest.raises(RackSourceError, match="is not valid JSON"):
-        await resolver(zk, f"checks.racks_file={bad}")
+        await resolver(store, f"checks.racks_file={bad}")
     with pytest.raises(ConfigError, match="does not exist"):
-        await resolver(zk, f"checks.racks_file={tmp_path / 'nope.json'}")
+        await resolver(store, f"checks.racks_file={tmp_path / 'nope.json'}")
 
 
 # --- script -----------------------------------------------------------------------
@@ -174,11 +176,11 @@ echo
 
 
 async def test_script_gets_hosts_in_batches_and_answers_are_cached(
-    zk: ZkClient, tmp_path: Path
+    store: MetadataStore, tmp_path: Path
 ) -> None:
-    await cluster(zk)
+    await cluster(store)
     script = write_script(tmp_path, ECHO_RACKS)
-    r = await resolver(zk, f"checks.racks_script={script}", "networkTopologyScriptNumberArgs=2")
+    r = await resolver(store, f"checks.racks_script={script}", "networkTopologyScriptNumberArgs=2")
     assert r.source_names == [f"script:{script}"]
     bookies = ["bookie-a", "10.0.0.2:3181", "10.0.0.3:3181", "10.0.0.9:3181"]
     got = await r.locations(bookies)
@@ -193,22 +195,24 @@ async def test_script_gets_hosts_in_batches_and_answers_are_cached(
     # The registered address of bookie-a (10.0.0.1), the down bookie's host from its id.
     assert calls == ["10.0.0.1 10.0.0.2", "10.0.0.3 10.0.0.9"]
     # Asked again (and for a new bookie on a known host): no new call.
-    await register_bookie(zk, ROOT, "bookie-b", "10.0.0.2", 3182)
+    await register_bookie(store, ROOT, "bookie-b", "10.0.0.2", 3182)
     assert await r.locations([*bookies, "bookie-b"]) == {**got, "bookie-b": "/rack-b"}
     assert len((tmp_path / "calls.log").read_text().splitlines()) == 2
 
 
-async def test_bookkeeper_script_key_is_used(zk: ZkClient, tmp_path: Path) -> None:
-    await cluster(zk)
+async def test_bookkeeper_script_key_is_used(store: MetadataStore, tmp_path: Path) -> None:
+    await cluster(store)
     script = write_script(tmp_path, ECHO_RACKS)
-    r = await resolver(zk, f"networkTopologyScriptFileName={script}")
+    r = await resolver(store, f"networkTopologyScriptFileName={script}")
     assert await r.locations(["bookie-a"]) == {"bookie-a": "/rack-a"}
 
 
-async def test_script_wrong_count_leaves_the_batch_unknown(zk: ZkClient, tmp_path: Path) -> None:
-    await cluster(zk)
+async def test_script_wrong_count_leaves_the_batch_unknown(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    await cluster(store)
     script = write_script(tmp_path, "echo /only-one\n")
-    r = await resolver(zk, f"checks.racks_script={script}")
+    r = await resolver(store, f"checks.racks_script={script}")
     assert await r.locations(["bookie-a", "10.0.0.2:3181"]) == {}
 
 
@@ -221,11 +225,11 @@ async def test_script_wrong_count_leaves_the_batch_unknown(zk: ZkClient, tmp_pat
     ],
 )
 async def test_script_failures_are_typed_errors(
-    zk: ZkClient, tmp_path: Path, body: str, error: type[Exception], message: str
+    store: MetadataStore, tmp_path: Path, body: str, error: type[Exception], message: str
 ) -> None:
-    await cluster(zk)
+    await cluster(store)
     script = write_script(tmp_path, body)
-    r = await resolver(zk, f"checks.racks_script={script}", script_timeout=0.5)
+    r = await resolver(store, f"checks.racks_script={script}", script_timeout=0.5)
     with pytest.raises(error, match=message):
         await r.locations(["bookie-a"])
 
@@ -236,21 +240,21 @@ async def test_script_failures_are_typed_errors(
     ids=["script-exits", "script-waits-for-its-child"],
 )
 async def test_script_child_holding_stdout_is_killed_with_the_group_at_the_timeout(
-    zk: ZkClient, tmp_path: Path, then: str
+    store: MetadataStore, tmp_path: Path, then: str
 ) -> None:
     """A child holding the script's stdout cannot hold the check past the limit, nor outlive it.
 
     Whether the script has exited or waits for the child, end-of-file comes only when
     the child ends: the whole group is killed at the limit.
     """
-    await cluster(zk)
+    await cluster(store)
     script = write_script(
         tmp_path,
         'echo $$ > "$(dirname "$0")/pgid"\n'
         "sleep 600 &\n"  # inherits stdout
         'echo $! > "$(dirname "$0")/child"\n' + then,
     )
-    r = await resolver(zk, f"checks.racks_script={script}", script_timeout=LIMIT)
+    r = await resolver(store, f"checks.racks_script={script}", script_timeout=LIMIT)
     started = time.monotonic()
     with pytest.raises(RackSourceError) as err:
         await r.locations(["bookie-a"])
@@ -266,17 +270,19 @@ async def test_script_child_holding_stdout_is_killed_with_the_group_at_the_timeo
     assert not alive(child)
 
 
-async def test_script_output_is_capped_at_one_mebibyte(zk: ZkClient, tmp_path: Path) -> None:
-    await cluster(zk)
+async def test_script_output_is_capped_at_one_mebibyte(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    await cluster(store)
     assert SCRIPT_OUTPUT_CAP == 1024 * 1024
     # Exactly the cap (a location of cap - 1 characters and its newline) is read.
     body = "printf /; head -c {n} /dev/zero | tr '\\0' a; echo\n"
     exact = write_script(tmp_path, body.format(n=SCRIPT_OUTPUT_CAP - 2), "exact.sh")
-    r = await resolver(zk, f"checks.racks_script={exact}")
+    r = await resolver(store, f"checks.racks_script={exact}")
     assert await r.locations(["bookie-a"]) == {"bookie-a": "/" + "a" * (SCRIPT_OUTPUT_CAP - 2)}
     # One byte more is refused.
     over = write_script(tmp_path, body.format(n=SCRIPT_OUTPUT_CAP - 1), "over.sh")
-    r = await resolver(zk, f"checks.racks_script={over}")
+    r = await resolver(store, f"checks.racks_script={over}")
     with pytest.raises(RackSourceError) as err:
         await r.locations(["bookie-a"])
     assert str(err.value) == (
@@ -286,11 +292,11 @@ async def test_script_output_is_capped_at_one_mebibyte(zk: ZkClient, tmp_path: P
 
 
 async def test_endless_output_is_cut_at_the_cap_and_the_group_killed(
-    zk: ZkClient, tmp_path: Path
+    store: MetadataStore, tmp_path: Path
 ) -> None:
-    await cluster(zk)
+    await cluster(store)
     script = write_script(tmp_path, 'echo $$ > "$(dirname "$0")/pgid"\nexec yes /rack-a\n')
-    r = await resolver(zk, f"checks.racks_script={script}", script_timeout=600)
+    r = await resolver(store, f"checks.racks_script={script}", script_timeout=600)
     started = time.monotonic()
     with pytest.raises(RackSourceError, match=f"printed more than {SCRIPT_OUTPUT_CAP} bytes"):
         await r.locations(["bookie-a"])
@@ -314,22 +320,22 @@ async def test_endless_output_is_cut_at_the_cap_and_the_group_killed(
     ],
 )
 async def test_invalid_location_names_the_script_and_the_line(
-    zk: ZkClient, tmp_path: Path, output: str, message: str
+    store: MetadataStore, tmp_path: Path, output: str, message: str
 ) -> None:
-    await cluster(zk)
+    await cluster(store)
     script = write_script(tmp_path, f"printf '{output}'\n")
-    r = await resolver(zk, f"checks.racks_script={script}")
+    r = await resolver(store, f"checks.racks_script={script}")
     with pytest.raises(RackSourceError) as err:
         await r.locations(["bookie-a", "10.0.0.2:3181"])
     assert str(err.value) == f"rack script {script} {message}"
 
 
-async def test_locations_keep_one_depth_across_calls(zk: ZkClient, tmp_path: Path) -> None:
+async def test_locations_keep_one_depth_across_calls(store: MetadataStore, tmp_path: Path) -> None:
     """One host per call: the second call's deeper location is refused like a bad one."""
-    await cluster(zk)
+    await cluster(store)
     body = 'case "$1" in 10.0.0.1) echo /rack-a ;; *) echo /region/rack-b ;; esac\n'
     script = write_script(tmp_path, body)
-    r = await resolver(zk, f"checks.racks_script={script}", "networkTopologyScriptNumberArgs=1")
+    r = await resolver(store, f"checks.racks_script={script}", "networkTopologyScriptNumberArgs=1")
     assert await r.locations(["bookie-a"]) == {"bookie-a": "/rack-a"}
     with pytest.raises(RackSourceError) as err:
         await r.locations(["10.0.0.2:3181"])
@@ -339,16 +345,18 @@ async def test_locations_keep_one_depth_across_calls(zk: ZkClient, tmp_path: Pat
     )
 
 
-async def test_cancelled_lookup_kills_the_script_group(zk: ZkClient, tmp_path: Path) -> None:
+async def test_cancelled_lookup_kills_the_script_group(
+    store: MetadataStore, tmp_path: Path
+) -> None:
     """A check cancelled mid-call (a leader stepping down) leaves no script process behind."""
-    await cluster(zk)
+    await cluster(store)
     script = write_script(
         tmp_path,
         'echo $$ > "$(dirname "$0")/pgid.tmp"\n'
         'mv "$(dirname "$0")/pgid.tmp" "$(dirname "$0")/pgid"\n'
         "exec sleep 600\n",
     )
-    r = await resolver(zk, f"checks.racks_script={script}", script_timeout=600)
+    r = await resolver(store, f"checks.racks_script={script}", script_timeout=600)
     task = asyncio.create_task(r.locations(["bookie-a"]))
     pgid_file = tmp_path / "pgid"
     assert await until(pgid_file.exists, 30)
@@ -360,14 +368,16 @@ async def test_cancelled_lookup_kills_the_script_group(zk: ZkClient, tmp_path: P
     assert await until(lambda: not live_members(pgid), MARGIN), live_members(pgid)
 
 
-async def test_script_that_cannot_run_is_a_config_error(zk: ZkClient, tmp_path: Path) -> None:
-    await cluster(zk)
+async def test_script_that_cannot_run_is_a_config_error(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    await cluster(store)
     with pytest.raises(ConfigError, match="does not exist"):
-        await resolver(zk, f"checks.racks_script={tmp_path / 'missing.sh'}")
+        await resolver(store, f"checks.racks_script={tmp_path / 'missing.sh'}")
     plain = tmp_path / "plain.sh"
     plain.write_text("echo /r1\n")
     with pytest.raises(ConfigError, match="not executable"):
-        await resolver(zk, f"checks.racks_script={plain}")
+        await resolver(store, f"checks.racks_script={plain}")
 
 
 # --- Pulsar's /bookies znode ------------------------------------------------------
@@ -382,10 +392,10 @@ PULSAR = {
 }
 
 
-async def test_pulsar_znode(zk: ZkClient) -> None:
-    await cluster(zk)
-    await zk.create("/bookies", json.dumps(PULSAR).encode())
-    r = await resolver(zk)
+async def test_pulsar_znode(store: MetadataStore) -> None:
+    await cluster(store)
+    await store.create("/bookies", json.dumps(PULSAR).encode())
+    r = await resolver(store)
     assert r.source_names == ["znode:/bookies"]
     got = await r.locations(["bookie-a", "10.0.0.2:3181", "10.0.0.3:3181", "10.0.0.9:3181"])
     assert got == {
@@ -395,36 +405,38 @@ async def test_pulsar_znode(zk: ZkClient) -> None:
     }
 
 
-async def test_pulsar_znode_custom_path_and_disabled(zk: ZkClient) -> None:
-    await cluster(zk)
-    await zk.create("/pulsar/bookies", json.dumps(PULSAR).encode(), makepath=True)
-    r = await resolver(zk, "checks.racks_znode=/pulsar/bookies")
+async def test_pulsar_znode_custom_path_and_disabled(store: MetadataStore) -> None:
+    await cluster(store)
+    await store.create("/pulsar/bookies", json.dumps(PULSAR).encode(), makepath=True)
+    r = await resolver(store, "checks.racks_znode=/pulsar/bookies")
     assert await r.locations(["10.0.0.2:3181"]) == {"10.0.0.2:3181": "/pulsar-two"}
-    await zk.create("/bookies", json.dumps(PULSAR).encode())
-    off = await resolver(zk, "checks.racks_znode=")
+    await store.create("/bookies", json.dumps(PULSAR).encode())
+    off = await resolver(store, "checks.racks_znode=")
     assert off.source_names == []
     with pytest.raises(ConfigError, match="absolute"):
-        await resolver(zk, "checks.racks_znode=bookies")
+        await resolver(store, "checks.racks_znode=bookies")
 
 
-async def test_malformed_pulsar_znode(zk: ZkClient) -> None:
-    await cluster(zk)
-    await zk.create("/bookies", b'{"default": {"10.0.0.2:3181": "/r1"}}')
+async def test_malformed_pulsar_znode(store: MetadataStore) -> None:
+    await cluster(store)
+    await store.create("/bookies", b'{"default": {"10.0.0.2:3181": "/r1"}}')
     with pytest.raises(RackSourceError, match="must be an object"):
-        await resolver(zk)
+        await resolver(store)
 
 
 # --- precedence -------------------------------------------------------------------
 
 
-async def test_file_takes_precedence_over_script_and_znode(zk: ZkClient, tmp_path: Path) -> None:
+async def test_file_takes_precedence_over_script_and_znode(
+    store: MetadataStore, tmp_path: Path
+) -> None:
     """Per bookie, the first source that knows it wins: file, then script, then znode."""
-    await cluster(zk)
-    await zk.create("/bookies", json.dumps(PULSAR).encode())
+    await cluster(store)
+    await store.create("/bookies", json.dumps(PULSAR).encode())
     f = tmp_path / "racks.json"
     f.write_text(json.dumps({"10.0.0.2:3181": "/from-file"}))
     script = write_script(tmp_path, ECHO_RACKS)
-    r = await resolver(zk, f"checks.racks_file={f}", f"checks.racks_script={script}")
+    r = await resolver(store, f"checks.racks_file={f}", f"checks.racks_script={script}")
     assert r.source_names == [f"file:{f}", f"script:{script}", "znode:/bookies"]
     got = await r.locations(["10.0.0.2:3181", "bookie-a", "10.0.0.3:3181"])
     # The script answers every host it is given (a valid location each, or the call fails).
@@ -437,7 +449,7 @@ async def test_file_takes_precedence_over_script_and_znode(zk: ZkClient, tmp_pat
     assert r.source_of("bookie-a") == f"script:{script}"
     assert r.source_of("10.0.0.3:3181") == f"script:{script}"
     # The file alone over the znode: the znode fills in what the file does not know.
-    r2 = await resolver(zk, f"checks.racks_file={f}")
+    r2 = await resolver(store, f"checks.racks_file={f}")
     assert await r2.locations(["10.0.0.2:3181", "bookie-a"]) == {
         "10.0.0.2:3181": "/from-file",
         "bookie-a": "/pulsar-a",

@@ -16,10 +16,10 @@ from auditor.checks.findings import Category, CheckReport
 from auditor.checks.replicas_run import run_replicas_check
 from auditor.metadata.model import LedgerState
 from auditor.proto import bookkeeper_protocol_pb2 as pb
+from auditor.store import MetadataStore
 from auditor.testing.bookie import Storage
 from auditor.testing.cluster import make_metadata
 from auditor.testing.harness import TestCluster, test_cluster
-from auditor.zk import ZkClient
 
 FAST = ["checks.retry_delay=0.1", "checks.retry_attempts=1", "readEntryTimeout=1"]
 DURABILITY = (Category.NO_REPLICA, Category.BELOW_ACK_QUORUM, Category.BELOW_WRITE_QUORUM)
@@ -73,7 +73,7 @@ def hold(tc: TestCluster, ledger_id: int, holdings: Sequence[Sequence[int] | Non
 
 
 async def test_s1_unanswering_bookies_are_retried_then_reported_if_registered(
-    zk: ZkClient,
+    store: MetadataStore,
 ) -> None:
     """S1. Upstream: an unreachable bookie is never a violation (RC gauges 0,0,0).
 
@@ -81,7 +81,7 @@ async def test_s1_unanswering_bookies_are_retried_then_reported_if_registered(
     still silent while registered is `bookie_unavailable_registered`; durability
     categories stay at zero, as upstream.
     """
-    async with test_cluster(zk, 5) as tc:
+    async with test_cluster(store, 5) as tc:
         b = tc.ids
         segs = [(0, b[0:4]), (20, b[1:5]), (60, b[0:4])]
         await closed(tc, 1, [(0, b)], 5, 4, 2, 100)
@@ -103,8 +103,8 @@ async def test_s1_unanswering_bookies_are_retried_then_reported_if_registered(
         assert all(bk.received[Operation.GET_LIST_OF_ENTRIES_OF_LEDGER] >= 2 for bk in tc.bookies)
 
 
-async def test_s2_ledgers_with_no_replica_of_an_entry(zk: ZkClient) -> None:
-    async with test_cluster(zk, 5) as tc:
+async def test_s2_ledgers_with_no_replica_of_an_entry(store: MetadataStore) -> None:
+    async with test_cluster(store, 5) as tc:
         b = tc.ids
         await closed(tc, 1, [(0, b)], 5, 4, 2, 100)
         hold(tc, 1, [[], [], [], [], []])  # every bookie answers: empty
@@ -123,13 +123,13 @@ async def test_s2_ledgers_with_no_replica_of_an_entry(zk: ZkClient) -> None:
         assert [1, 1] in v5.detail["worst_entries"]
 
 
-async def test_s3_ledgers_below_ack_quorum(zk: ZkClient) -> None:
+async def test_s3_ledgers_below_ack_quorum(store: MetadataStore) -> None:
     """S3. L5's unanswering bookie: upstream ignores it and counts L5 below AQ.
 
     Here the same category results after the retry, and the silent registered
     bookie is reported as well (`bookie_unavailable_registered`).
     """
-    async with test_cluster(zk, 6) as tc:
+    async with test_cluster(store, 6) as tc:
         b = tc.ids
         await closed(tc, 1, [(0, b[0:4])], 4, 3, 2, 3)
         hold(tc, 1, [[0], [0, 1, 3], [0, 1], [1, 2, 3]])
@@ -148,8 +148,8 @@ async def test_s3_ledgers_below_ack_quorum(zk: ZkClient) -> None:
         }
 
 
-async def test_s4_ledgers_below_write_quorum(zk: ZkClient) -> None:
-    async with test_cluster(zk, 6) as tc:
+async def test_s4_ledgers_below_write_quorum(store: MetadataStore) -> None:
+    async with test_cluster(store, 6) as tc:
         b = tc.ids
         await closed(tc, 1, [(0, b[0:4])], 4, 3, 2, 3)
         hold(tc, 1, [[0, 2], [0, 1, 3], [0, 1], [1, 2, 3]])
@@ -166,8 +166,8 @@ async def test_s4_ledgers_below_write_quorum(zk: ZkClient) -> None:
         assert by_category(report)[Category.BELOW_WRITE_QUORUM] == [1, 2, 4, 5]
 
 
-async def test_s5_empty_segments(zk: ZkClient) -> None:
-    async with test_cluster(zk, 5) as tc:
+async def test_s5_empty_segments(store: MetadataStore) -> None:
+    async with test_cluster(store, 5) as tc:
         b = tc.ids
         await closed(tc, 1, [(0, b[0:4])], 4, 3, 2, -1)
         await closed(tc, 2, [(0, b[0:4]), (3, b[1:5])], 4, 3, 2, 2)
@@ -187,7 +187,7 @@ async def test_s5_empty_segments(zk: ZkClient) -> None:
         assert b[4] not in {m["bookie"] for m in v.detail["missing"]}
 
 
-async def test_layouts_where_upstream_raises_false_alarms(zk: ZkClient) -> None:
+async def test_layouts_where_upstream_raises_false_alarms(store: MetadataStore) -> None:
     """E-W >= 2: upstream's getUnavailableEntries reports entries past a gap as missing.
 
     With every entry present there is no violation here; with one entry removed
@@ -198,7 +198,7 @@ async def test_layouts_where_upstream_raises_false_alarms(zk: ZkClient) -> None:
     exclusive and the worse one wins).
     """
     layouts = [(5, 3, 2), (4, 2, 2), (6, 2, 2)]
-    async with test_cluster(zk, 6) as tc:
+    async with test_cluster(store, 6) as tc:
         for lid, (e, w, a) in enumerate(layouts, start=1):
             await tc.writer.write_ledger(
                 lid, tc.ids[:e], write_quorum=w, ack_quorum=a, num_entries=40
@@ -224,9 +224,9 @@ async def test_layouts_where_upstream_raises_false_alarms(zk: ZkClient) -> None:
             victim.put_ledger(lid, [0])  # heal before the next layout
 
 
-async def test_metadata_changed_mid_check_is_analysed_again(zk: ZkClient) -> None:
+async def test_metadata_changed_mid_check_is_analysed_again(store: MetadataStore) -> None:
     """A ledger re-replicated while we look (ensemble replaced) is not reported."""
-    async with test_cluster(zk, 4) as tc:
+    async with test_cluster(store, 4) as tc:
         b = tc.ids
         written = await tc.writer.write_ledger(7, b[0:3], write_quorum=2, num_entries=30)
         tc.bookies[1].drop_ledger(7)  # b1 lost everything ...
@@ -242,8 +242,8 @@ async def test_metadata_changed_mid_check_is_analysed_again(zk: ZkClient) -> Non
         assert report.ledgers_checked == 1
 
 
-async def test_bookie_slow_once_is_not_a_violation(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_bookie_slow_once_is_not_a_violation(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(3, tc.ids, write_quorum=2, num_entries=10)
         slow = tc.bookies[2]
         first = [True]
@@ -260,8 +260,8 @@ async def test_bookie_slow_once_is_not_a_violation(zk: ZkClient) -> None:
         assert report.ledgers_checked == 1
 
 
-async def test_bookie_paused_past_the_retries_while_registered(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_bookie_paused_past_the_retries_while_registered(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(3, tc.ids, write_quorum=2, num_entries=10)
         tc.bookies[1].pause()
         try:
@@ -274,8 +274,10 @@ async def test_bookie_paused_past_the_retries_while_registered(zk: ZkClient) -> 
         assert report.coverage is not None and report.coverage.unverified == 1
 
 
-async def test_crashed_unregistered_bookie_is_left_to_the_bookie_check(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_crashed_unregistered_bookie_is_left_to_the_bookie_check(
+    store: MetadataStore,
+) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(3, tc.ids, write_quorum=2, num_entries=10)
         await tc.bookies[1].crash()  # unregisters
         report = await run(tc)
@@ -283,8 +285,8 @@ async def test_crashed_unregistered_bookie_is_left_to_the_bookie_check(zk: ZkCli
         assert report.ledgers_checked == 1
 
 
-async def test_dbledger_bookie_costs_one_timeout_and_is_probed(zk: ZkClient) -> None:
-    async with test_cluster(zk, [Storage.SORTED, Storage.DBLEDGER, Storage.SORTED]) as tc:
+async def test_dbledger_bookie_costs_one_timeout_and_is_probed(store: MetadataStore) -> None:
+    async with test_cluster(store, [Storage.SORTED, Storage.DBLEDGER, Storage.SORTED]) as tc:
         for lid in range(1, 21):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=2, num_entries=9)
         db = tc.bookies[1]
@@ -305,13 +307,13 @@ async def test_dbledger_bookie_costs_one_timeout_and_is_probed(zk: ZkClient) -> 
         assert report.violations[0].detail["verified"][db.bookie_id] == "probed"
 
 
-async def test_marks_only_with_mark_and_already_marked_is_skipped(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_marks_only_with_mark_and_already_marked_is_skipped(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=6)
         tc.bookies[0].drop_ledger(1)
         report = await run(tc)
         assert report.marked_underreplicated == []
-        assert await zk.exists("/ledgers/underreplication/ledgers/0000/0000/0000/0001") is None
+        assert await store.exists("/ledgers/underreplication/ledgers/0000/0000/0000/0001") is None
         report = await run(tc, mark=True)
         assert report.marked_underreplicated == [1]
         async with tc.context() as ctx:
@@ -324,8 +326,8 @@ async def test_marks_only_with_mark_and_already_marked_is_skipped(zk: ZkClient) 
         assert report.violations == [] and report.ledgers_skipped == {"underreplicated": 1}
 
 
-async def test_invalid_metadata_is_reported(zk: ZkClient) -> None:
-    async with test_cluster(zk, 3) as tc:
+async def test_invalid_metadata_is_reported(store: MetadataStore) -> None:
+    async with test_cluster(store, 3) as tc:
         path = await tc.cluster.write_raw(9, b"BookieMetadataFormatVersion\t3\nxx")
         report = await run(tc)
         assert [(v.ledger_id, v.category) for v in report.violations] == [

@@ -1,4 +1,4 @@
-"""The under-replication manager against a real ZooKeeper, byte for byte."""
+"""The under-replication manager against a real ZooKeeper and a real etcd, byte for byte."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from auditor.etcd import EtcdStore
 from auditor.metadata.paths import LONG_MAX, InvalidLedgerIdError
 from auditor.metadata.records import CheckKind
 from auditor.metadata.underreplication import (
@@ -17,10 +18,19 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
+from auditor.store import MetadataStore
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
 BASE = "/ledgers/underreplication"
+
+
+def other_session(request: pytest.FixtureRequest, store: MetadataStore) -> MetadataStore:
+    """Another session (another process's) on the store `store` talks to, rooted where it is:
+    the test's ZooKeeper chroot, or its etcd key prefix."""
+    if isinstance(store, EtcdStore):
+        return EtcdStore([request.getfixturevalue("etcd_server").endpoint], prefix=store.prefix)
+    return ZkClient(request.getfixturevalue("zk_hosts"))
 
 
 def test_mark_path_layout() -> None:
@@ -37,43 +47,43 @@ def test_mark_path_layout() -> None:
             ur_lock_path(BASE, bad)
 
 
-async def test_layout_is_created_then_checked(zk: ZkClient) -> None:
-    urm = UnderreplicationManager(zk, ROOT)
+async def test_layout_is_created_then_checked(store: MetadataStore) -> None:
+    urm = UnderreplicationManager(store, ROOT)
     await urm.check_layout()
-    data, _ = await zk.get(f"{BASE}/LAYOUT")
+    data, _ = await store.get(f"{BASE}/LAYOUT")
     assert data == b'type: "BASIC"\nversion: 1\n'
     await urm.check_layout()  # idempotent
-    await zk.set(f"{BASE}/LAYOUT", b'type: "FANCY"\nversion: 2\n')
+    await store.set(f"{BASE}/LAYOUT", b'type: "FANCY"\nversion: 2\n')
     with pytest.raises(UnderreplicationFormatError, match="FANCY"):
         await urm.check_layout()
 
 
-async def test_mark_create_merge_unchanged_exact_bytes(zk: ZkClient) -> None:
-    urm = UnderreplicationManager(zk, ROOT)
+async def test_mark_create_merge_unchanged_exact_bytes(store: MetadataStore) -> None:
+    urm = UnderreplicationManager(store, ROOT)
     await urm.check_layout()
     path = ur_ledger_path(BASE, 5)
     assert await urm.mark_underreplicated(5, ["10.0.0.1:3181"], now_ms=1700000000000) is (
         MarkOutcome.CREATED
     )
-    data, stat = await zk.get(path)
+    data, stat = await store.get(path)
     assert data == b'replica: "10.0.0.1:3181"\nctime: 1700000000000\n'
     # Same replica again: nothing written, ctime kept.
     assert await urm.mark_underreplicated(5, ["10.0.0.1:3181"], now_ms=1800000000000) is (
         MarkOutcome.UNCHANGED
     )
-    data2, stat2 = await zk.get(path)
+    data2, stat2 = await store.get(path)
     assert (data2, stat2.version) == (data, stat.version)
     # A new replica merges and refreshes ctime.
     assert await urm.mark_underreplicated(5, ["10.0.0.2:3181"], now_ms=1800000000000) is (
         MarkOutcome.MERGED
     )
-    data3, _ = await zk.get(path)
+    data3, _ = await store.get(path)
     assert data3 == (b'replica: "10.0.0.1:3181"\nreplica: "10.0.0.2:3181"\nctime: 1800000000000\n')
 
 
-async def test_similar_replica_names_are_all_kept(zk: ZkClient) -> None:
+async def test_similar_replica_names_are_all_kept(store: MetadataStore) -> None:
     """Upstream S62/S63: matching is by exact string, not substring."""
-    urm = UnderreplicationManager(zk, ROOT)
+    urm = UnderreplicationManager(store, ROOT)
     names = [
         "localhost:3181",
         "localhost:318",
@@ -90,21 +100,21 @@ async def test_similar_replica_names_are_all_kept(zk: ZkClient) -> None:
     assert ur.replicas == tuple(names)
 
 
-async def test_without_store_ctime_no_ctime_is_written(zk: ZkClient) -> None:
-    urm = UnderreplicationManager(zk, ROOT, store_ctime=False)
+async def test_without_store_ctime_no_ctime_is_written(store: MetadataStore) -> None:
+    urm = UnderreplicationManager(store, ROOT, store_ctime=False)
     await urm.mark_underreplicated(9, ["b1:3181"])
-    data, _ = await zk.get(ur_ledger_path(BASE, 9))
+    data, _ = await store.get(ur_ledger_path(BASE, 9))
     assert data == b'replica: "b1:3181"\n'
     ur = await urm.get(9)
     assert ur is not None and ur.ctime == -1
 
 
 async def test_two_clients_marking_concurrently_keep_both_replicas(
-    zk: ZkClient, zk_hosts: str
+    store: MetadataStore, request: pytest.FixtureRequest
 ) -> None:
     """Upstream S60 and the merge CAS: two sessions, one ledger, different replicas."""
-    async with ZkClient(zk_hosts) as zk2:
-        m1 = UnderreplicationManager(zk, ROOT)
+    async with other_session(request, store) as zk2:
+        m1 = UnderreplicationManager(store, ROOT)
         m2 = UnderreplicationManager(zk2, ROOT)
         for ledger in range(20):
             a = [f"a{i}:3181" for i in range(5)]
@@ -125,15 +135,15 @@ async def test_two_clients_marking_concurrently_keep_both_replicas(
         assert ur is not None and ur.replicas == ("same:3181",)
 
 
-async def test_list_underreplicated_walks_the_hex_tree(zk: ZkClient) -> None:
-    urm = UnderreplicationManager(zk, ROOT)
+async def test_list_underreplicated_walks_the_hex_tree(store: MetadataStore) -> None:
+    urm = UnderreplicationManager(store, ROOT)
     ids = [0xDEADBEEF, 0xDEADBEEE, 0xBEEFCAFE, 0xCAFED00D, 2**63 - 1, 1, 2147483647]
     for i in ids:
         await urm.mark_underreplicated(i, [f"bk{i % 3}:3181"], now_ms=1000 + i % 7)
     got = {u.ledger_id: (u.replicas, u.ctime) async for u in urm.list_underreplicated()}
     assert got == {i: ((f"bk{i % 3}:3181",), 1000 + i % 7) for i in ids}
     assert await urm.count_underreplicated() == len(ids)
-    assert sorted(await zk.get_children(f"{BASE}/ledgers/0000/0000")) == [
+    assert sorted(await store.get_children(f"{BASE}/ledgers/0000/0000")) == [
         "0000",
         "7fff",
         "beef",
@@ -142,18 +152,18 @@ async def test_list_underreplicated_walks_the_hex_tree(zk: ZkClient) -> None:
     ]
 
 
-async def test_corrupt_mark_is_a_typed_error_and_nothing_is_written(zk: ZkClient) -> None:
-    urm = UnderreplicationManager(zk, ROOT)
+async def test_corrupt_mark_is_a_typed_error_and_nothing_is_written(store: MetadataStore) -> None:
+    urm = UnderreplicationManager(store, ROOT)
     path = ur_ledger_path(BASE, 42)
-    await zk.create(path, b"this is not { a mark", makepath=True)
+    await store.create(path, b"this is not { a mark", makepath=True)
     with pytest.raises(UnderreplicationFormatError, match="ledger 42"):
         await urm.mark_underreplicated(42, ["x:3181"])
-    data, stat = await zk.get(path)
+    data, stat = await store.get(path)
     assert (data, stat.version) == (b"this is not { a mark", 0)
 
 
-async def test_one_corrupt_mark_hides_no_other(zk: ZkClient) -> None:
-    urm = UnderreplicationManager(zk, ROOT)
+async def test_one_corrupt_mark_hides_no_other(store: MetadataStore) -> None:
+    urm = UnderreplicationManager(store, ROOT)
     await urm.check_layout()
     for i in (1, 5, 2**40):
         await urm.mark_underreplicated(i, ["bk:3181"], now_ms=1000)
@@ -174,7 +184,7 @@ async def test_one_corrupt_mark_hides_no_other(zk: ZkClient) -> None:
         f"{leaves}/000a/urL{'0' * 5000}1": b"",
     }
     for path, data in bad.items():
-        await zk.create(path, data, makepath=True)
+        await store.create(path, data, makepath=True)
     listing = await urm.read_marks()
     assert listing.marks == [
         UnderreplicatedLedger(1, ("bk:3181",), 1000, 0),
@@ -244,12 +254,12 @@ async def test_one_corrupt_mark_hides_no_other(zk: ZkClient) -> None:
     )
 
 
-async def test_disable_flag_and_recovery_delay(zk: ZkClient) -> None:
-    urm = UnderreplicationManager(zk, ROOT)
+async def test_disable_flag_and_recovery_delay(store: MetadataStore) -> None:
+    urm = UnderreplicationManager(store, ROOT)
     await urm.check_layout()
     assert await urm.is_replication_enabled()
     await urm.disable_replication()
-    data, _ = await zk.get(f"{BASE}/disable")
+    data, _ = await store.get(f"{BASE}/disable")
     assert data == b""
     assert not await urm.is_replication_enabled()
     await urm.enable_replication()
@@ -257,10 +267,10 @@ async def test_disable_flag_and_recovery_delay(zk: ZkClient) -> None:
 
     await urm.init_lost_bookie_recovery_delay(30)
     await urm.init_lost_bookie_recovery_delay(99)  # existing value wins
-    assert (await zk.get(f"{BASE}/lostBookieRecoveryDelay"))[0] == b"30"
+    assert (await store.get(f"{BASE}/lostBookieRecoveryDelay"))[0] == b"30"
     await urm.set_lost_bookie_recovery_delay(5)
     assert await urm.get_lost_bookie_recovery_delay() == 5
-    await zk.set(f"{BASE}/lostBookieRecoveryDelay", b" +7\n")
+    await store.set(f"{BASE}/lostBookieRecoveryDelay", b" +7\n")
     assert await urm.get_lost_bookie_recovery_delay() == 7
     path = f"{BASE}/lostBookieRecoveryDelay"
     for data, why in [
@@ -270,21 +280,23 @@ async def test_disable_flag_and_recovery_delay(zk: ZkClient) -> None:
         (b"2147483648", f"{path} is 2147483648, outside 0..2147483647 seconds"),
         (b"-1", f"{path} is -1, outside 0..2147483647 seconds"),
     ]:
-        await zk.set(path, data)
+        await store.set(path, data)
         with pytest.raises(UnderreplicationFormatError) as caught:
             await urm.get_lost_bookie_recovery_delay()
         assert str(caught.value) == why
 
 
 @pytest.mark.parametrize("which", list(CheckKind))
-async def test_check_ctimes_are_binary_protobuf(zk: ZkClient, which: CheckKind) -> None:
+async def test_check_ctimes_are_binary_protobuf(
+    store: MetadataStore, request: pytest.FixtureRequest, which: CheckKind
+) -> None:
     """Upstream S68-S70, plus the exact bytes."""
-    urm = UnderreplicationManager(zk, ROOT)
+    urm = UnderreplicationManager(store, ROOT)
     assert await urm.get_check_ctime(which) == -1
     await urm.set_check_ctime(which, 1700000000000)
-    data, _ = await zk.get(f"{BASE}/{which.znode}")
+    data, _ = await store.get(f"{BASE}/{which.znode}")
     assert data == bytes.fromhex("0880d095ffbc31")
-    async with ZkClient(zk.hosts) as other:
+    async with other_session(request, store) as other:
         assert await UnderreplicationManager(other, ROOT).get_check_ctime(which) == 1700000000000
     await urm.set_check_ctime(which, 5)
     assert await urm.get_check_ctime(which) == 5
