@@ -165,7 +165,7 @@ async def test_a_bad_bk_conf_is_one_line_exit_2(tmp_path: Path) -> None:
         await bk("whoisauditor", "--bk-conf", empty),
         f"--bk-conf {empty} names neither metadataServiceUri nor zkServers",
     )
-    bad = _conf(tmp_path, "metadataServiceUri=etcd://h:2379/ledgers\n")
+    bad = _conf(tmp_path, "metadataServiceUri=metadata-store:oxia://h:6648\n")
     one_line_error(await bk("ledgers", "--bk-conf", bad), f"{bad}:1 metadataServiceUri")
     one_line_error(
         await bk("trigger"),
