@@ -624,20 +624,74 @@ class RangedWalk:
         return start, end, tails
 
     # --- reading ---------------------------------------------------------------------
-    async def _pages(self, start: str, end: str) -> AsyncGenerator[list[RangeItem], None]:
-        """Pages of [start, end), the next one read while the last is worked through."""
+    def _span_ids(self, family: _Family, span: tuple[str, str]) -> tuple[int, int]:
+        """The first and last ids the leaf keys of `span` can spell (first > last: none)."""
+        tree = family.tree
+        if tree is None:
+            return 0, family.capacity
+        below = tree.digits - 2
+        dd = int(span[0][len(self.root) + 1 :][:2])
+        return dd * 10**below, min((dd + 1) * 10**below - 1, family.capacity)
+
+    def _key_at(self, family: _Family, span: tuple[str, str], ledger_id: int) -> str:
+        """Where the keys of ids from `ledger_id` on begin in `span`: its start for its first
+        id or below, its end past its last."""
+        first, last = self._span_ids(family, span)
+        if ledger_id > last:
+            return span[1]
+        if ledger_id <= first:
+            return span[0]
+        return self._leaf_key(family, ledger_id)
+
+    async def _pages(
+        self, family: _Family, span: tuple[str, str], start: str, end: str
+    ) -> AsyncGenerator[list[RangeItem], None]:
+        """Pages of the keys [start, end) of `span`, the next one read while the last is
+        worked through.
+
+        etcd answers a range request in time proportional to every key of its range, not
+        only those it returns (it counts them all), so that pages of one long range would
+        cost the square of its length: after the first request, each goes to the key of an
+        id a chunk of ids ahead, the chunk sized by the ids seen per page (halved when a
+        chunk has more than a page, grown while chunks come back sparse)."""
         store = self.w.zk
-        pending: asyncio.Future[tuple[list[RangeItem], bool]] | None = asyncio.ensure_future(
-            store.read_range(start, end, limit=self.page)
-        )
+        page = self.page
+        chunk = 0  # ids per request; 0 until the first answer tells the density
+        pos, cend, cend_id = start, end, -1
+
+        def fire(a: str, b: str) -> asyncio.Future[tuple[list[RangeItem], bool]]:
+            return asyncio.ensure_future(store.read_range(a, b, limit=page))
+
+        def bounded(from_id: int, after: str) -> tuple[str, int]:
+            key = self._key_at(family, span, from_id)
+            if key <= after or key >= end:
+                return end, -1
+            return key, from_id
+
+        pending: asyncio.Future[tuple[list[RangeItem], bool]] | None = fire(pos, cend)
         try:
             while pending is not None:
                 items, more = await pending
                 pending = None
+                ids = [i for i in (self._leaf_id(family, it.path) for it in items) if i is not None]
                 if more and items:
-                    pending = asyncio.ensure_future(
-                        store.read_range(_after(items[-1].path), end, limit=self.page)
-                    )
+                    if chunk == 0:
+                        seen = ids[-1] - ids[0] + 1 if len(ids) > 1 else page * 16
+                        chunk = max(page, seen * page // max(len(ids), 1))
+                    elif cend_id >= 0:
+                        chunk = max(page, chunk // 2)
+                    pos = _after(items[-1].path)
+                    if cend_id < 0:
+                        cursor = ids[-1] + 1 if ids else self._span_ids(family, span)[0]
+                        cend, cend_id = bounded(cursor + chunk, pos)
+                    pending = fire(pos, cend)
+                elif cend_id >= 0:
+                    # A chunk done, short of `end`: the next one.
+                    if len(items) * 4 < page:
+                        chunk *= 4  # sparse here (or empty): a longer one
+                    pos = cend
+                    cend, cend_id = bounded(cend_id + chunk, pos)
+                    pending = fire(pos, cend)
                 yield items
         finally:
             if pending is not None:
@@ -657,7 +711,7 @@ class RangedWalk:
                 clipped = self._clip(span, start, end)
                 if clipped is None:
                     continue
-                async with aclosing(self._pages(*clipped)) as pages:
+                async with aclosing(self._pages(family, span, *clipped)) as pages:
                     async for page in pages:
                         for item in page:
                             path = self._judge(family, item.path)
@@ -787,31 +841,43 @@ class RangedWalk:
         return ledger_id
 
     async def _first_from(self, family: _Family, start: str, end: str) -> int | None:
-        async with aclosing(self._pages(start, end)) as pages:
-            async for page in pages:
-                for item in page:
-                    found = self._leaf_id(family, item.path)
-                    if found is not None:
-                        return found
+        """The first ledger id of `family` in the keys [start, end) (ranges kept short by
+        the caller: see `_pages` on what a long one costs)."""
+        pos = start
+        while pos < end:
+            items, more = await self.w.zk.read_range(pos, end, limit=self.page)
+            for item in items:
+                found = self._leaf_id(family, item.path)
+                if found is not None:
+                    return found
+            if not more or not items:
+                return None
+            pos = _after(items[-1].path)
         return None
 
     async def max_ledger_id(self) -> int | None:
-        """The largest ledger id: the last span with a ledger, then a binary search in it
+        """The largest ledger id: the last span with a ledger, in it windows of ids growing
+        from its top until one holds a ledger, then a binary search below the window's top
         (a few dozen short reads; the ids are not read in bulk)."""
         for family in reversed(self._families(pruned=False)):
             for span in reversed(family.spans):
-                known = await self._first_from(family, *span)
+                first, top = self._span_ids(family, span)
+                if first > top or await self._first_from(family, *span) is None:
+                    continue  # one read: cheap where there are few keys, once where many
+                known, width = None, self.page
+                while known is None and top >= first:
+                    low = max(first, top - width + 1)
+                    known = await self._first_from(
+                        family, self._key_at(family, span, low), self._key_at(family, span, top + 1)
+                    )
+                    if known is None:
+                        top, width = low - 1, width * 16
                 if known is None:
                     continue
-                top = family.capacity
-                if family.tree is not None:
-                    below = family.tree.digits - 2
-                    first_key = span[0][len(self.root) + 1 :][:2]
-                    top = min(top, (int(first_key) + 1) * 10**below - 1)
                 while known < top:
                     mid = (known + top + 1) // 2
                     found = await self._first_from(
-                        family, max(span[0], self._leaf_key(family, mid)), span[1]
+                        family, self._key_at(family, span, mid), self._key_at(family, span, top + 1)
                     )
                     if found is None:
                         top = mid - 1
