@@ -19,23 +19,27 @@ a ledger filed under the other tree, or its path spells an id outside
 be there). Such an id has no record to carry: nothing downstream (the index,
 the checks' reports, the API) can hold it.
 
-On a store that serves range reads (`MetadataStore.ranged`: etcd) the walk reads keys
-in key order instead, in pages of `read_range` (`RangedWalk`): no listing, no separate
-read of each ledger. Keys of fixed width sort as their ids do, so each tree is read as a
-few key ranges (per two-digit top: `<root>/DD/...` for the 2-4-4 tree, `<root>/DD0`
-to `<root>/DD9` for the 3-4-4-4-4 tree), the legacy tree before the long one, starting
-at the key of the IdRange's lower bound. Each key is judged as the ZooKeeper walk judges
-the znode it would list (the first component that is no ledger's is the one named; keys
-below a ledger, and the ledgers root's own znodes such as LAYOUT, are passed over as the
-ZooKeeper walk never lists them), so that the same tree walks to the same records and
-the same unexpected znodes on either store. Of a walk of one IdRange, the directories
-it owns (`_owns`) but that run past the range's end are looked through to their end
-child by child, without reading the ledgers there. The ordering of names with characters
-below "/" (`0000-x` sorts before `0000/...` as a key, after it as a child) is the one
-place where the two reports' order may differ. The flat layout is one key range (its
-misnamed znodes named by the walk of id 0, as on ZooKeeper); so are BookKeeper's etcd
-driver's keys (`LedgerManager.ETCD`, `<root>/ledgers/<UUID>`), where a bad key is named
-by the walk whose key range holds it.
+On a store that serves range reads (`MetadataStore.ranged`: etcd) the walk reads keys in
+key order instead, in pages of `read_range` (`RangedWalk`): no listing, no separate read
+of each ledger. Keys of fixed width sort as their ids do, so each tree is read as a few
+key ranges (per two-digit top: `<root>/DD/...` for the 2-4-4 tree, `<root>/DD0` to
+`<root>/DD9` for the 3-4-4-4-4 tree), the legacy tree before the long one, starting at
+the key of the IdRange's lower bound; after a span's first request, each request ends at
+the key of an id a chunk ahead (etcd's time for a range request grows with all the keys
+of its range, whatever its limit: `RangedWalk._pages`). Each key is judged as the
+ZooKeeper walk judges the znode it would list (the first component that is no ledger's
+is the one named; keys below a ledger, and the ledgers root's own znodes such as LAYOUT,
+are passed over as the ZooKeeper walk never lists them), so that the same tree walks to
+the same records and the same unexpected znodes on either store. Of a walk of one
+IdRange, the directories it owns (`_owns`) but that run past the range's end are looked
+through to their end child by child, without reading the ledgers there. The ordering of
+names with characters below "/" (`0000-x` sorts before `0000/...` as a key, after it as
+a child) is the one place where the two reports' order may differ. The flat layout is
+one key range (its misnamed znodes named by the walk of id 0, as on ZooKeeper); so are
+BookKeeper's etcd driver's keys (`LedgerManager.ETCD`, `<root>/ledgers/<UUID>`), where a
+bad key is named by the walk whose key range holds it. A ledger deleted before its page
+is read is not seen at all (`deleted_during_walk` counts only where reads follow a
+listing).
 """
 
 from __future__ import annotations
