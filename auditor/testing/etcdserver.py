@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import ssl
 import subprocess
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from auditor.errors import ServiceUnavailableError
 from auditor.testing.pki import Issued
+from auditor.testing.serverprocess import ServerProcess
 from auditor.testing.zkserver import free_port
 
 ETCD_BIN = Path(os.environ.get("BK_AUDITOR_ETCD", "/usr/bin/etcd"))
@@ -54,7 +54,7 @@ def healthy(endpoint: str, timeout: float = 1.0, context: ssl.SSLContext | None 
         return False
 
 
-class EtcdServer:
+class EtcdServer(ServerProcess):
     """One single-member etcd cluster; `start()` blocks until it serves (or raises)."""
 
     def __init__(
@@ -62,11 +62,11 @@ class EtcdServer:
     ) -> None:
         #: With `tls`, clients connect over TLS and must show a certificate `tls.ca` signed.
         self.tls = tls
-        self._own_dir = base_dir is None
-        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-etcd-"))
+        super().__init__(
+            base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-etcd-")), base_dir is None
+        )
         self.port = port or free_port()
         self.peer_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -141,30 +141,3 @@ class EtcdServer:
             time.sleep(_POLL)
         self.stop()
         raise EtcdServerError(f"etcd did not serve on {self.endpoint} within {timeout:g}s")
-
-    def stop(self) -> None:
-        """Stops the server, keeping its data and ports (a later start() serves them again)."""
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def restart(self, timeout: float = 30.0) -> None:
-        self.stop()
-        self.start(timeout)
-
-    def destroy(self) -> None:
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> EtcdServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from auditor.errors import ServiceUnavailableError
 from auditor.testing.pki import Issued, issue, new_ca
+from auditor.testing.serverprocess import ServerProcess
 
 ZK_JAR = Path(os.environ.get("BK_AUDITOR_ZK_JAR", "/usr/share/java/zookeeper.jar"))
 ZK_CONF_DIR = Path("/etc/zookeeper/conf")
@@ -168,7 +169,7 @@ class ServerTls:
     client_auth: str = "none"
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(ServerProcess):
     """One standalone server; `start()` blocks until it serves (or raises)."""
 
     def __init__(
@@ -191,15 +192,15 @@ class ZooKeeperServer:
         unknown = set(require_auth) - set(_AUTH_PROVIDERS)
         if unknown:
             raise ValueError(f"require_auth takes {sorted(_AUTH_PROVIDERS)}, got {sorted(unknown)}")
-        self._own_dir = base_dir is None
-        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-zk-"))
+        super().__init__(
+            base_dir or Path(tempfile.mkdtemp(prefix="bk-auditor-zk-")), base_dir is None
+        )
         self.port = port or free_port()
         self.require_auth = tuple(require_auth)
         self.super_password = super_password
         self.sasl_users = dict(sasl_users or {})
         self.tls = tls
         self.secure_port = free_port() if tls is not None else 0
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def hosts(self) -> str:
@@ -334,33 +335,6 @@ class ZooKeeperServer:
             time.sleep(0.05)
         self.stop()
         raise ZooKeeperServerError(f"ZooKeeper did not serve on {self.hosts} within {timeout:g}s")
-
-    def stop(self) -> None:
-        """Stops the server, keeping its data (a later start() serves it again)."""
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def restart(self, timeout: float = 30.0) -> None:
-        self.stop()
-        self.start(timeout)
-
-    def destroy(self) -> None:
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> ZooKeeperServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
 
 
 def expire_session(hosts: str, client_id: tuple[int, bytes], timeout: float = 10.0) -> None:
