@@ -55,7 +55,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,7 +71,7 @@ from auditor.testing.bookie import write_seed_file
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.etcdserver import EtcdServer
 from auditor.testing.zkserver import free_port
-from bench.bench_scrutiny import CliRun, _check_cli, _check_report_time, _us
+from bench.bench_scrutiny import CliRun, _check_cli, _check_report_time, _us, run_check_cli
 from bench.cluster import _output, ensemble_of, held_runs
 from bench.common import (
     BOOKIES,
@@ -346,27 +345,9 @@ def run_cli(cluster: EtcdCluster, tag: str) -> tuple[CliRun, dict[str, float]]:
         sys.executable, "-m", "auditor", "check", "replicas", "--json",
         "--metadata-service-uri", cluster.uri,
     ]  # fmt: skip
-    out_path = cluster.work / f"cli-replicas-{tag}.out"
-    err_path = cluster.work / f"cli-replicas-{tag}.err"
     before = cluster.cpu()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        started = time.monotonic()
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        try:
-            _, status, ru = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        seconds = time.monotonic() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    spent = cluster.cpu().since(before)
-    reports = [json.loads(line) for line in out_path.read_text().splitlines() if line.strip()]
-    report = next((r for r in reports if r.get("check") == "replicas"), None)
-    if proc.returncode != 0 or report is None:
-        tail = err_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"bk-auditor check replicas exited {proc.returncode}:\n{tail}")
-    return CliRun(seconds, ru.ru_utime + ru.ru_stime, ru.ru_maxrss, report), spent
+    run = run_check_cli(args, cluster.work, "replicas", tag)
+    return run, cluster.cpu().since(before)
 
 
 def check_floor(run: FloorRun, n: int) -> None:

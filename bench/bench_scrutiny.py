@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from bench.cluster import BenchCluster, Measured
@@ -73,8 +74,14 @@ def _cli(cluster: BenchCluster, check: str, tag: str) -> CliRun:
         "--set",
         f"checks.racks_file={cluster.racks}",
     ]
-    out_path = cluster.work / f"cli-{check}-{tag}.out"
-    err_path = cluster.work / f"cli-{check}-{tag}.err"
+    return run_check_cli(args, cluster.work, check, tag)
+
+
+def run_check_cli(args: list[str], work: Path, check: str, tag: str) -> CliRun:
+    """Runs `args` (a `bk-auditor check CHECK --json`) to its end (call in a thread),
+    stdout and stderr to files in `work`; its wall and CPU time and its report."""
+    out_path = work / f"cli-{check}-{tag}.out"
+    err_path = work / f"cli-{check}-{tag}.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         started = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
