@@ -151,7 +151,7 @@ def test_metadata_service_uris() -> None:
     assert (u.hosts, u.ledgers_root, u.manager) == ("zk:2181", "/pulsar/ledgers", None)
     u = parse_metadata_service_uri("zk+longhierarchical://zk:2181")
     assert (u.ledgers_root, u.manager) == ("/ledgers", LedgerManager.LONG_HIERARCHICAL)
-    for bad in ["etcd://h:2379/ledgers", "zk+ms://h:2181/ledgers", "nonsense"]:
+    for bad in ["zk+etcd://h:2379/ledgers", "zk+ms://h:2181/ledgers", "nonsense"]:
         with pytest.raises(ConfigError):
             parse_metadata_service_uri(bad)
 
