@@ -33,7 +33,12 @@ from typing import Any
 
 from auditor.index.store import MetadataIndex
 from auditor.metadata.layout import LedgerManager
-from auditor.metadata.paths import InvalidLedgerIdError, check_ledger_id
+from auditor.metadata.paths import (
+    ETCD_LEDGERS,
+    InvalidLedgerIdError,
+    check_ledger_id,
+    etcd_ledger_id,
+)
 from auditor.metadata.walk import (
     LedgerWalker,
     UnexpectedZnode,
@@ -61,6 +66,8 @@ def _classify(manager: LedgerManager, root: str, path: str) -> int | UnexpectedZ
     if not path.startswith(root + "/"):
         return None
     rel = path[len(root) :]
+    if manager is LedgerManager.ETCD:
+        return _classify_etcd(rel, path)
     patterns: tuple[tuple[re.Pattern[str], int], ...]
     if manager is LedgerManager.FLAT:
         patterns = (_FLAT,)
@@ -82,6 +89,20 @@ def _classify(manager: LedgerManager, root: str, path: str) -> int | UnexpectedZ
         except InvalidLedgerIdError as exc:
             return UnexpectedZnode(path, out_of_range_reason(path, exc), invalid_ledger=True)
     return None
+
+
+def _classify_etcd(rel: str, path: str) -> int | UnexpectedZnode | None:
+    """A key of BookKeeper's etcd driver under `<scope>/ledgers/`: its ledger, or an
+    invalid ledger key named as the ranged walk names it."""
+    head, _, name = rel.lstrip("/").partition("/")
+    if head != ETCD_LEDGERS or not name or "/" in name:
+        return None
+    try:
+        return etcd_ledger_id(name, where=path)
+    except InvalidLedgerIdError as exc:
+        return UnexpectedZnode(path, out_of_range_reason(path, exc), invalid_ledger=True)
+    except ValueError as exc:
+        return UnexpectedZnode(path, str(exc).removeprefix(f"{path}: "), invalid_ledger=True)
 
 
 def ledger_id_of(manager: LedgerManager, root: str, path: str) -> int | None:

@@ -87,6 +87,30 @@ def test_only_ledger_znodes_are_ledgers() -> None:
         assert invalid_ledger_znode(h, ROOT, path) is None, path
 
 
+def test_ledger_keys_of_bookkeepers_etcd_driver() -> None:
+    etcd = LedgerManager.ETCD
+    key = "/ledgers/ledgers/00000000-0000-0000-0000-00000000002a"
+    assert ledger_id_of(etcd, ROOT, key) == 42
+    assert ledger_id_of(etcd, ROOT, "/ledgers/ledgers/00000000-0000-0000-7fff-ffffffffffff") == (
+        LONG_MAX
+    )
+    for path in (
+        "/ledgers/layout",
+        "/ledgers/bookies/writable/b:1",
+        "/ledgers/ledgers",
+        key + "/x",
+    ):
+        assert ledger_id_of(etcd, ROOT, path) is None, path
+        assert invalid_ledger_znode(etcd, ROOT, path) is None, path
+    upper = "/ledgers/ledgers/00000000-0000-0000-0000-00000000002A"
+    assert invalid_ledger_znode(etcd, ROOT, upper) == UnexpectedZnode(
+        upper, "a ledger key's name is UUID(0, id) in lower-case hex", True
+    )
+    negative = "/ledgers/ledgers/00000000-0000-0000-8000-000000000000"
+    found = invalid_ledger_znode(etcd, ROOT, negative)
+    assert found is not None and found.invalid_ledger and found.path == negative
+
+
 async def test_the_index_follows_creates_changes_and_deletes(zk: ZkClient) -> None:
     cw = ClusterWriter(zk, ROOT)
     await cw.init_cluster()
