@@ -11,6 +11,11 @@ plan and the scan still falls in exactly one partition.
 
 The flat layout has only one directory; its single listing gives the ids.
 
+On a store with range reads (etcd) a listing is itself a read of every key below the
+directory, so the plan asks only for the largest ledger id (the walk's few short reads)
+and splits 0..that id evenly: ids are handed out in order, so even id ranges hold about
+even numbers of ledgers.
+
 Directories and leaves whose paths spell ids beyond 2^63-1 hold no ledger and
 are left out of the plan; the partition that runs to the end of the id space
 walks them and names them as invalid ledger znodes (`IdRange.last`).
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import LONG_MAX, is_valid_ledger_id
-from auditor.metadata.walk import FLAT_LEAF, FOUR, LEAF, IdRange, Tree, trees_of
+from auditor.metadata.walk import FLAT_LEAF, FOUR, LEAF, IdRange, LedgerWalker, Tree, trees_of
 from auditor.store import MetadataStore, NoNodeError
 
 #: Buckets per partition the plan aims for before it stops descending.
@@ -122,4 +127,21 @@ def split(found: list[Bucket], partitions: int) -> list[IdRange]:
 async def plan_ranges(
     zk: MetadataStore, root: str, manager: LedgerManager, partitions: int
 ) -> list[IdRange]:
+    if zk.ranged:
+        return await even_ranges(zk, root, manager, partitions)
     return split(await buckets(zk, root, manager, partitions), partitions)
+
+
+async def even_ranges(
+    zk: MetadataStore, root: str, manager: LedgerManager, partitions: int
+) -> list[IdRange]:
+    """Contiguous ranges tiling [0, 2^63), splitting 0..the largest ledger id evenly."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    largest = await LedgerWalker(zk, root, manager).max_ledger_id()
+    if largest is None or partitions == 1:
+        return [WHOLE]
+    n = min(partitions, largest + 1)
+    starts = [((largest + 1) * i) // n for i in range(n)]
+    ends = [*starts[1:], WHOLE.hi]
+    return [IdRange(lo, hi) for lo, hi in zip(starts, ends, strict=True)]

@@ -6,10 +6,13 @@ import itertools
 
 import pytest
 
+from auditor.etcd import EtcdStore
+from auditor.metadata.bk_etcd import BookKeeperEtcdView
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.walk import IdRange, LedgerWalker
 from auditor.scan.ranges import buckets, plan_ranges
+from auditor.store import MetadataStore
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.zk import ZkClient
 
@@ -18,14 +21,14 @@ ENSEMBLE = ["192.0.2.1:3181", "192.0.2.2:3181", "192.0.2.3:3181"]
 EDGE_IDS = [0, 1, 9999, 10000, 123456789, 2147483646, 2147483647, 2147483648, 2**40 + 7, LONG_MAX]
 
 
-async def _write(zk: ZkClient, manager: LedgerManager, ids: list[int]) -> None:
+async def _write(zk: MetadataStore, manager: LedgerManager, ids: list[int]) -> None:
     w = ClusterWriter(zk, "/ledgers", manager)
     await w.init_cluster()
     for i in ids:
         await w.write_ledger(make_metadata(i, ENSEMBLE))
 
 
-async def _walk(zk: ZkClient, manager: LedgerManager, r: IdRange | None) -> list[int]:
+async def _walk(zk: MetadataStore, manager: LedgerManager, r: IdRange | None) -> list[int]:
     return [i async for i in LedgerWalker(zk, "/ledgers", manager, r).ledger_ids()]
 
 
@@ -110,3 +113,33 @@ async def test_znodes_beyond_the_id_space_are_left_out_of_the_plan_and_named_onc
         named += [u.path for u in walker.stats.unexpected if u.invalid_ledger]
     assert walked == ids
     assert named == beyond
+
+
+@pytest.mark.parametrize(
+    ("manager", "ids"),
+    [
+        (LedgerManager.HIERARCHICAL, EDGE_IDS),
+        (LedgerManager.ETCD, [0, 1, 9999, 10000, 123456789, 2**40 + 7]),
+        (LedgerManager.FLAT, [0, 5, 123, 9999999999]),
+    ],
+)
+@pytest.mark.parametrize("partitions", [1, 3, 50])
+async def test_on_etcd_the_plan_splits_up_to_the_largest_id_evenly(
+    etcd: EtcdStore, manager: LedgerManager, ids: list[int], partitions: int
+) -> None:
+    """No listing on etcd (a listing reads every key below): the largest id, split evenly."""
+    store: MetadataStore = etcd
+    if manager is LedgerManager.ETCD:
+        store = BookKeeperEtcdView(etcd, "/ledgers")
+    await _write(store, manager, ids)
+    ranges = await plan_ranges(store, "/ledgers", manager, partitions)
+    assert ranges[0].lo == 0 and ranges[-1].hi == LONG_MAX + 1
+    assert all(a.hi == b.lo for a, b in itertools.pairwise(ranges))
+    largest = max(ids)
+    assert len(ranges) == partitions
+    assert [r.lo for r in ranges] == [((largest + 1) * i) // partitions for i in range(partitions)]
+    walked = [i for r in ranges for i in await _walk(store, manager, r)]
+    assert walked == ids
+    empty = BookKeeperEtcdView(etcd, "/other") if manager is LedgerManager.ETCD else etcd
+    await ClusterWriter(empty, "/other", manager).init_cluster()
+    assert await plan_ranges(empty, "/other", manager, partitions) == [IdRange(0, LONG_MAX + 1)]
