@@ -706,24 +706,45 @@ class RangedWalk:
         hi = min(span[1], end) if end else span[1]
         return (lo, hi) if lo < hi else None
 
+    async def _whole(self, family: _Family) -> list[RangeItem] | None:
+        """Every key of `family`'s spans when they fit in one page (one request: a small
+        tree is not read top by top); None when there are more."""
+        if not family.spans:
+            return []
+        items, more = await self.w.zk.read_range(
+            family.spans[0][0], family.spans[-1][1], limit=self.page
+        )
+        if more:
+            return None
+        spans = family.spans
+        return [it for it in items if any(a <= it.path < b for a, b in spans)]
+
+    def _ledger_of(self, family: _Family, item: RangeItem) -> tuple[int, str] | None:
+        path = self._judge(family, item.path)
+        if path is None:
+            return None
+        ledger_id = self._checked(family, path)
+        return None if ledger_id is None else (ledger_id, path)
+
     async def items(self) -> AsyncGenerator[tuple[int, str, RangeItem], None]:
         """(ledger id, path, its item) of every ledger of the walk, in id order."""
         for family in self._families():
             self._named = []
             start, end, tails = self._window(family)
-            for span in family.spans:
+            whole = await self._whole(family) if self.w.id_range is None else None
+            if whole is not None:
+                for item in whole:
+                    if (found := self._ledger_of(family, item)) is not None:
+                        yield found[0], found[1], item
+            for span in family.spans if whole is None else []:
                 clipped = self._clip(span, start, end)
                 if clipped is None:
                     continue
                 async with aclosing(self._pages(family, span, *clipped)) as pages:
                     async for page in pages:
                         for item in page:
-                            path = self._judge(family, item.path)
-                            if path is None:
-                                continue
-                            ledger_id = self._checked(family, path)
-                            if ledger_id is not None:
-                                yield ledger_id, path, item
+                            if (found := self._ledger_of(family, item)) is not None:
+                                yield found[0], found[1], item
             for directory, rest, leaves in tails:
                 await self._tail(family, directory, rest, leaves=leaves)
 
@@ -864,6 +885,12 @@ class RangedWalk:
         from its top until one holds a ledger, then a binary search below the window's top
         (a few dozen short reads; the ids are not read in bulk)."""
         for family in reversed(self._families(pruned=False)):
+            whole = await self._whole(family)
+            if whole is not None:
+                ids = [i for it in whole if (i := self._leaf_id(family, it.path)) is not None]
+                if ids:
+                    return max(ids)
+                continue
             for span in reversed(family.spans):
                 first, top = self._span_ids(family, span)
                 if first > top or await self._first_from(family, *span) is None:
