@@ -6,9 +6,9 @@ import asyncio
 
 from kazoo.protocol.states import EventType
 
+from auditor.store import Event, Gap
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
 from auditor.zk import ZkClient
-from auditor.store import Event, Gap
 
 
 async def _next(queue: asyncio.Queue[Event | Gap]) -> Event | Gap:
