@@ -219,7 +219,7 @@ class ReplicasRun:
         The first look uses the marks listed at the start of the run (one
         listing instead of a read per ledger); the look before reporting is fresh.
         A corrupt mark that names the ledger marks it too: skipped, never aged
-        (the grace check names the corrupt mark).
+        (named at `begin`, as the grace check names it).
         """
         ur: UnderreplicatedLedger | CorruptMark | None
         if fresh:
@@ -300,6 +300,13 @@ class ReplicasRun:
         listing = await self.ctx.urm.read_marks()
         self.marks = listing.by_id()
         self.corrupt_marked = listing.marked_ids() - self.marks.keys()
+        # Every byte read is named when bad: the grace check names corrupt marks too, but
+        # it may not run for a while (a pending lost-bookie audit holds it back). A scan's
+        # partition (an id range) leaves them to the scan's one grace run: named once.
+        for mark in listing.corrupt if self.ctx.id_range is None else ():
+            self.recorder.invalid_znode(
+                mark.path, mark.reason, what="corrupt under-replication mark"
+            )
 
     async def first_pass(self) -> None:
         await self._pass(self._walk(), final=self.cfg.checks.retry_attempts == 0, retrying=False)

@@ -338,12 +338,19 @@ async def test_corrupt_marks_do_not_stop_the_checks(zk: ZkClient) -> None:
         assert reports["replicas"]["ledgers_skipped"] == {"underreplicated": 3}
         assert reports["replicas"]["ledgers_checked"] == 1
         assert reports["replicas"]["violations_total"] == 0
+        # The replicas check read the marks too, and names the corrupt ones as grace does;
+        # the other walking checks read no mark.
         for name in WALKING:
-            assert reports[name]["invalid_znodes"]["total"] == 0, name
-        # One warning per corrupt mark, naming it (console log lines on stderr).
+            expected = named if name == "replicas" else {"total": 0, "listed": []}
+            assert reports[name]["invalid_znodes"] == expected, name
+        # One warning per corrupt mark and check that read it, naming it (console log
+        # lines on stderr).
         warned = [line for line in err.splitlines() if "corrupt under-replication mark" in line]
-        assert [re.findall(r" path=(\S+)", line) for line in warned] == [[p] for p in bad]
-        assert all("[warning  ]" in line and " check=grace " in line for line in warned)
+        assert all("[warning  ]" in line for line in warned)
+        for check in ("replicas", "grace"):
+            by = [line for line in warned if f" check={check} " in line]
+            assert [re.findall(r" path=(\S+)", line) for line in by] == [[p] for p in bad]
+        assert len(warned) == 2 * len(bad)
         # `check grace` alone: the same, one text line per corrupt mark.
         code, out, err = await bk("check", "grace", "--zk", zk.hosts, *CLEAN, *grace)
         assert code == 1, err

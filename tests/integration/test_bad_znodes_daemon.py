@@ -77,11 +77,18 @@ async def test_the_daemon_names_bad_znodes_in_reports_status_metrics_and_the_api
                 cs = checks[check]
                 assert (cs.outcome, cs.last_error) == (Outcome.VIOLATIONS, None), check
                 assert cs.last_report is not None and cs.last_report.violations.total == 0
+            grace = checks[Check.GRACE].last_report
+            assert grace is not None
             for check in WALKING:
                 report = checks[check].last_report
                 assert report is not None
-                assert report.invalid_znodes.listed() == [InvalidZnode(BEYOND, BEYOND_WHY)]
-                assert report.invalid_znodes.total == 1
+                # The replicas check reads the marks too: it names the corrupt ones as well.
+                marks = list(grace.invalid_znodes) if check is Check.REPLICAS else []
+                listed = report.invalid_znodes.listed()
+                assert sorted(listed, key=str) == sorted(
+                    [*marks, InvalidZnode(BEYOND, BEYOND_WHY)], key=str
+                )
+                assert report.invalid_znodes.total == 1 + len(marks)
                 assert report.ledgers_checked == (1 if check is Check.REPLICAS else 4), check
             grace = checks[Check.GRACE].last_report
             assert grace is not None and grace.ledgers_checked == 2
@@ -94,11 +101,15 @@ async def test_the_daemon_names_bad_znodes_in_reports_status_metrics_and_the_api
                 (str(c), "index") for c in WALKING
             }
             warned = [e for e in info_logs if e["event"] == "corrupt under-replication mark"]
-            assert sorted(e["path"] for e in warned) == sorted(bad)
+            for name in ("grace", "replicas"):
+                by = [e["path"] for e in warned if e.get("check") == name]
+                assert sorted(by) == sorted(bad), name
+            assert len(warned) == 2 * len(bad)
 
             # Metrics.
             for check in WALKING:
-                assert _gauge(metrics, "bookkeeper_auditor_invalid_znodes", check=check) == 1
+                named = 1 + (len(bad) if check is Check.REPLICAS else 0)
+                assert _gauge(metrics, "bookkeeper_auditor_invalid_znodes", check=check) == named
             assert _gauge(metrics, "bookkeeper_auditor_invalid_znodes", check="grace") == len(bad)
             assert _gauge(metrics, "bookkeeper_auditor_underreplication_marks_invalid") == len(bad)
             assert (
@@ -121,14 +132,21 @@ async def test_the_daemon_names_bad_znodes_in_reports_status_metrics_and_the_api
                 )],
             }  # fmt: skip
             for check in WALKING:
+                own = checks[check].last_report
+                assert own is not None
                 assert doc["checks"][str(check)]["invalid_znodes"] == {
-                    "total": 1,
-                    "listed": [{"path": BEYOND, "reason": BEYOND_WHY}],
+                    "total": own.invalid_znodes.total,
+                    "listed": [
+                        {"path": z.path, "reason": z.reason} for z in own.invalid_znodes.listed()
+                    ],
                 }
             code, out, err = await bk("status", "--target", target)
             assert code == 0, err
             lines = [line.strip() for line in out.splitlines()]
-            assert lines.count("invalid znodes: 1") == len(WALKING)
+            # The replicas check names the corrupt marks and the ledger znode; the others
+            # the ledger znode; grace the corrupt marks.
+            assert lines.count("invalid znodes: 1") == len(WALKING) - 1
+            assert lines.count(f"invalid znodes: {1 + len(bad)}") == 1
             assert lines.count(f"invalid znodes: {len(bad)}") == 1
             assert lines.count(f"{BEYOND}: {BEYOND_WHY}") == len(WALKING)
 
