@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
-from auditor.store import BadVersionError, FencedOutError, MetadataStore
+from auditor.store import BadVersionError, FencedOutError, MetadataStore, NoNodeError
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.etcdserver import EtcdServer
 from auditor.testing.harness import test_cluster
@@ -551,3 +552,55 @@ def test_marking_on_bookkeepers_etcd_driver_is_refused_before_connecting() -> No
     assert line.startswith("bk-auditor: error: --mark: BookKeeper's etcd driver (etcd://) has no ")
     assert "under-replication manager" in line
     assert elapsed < 10  # no connection attempt (etcd is not there)
+
+
+async def _leader_value(meta: EtcdStore, values: set[bytes], within: float) -> bytes:
+    """Waits, on watches, until Pulsar's leader key holds one of `values`."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            data, _, changed = await meta.get_watched(PULSAR_KEY)
+        except NoNodeError:
+            data = b""
+            _, changed = await meta.exists_watched(PULSAR_KEY)
+        if data in values:
+            return data
+        left = deadline - time.monotonic()
+        assert left > 0, f"no leader among {values} within {within}s (now {data!r})"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), min(left, 1.0))
+
+
+async def test_sigterm_hands_the_leader_key_over_within_5s_and_exits_0(
+    server: EtcdServer, meta: EtcdStore
+) -> None:
+    """Two `bk-auditor run` processes on Pulsar's driver on etcd: SIGTERM to the leader
+    deletes its key (and revokes its lease) at once, so the other leads within 5 s, not
+    after the lease's TTL; the process exits 0."""
+    await ClusterWriter(meta, ROOT).init_cluster()
+    procs: dict[bytes, asyncio.subprocess.Process] = {}
+    try:
+        for name in ("gamma", "delta"):
+            identity = f"{name}:{free_port()}"
+            procs[encode_pulsar_leader(identity)] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "auditor", "run",
+                "--set", f"daemon.metadata_service_uri=metadata-store:etcd:{server.endpoint}",
+                "--set", f"daemon.identity={identity}",
+                "--set", "daemon.zk_session_timeout=30",  # a lease that outlives the test
+                "--set", "api.host=127.0.0.1", "--set", "api.port=0",
+                "--set", "metrics.enabled=false",
+                "--set", "daemon.jitter=0", "--set", "worker.enabled=false",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+        first = await _leader_value(meta, set(procs), 30)
+        (other,) = set(procs) - {first}
+        t0 = time.monotonic()
+        procs[first].send_signal(signal.SIGTERM)
+        assert await _leader_value(meta, {other}, 5) == other
+        assert time.monotonic() - t0 < 5
+        assert await asyncio.wait_for(procs[first].wait(), 15) == 0
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
