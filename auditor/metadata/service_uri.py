@@ -127,6 +127,7 @@ _FORMS = (
     "metadata-store:zk:HOST:PORT[,...][/CHROOT] or metadata-store:etcd:http://HOST:PORT[,...]"
 )
 _BOOKKEEPER_URI = re.compile(r"(?P<scheme>[a-z]+)(?:\+(?P<type>[a-z]+))?://(?P<rest>.*)", re.DOTALL)
+_ENDPOINT = re.compile(r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<rest>.*)", re.DOTALL)
 _STORE_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
 _HOST_PORT = re.compile(
     r"(?P<host>\[[0-9A-Za-z:.%]+\]|[^\s:/\[\]?#@]+)(?::(?P<port>[0-9]{1,5}))?", re.ASCII
@@ -232,8 +233,8 @@ def _etcd_endpoints(url: str, where: str) -> str:
     for item in (i.strip() for i in url.split(",")):
         if not item:
             continue
-        m = re.fullmatch(r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<rest>.*)", item)
-        assert m is not None
+        m = _ENDPOINT.fullmatch(item)
+        assert m is not None  # every string matches: the scheme is optional
         if m["scheme"]:
             scheme = m["scheme"].lower()
             if scheme not in ("http", "https"):

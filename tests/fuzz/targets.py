@@ -87,6 +87,7 @@ from auditor.proto.data_formats_pb2 import (
     LedgerMetadataFormat,
     UnderreplicatedLedgerFormat,
 )
+from auditor.store import StoreKind
 from auditor.topology.locations import location_depth, normalize_location, topology_location
 from auditor.topology.racks import (
     RackSourceError,
@@ -248,9 +249,15 @@ def layout(data: bytes) -> None:
         uri = parse_metadata_service_uri(text)
     except ConfigError:
         return
+    assert uri.ledgers_root.startswith("/")
+    if uri.store is StoreKind.ETCD:
+        # etcd endpoints: full URLs, no path (etcd has no chroot), none empty.
+        for endpoint in uri.hosts.split(","):
+            scheme, sep, rest = endpoint.partition("://")
+            assert scheme in ("http", "https") and sep and rest and "/" not in rest
+        return
     connect = uri.hosts.partition("/")[0]  # a metadata-store: chroot may hold ',' too
     assert connect and ";" not in connect and connect == connect.strip(",")
-    assert uri.ledgers_root.startswith("/")
 
 
 # --- bookie wire: frames, responses, availability, entry bodies ----------------------

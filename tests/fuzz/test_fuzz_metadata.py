@@ -378,3 +378,17 @@ def test_layouts(version: str, name: str, manager_version: str, tail: str) -> No
 )
 def test_metadata_service_uris(scheme: str, hosts: list[str], path: str) -> None:
     run(layout, f"{scheme}://{';'.join(hosts)}{path}".encode())
+
+
+@fuzz_settings(300)
+@given(
+    st.lists(
+        st.sampled_from(["http://h1:2379", "h2:2379", "https://[::1]:2379", "", ";", "ftp://x"])
+        | TEXT,
+        max_size=4,
+    ),
+    st.sampled_from(["", "/", "/x", "?sessionTimeoutMillis=5000", "?configFilePath=%2Fnone"])
+    | TEXT,
+)
+def test_pulsar_etcd_uris(endpoints: list[str], tail: str) -> None:
+    run(layout, f"metadata-store:etcd:{','.join(endpoints)}{tail}".encode())

@@ -539,3 +539,10 @@ def test_a_driver_change_is_reported_on_reload() -> None:
     )
     assert again.uri_ignored == ("batchingEnabled",)
     assert pulsar_cfg.changed(again) == ["daemon.metadata_service_uri"]  # the text changed
+
+
+def test_a_newline_in_an_etcd_endpoint_is_a_bad_host() -> None:
+    """Found by the fuzzer: it was an AssertionError (a traceback) before."""
+    with pytest.raises(ConfigError) as caught:
+        parse_metadata_service_uri("metadata-store:etcd:0\n0")
+    assert str(caught.value).endswith(": etcd host '0\\n0' is not HOST[:PORT] with a port 1..65535")
