@@ -27,6 +27,10 @@ _PATHS = {
 }
 #: Keys that tune Java only.
 _JAVA_ONLY = ("tlsProvider",)
+#: A configuration file larger than this is refused unread (it is a handful of lines).
+MAX_BYTES = 1 << 20
+#: The longest `authority` (a host name, 253 characters, and a port).
+MAX_AUTHORITY = 260
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +50,21 @@ def read_etcd_config(path: str) -> EtcdOptions:
     """The options in Pulsar's etcd configuration file at `path`."""
     where = f"etcd configuration file {shown_name(path)} (configFilePath)"
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read it: {exc.__class__.__name__}") from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_BYTES} bytes: not a configuration file")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{where}: not YAML{at}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a configuration file") from None
     if data is None:
         return EtcdOptions()
     if not isinstance(data, dict):
@@ -72,6 +82,8 @@ def read_etcd_config(path: str) -> EtcdOptions:
                 continue
             if not isinstance(value, str) or not value.strip():
                 raise ConfigError(f"{where}: {name} must be a non-empty string")
+            if name == "authority" and len(value.strip()) > MAX_AUTHORITY:
+                raise ConfigError(f"{where}: authority is longer than a host name and port")
             fields[_PATHS.get(name, "authority")] = value.strip()
         else:
             ignored.append(shown_name(name) if name not in _JAVA_ONLY else name)

@@ -44,6 +44,7 @@ from auditor.config.properties import parse_properties
 from auditor.daemon.config import DaemonConfig, load_daemon_config
 from auditor.daemon.config.identity import StaticHost
 from auditor.errors import ConfigError
+from auditor.metadata.etcd_config import read_etcd_config
 from auditor.metadata.layout import LayoutError, parse_layout
 from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.metadata.records import (
@@ -426,10 +427,23 @@ def config_layers(toml: bytes, bk_conf: bytes, overrides: list[str], env: dict[s
 
 
 def config(data: bytes) -> None:
-    """The same bytes as a TOML file, a bk_server.conf, --set items and environment."""
+    """The same bytes as a TOML file, a bk_server.conf, --set items and environment, and as
+    Pulsar's etcd configuration file."""
     lines = [line for line in data.decode("utf-8", "replace").splitlines() if "\0" not in line]
     env = {f"BK_AUDITOR_{k}": v for k, _, v in (line.partition("=") for line in lines)}
     config_layers(data, data, lines, env)
+    etcd_config(data)
+
+
+def etcd_config(data: bytes) -> None:
+    """read_etcd_config on the bytes as a file: options or a ConfigError, nothing else."""
+    path = scratch() / "etcd.yaml"
+    path.write_bytes(data)
+    try:
+        options = read_etcd_config(str(path))
+    except ConfigError:
+        return
+    assert options.authority is None or 0 < len(options.authority) <= 260
 
 
 def seeds(name: str) -> list[bytes]:

@@ -23,7 +23,7 @@ from auditor.config import BookKeeperConfig
 from auditor.config.properties import parse_properties
 from auditor.daemon.config import SECTIONS
 from tests.fuzz.support import MUTATIONS, cpu_limit, fuzz_settings, mutate, run
-from tests.fuzz.targets import config, config_layers
+from tests.fuzz.targets import config, config_layers, etcd_config
 
 pytestmark = pytest.mark.fuzz
 
@@ -202,3 +202,32 @@ def test_properties_text(pieces: list[str]) -> None:
     with cpu_limit():
         props = parse_properties(text)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in props.items())
+
+
+_YAML_PIECES = st.sampled_from(
+    [
+        "useTls: true\n",
+        "useTls: 1\n",
+        "authority: etcd.test\n",
+        "authority:\n",
+        "tlsTrustCertsFilePath: /nonexistent\n",
+        "tlsKeyFilePath: /k\n",
+        "tlsProvider: OpenSSL\n",
+        "- a\n",
+        "? [1]\n: 2\n",
+        "a: &x [*x]\n",
+        "!!binary x\n",
+        "[[[[",
+        "{",
+        "\t",
+        ":",
+    ]
+)
+
+
+@fuzz_settings(200)
+@given(st.lists(_YAML_PIECES | st.text(max_size=20), max_size=12), MUTATIONS)
+def test_etcd_configuration_files(pieces: list[str], mutations: list[Any]) -> None:
+    data = "".join(pieces).encode()
+    run(etcd_config, data)
+    run(etcd_config, mutate(data, mutations))

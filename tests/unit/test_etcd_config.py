@@ -47,6 +47,12 @@ def test_the_keys_pulsar_reads(tmp_path: Path) -> None:
         ("authority: 3\n", "authority must be a non-empty string"),
         ("tlsTrustCertsFilePath: /nonexistent/ca.pem\n", "'/nonexistent/ca.pem' is not a readable"),
         ("tlsKeyFilePath: /k\n", "takes both tlsCertificateFilePath and tlsKeyFilePath"),
+        # Hostile files: one line each, never a traceback.
+        ("[" * 100_000, "nested too deeply to be a configuration file"),
+        ("{" * 5_000, "nested too deeply to be a configuration file"),
+        ("authority: " + "a" * 300, "authority is longer than a host name and port"),
+        ("#" * (1 << 20) + "\n", "larger than 1048576 bytes: not a configuration file"),
+        ("\x00", "not YAML"),
     ],
 )
 def test_a_bad_file_is_one_line(tmp_path: Path, text: str, reason: str) -> None:
