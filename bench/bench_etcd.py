@@ -86,6 +86,7 @@ from bench.common import (
     env_int,
     rate,
     say,
+    stop_processes,
 )
 
 #: Keys a floor range read asks for at once (BENCH_ETCD_PAGE overrides).
@@ -268,15 +269,7 @@ class EtcdCluster:
         return EtcdCpu(cpu_seconds(etcd_pid), sum(cpu_seconds(p.pid) for p in self.procs))
 
     async def stop(self) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_processes(self.procs)
         self.procs.clear()
         if self.store is not None:
             with contextlib.suppress(Exception):

@@ -37,7 +37,7 @@ from auditor.testing.bookie import write_seed_file
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.zkserver import ZooKeeperServer, free_port
 from auditor.zk import ZkClient
-from bench.common import BOOKIES, ENTRIES, ROOT, A, E, W, cpu_seconds, say
+from bench.common import BOOKIES, ENTRIES, ROOT, A, E, W, cpu_seconds, say, stop_processes
 from bench.profile import PhaseProfiler
 
 #: Seconds a bookie has to write its counters after a signal.
@@ -366,15 +366,7 @@ class BenchCluster:
     # --- tear-down ------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_processes(self.procs)
         self.procs.clear()
         if self.zk is not None:
             with contextlib.suppress(Exception):

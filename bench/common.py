@@ -7,9 +7,11 @@ diagnostics go to stderr.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -103,3 +105,16 @@ def machine() -> dict[str, Any]:
         "java": _first_line(["java", "-version"]),
         "zookeeper": zookeeper_version(),
     }
+
+
+async def stop_processes(procs: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM to each process still running, then each waited for (killed after 30 s)."""
+    for proc in procs:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
