@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
-import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -27,8 +25,6 @@ from auditor.testing.serverprocess import ServerProcess
 from auditor.testing.zkserver import free_port
 
 ETCD_BIN = Path(os.environ.get("BK_AUDITOR_ETCD", "/usr/bin/etcd"))
-#: How often start() looks whether the server serves yet.
-_POLL = 0.05
 
 
 class EtcdServerError(ServiceUnavailableError):
@@ -121,23 +117,11 @@ class EtcdServer(ServerProcess):
             raise EtcdServerError(
                 f"{ETCD_BIN} not found: install Debian's etcd-server package (make test does)"
             )
-        log = open(self.base_dir / "etcd.log", "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(
+        self.launch(
             self._command(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            "etcd.log",
+            lambda left: healthy(self.endpoint, timeout=left, context=self._health_context()),
+            timeout,
+            lambda message: EtcdServerError(f"etcd {message}"),
+            self.endpoint,
         )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.proc = None
-                raise EtcdServerError(f"etcd exited with {code}; see {self.base_dir}/etcd.log")
-            left = min(1.0, max(deadline - time.monotonic(), 0.01))
-            if healthy(self.endpoint, timeout=left, context=self._health_context()):
-                return
-            time.sleep(_POLL)
-        self.stop()
-        raise EtcdServerError(f"etcd did not serve on {self.endpoint} within {timeout:g}s")

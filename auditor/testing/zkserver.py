@@ -25,7 +25,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,38 +302,28 @@ class ZooKeeperServer(ServerProcess):
         classpath = f"{ZK_CONF_DIR}:{ZK_JAR}" if ZK_CONF_DIR.exists() else str(ZK_JAR)
         if self.tls is not None:
             classpath += f":{NETTY_CODEC_JAR}"
-        log = open(self.base_dir / "zookeeper.log", "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(
-            [
-                java,
-                "-Xmx256m",
-                "-Djute.maxbuffer=8388608",
-                "-Dzookeeper.admin.enableServer=false",
-                *self._jvm_options(),
-                "-cp",
-                classpath,
-                MAIN_CLASS,
-                str(cfg),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+        command = [
+            java,
+            "-Xmx256m",
+            "-Djute.maxbuffer=8388608",
+            "-Dzookeeper.admin.enableServer=false",
+            *self._jvm_options(),
+            "-cp",
+            classpath,
+            MAIN_CLASS,
+            str(cfg),
+        ]
+        self.launch(
+            command,
+            "zookeeper.log",
+            lambda _left: (
+                four_letter(self.port, "ruok") == "imok"
+                and "Mode: standalone" in four_letter(self.port, "srvr")
+            ),
+            timeout,
+            lambda message: ZooKeeperServerError(f"ZooKeeper {message}"),
+            self.hosts,
         )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ZooKeeperServerError(
-                    f"ZooKeeper exited with {self.proc.returncode}; "
-                    f"see {self.base_dir}/zookeeper.log"
-                )
-            if four_letter(self.port, "ruok") == "imok" and "Mode: standalone" in four_letter(
-                self.port, "srvr"
-            ):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise ZooKeeperServerError(f"ZooKeeper did not serve on {self.hosts} within {timeout:g}s")
 
 
 def expire_session(hosts: str, client_id: tuple[int, bytes], timeout: float = 10.0) -> None:
