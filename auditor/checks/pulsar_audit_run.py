@@ -50,12 +50,12 @@ from auditor.checks.pulsar_audit import (
 )
 from auditor.checks.pulsar_audit import Recheck as Recheck
 from auditor.checks.recorder import decode_error
+from auditor.metadata.cluster import open_zookeeper_beside
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.pulsar.reader import read_managed_ledger, read_pulsar_refs, read_schema
 from auditor.metadata.pulsar.refs import PulsarRefs
 from auditor.metadata.walk import LedgerWalker, Walker
 from auditor.store import MetadataStore
-from auditor.zk import ZkClient, ZkSecurity
 
 __all__ = [
     "PulsarSource",
@@ -132,10 +132,7 @@ async def pulsar_source(ctx: CheckContext) -> AsyncIterator[PulsarSource]:
     if not cfg.pulsar_metadata_zk:
         yield PulsarSource(ctx.zk, cfg.pulsar_root)
         return
-    # Pulsar's own metadata on another ZooKeeper: the cluster's credentials when the
-    # cluster is on ZooKeeper too.
-    security = ctx.zk.security if isinstance(ctx.zk, ZkClient) else ZkSecurity()
-    zk = ZkClient(cfg.pulsar_metadata_zk, timeout=ctx.config.zk_timeout, security=security)
+    zk = open_zookeeper_beside(ctx.zk, cfg.pulsar_metadata_zk, ctx.config.zk_timeout)
     await zk.start()
     try:
         yield PulsarSource(zk, cfg.pulsar_root)

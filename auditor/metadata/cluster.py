@@ -74,6 +74,13 @@ def open_store(
     return ZkClient(hosts, timeout=timeout, session_timeout=session_timeout, security=security)
 
 
+def open_zookeeper_beside(store: MetadataStore, hosts: str, timeout: float) -> MetadataStore:
+    """A client of another ZooKeeper (`hosts`: Pulsar's own metadata kept apart from the
+    cluster's), with the cluster's credentials when the cluster is on ZooKeeper too."""
+    security = store.security if isinstance(store, ZkClient) else None
+    return open_store(hosts, timeout=timeout, security=security)
+
+
 def _etcd_store(
     hosts: str, options: EtcdOptions, timeout: float, session_timeout: float
 ) -> EtcdStore:

@@ -251,3 +251,18 @@ async def test_pulsar_tree_elsewhere_and_text_output(zk: ZkClient) -> None:
         assert delete_command(50) in out
         assert "shop/orders" in out
         assert "namespaces at risk from one loss:" in out
+
+
+async def test_pulsars_tree_on_another_zookeeper_is_read_there(zk: ZkClient) -> None:
+    """`checks.pulsar_metadata_zk`: Pulsar's own metadata kept on another ZooKeeper (here a
+    chroot of its own) is read there, with the cluster's session for the ledgers."""
+    async with test_cluster(zk, 3) as tc:
+        w = PulsarWriter.of(tc, "/pulsar-meta")
+        await w.topic(TOPIC_A, ledgers=[10, 11, 12])
+        await tc.zk.delete(ledger_path(tc.cluster.manager, tc.root, 11))
+        here, _ = await audit_cluster(target(zk, tc), load_config(None, FAST), replicas=False)
+        apart = load_config(None, [*FAST, f"checks.pulsar_metadata_zk={zk.hosts}/pulsar-meta"])
+        there, _ = await audit_cluster(target(zk, tc), apart, replicas=False)
+    # The cluster's own ZooKeeper holds no managed ledgers at its root: nothing is Pulsar's.
+    assert {(v.ledger_id, str(v.category)) for v in here.violations} == set()
+    assert {(v.ledger_id, str(v.category)) for v in there.violations} == {(11, "missing")}
