@@ -21,6 +21,17 @@ bookkeeping lives in `auditor.schedule`):
   rolling restarts (S51), and a one-shot check must neither hang nor mark the
   ledgers of a bookie that is merely restarting. A warning says what was held
   back.
+* BP-34 before a report: every ledger still on a lost bookie after the
+  registry's second read has its metadata read again from the store (in
+  batches). Deleted meanwhile: dropped `ledger_deleted`; at a new version (a
+  worker replaced the bookie, the ledger closed): judged again on it, dropped
+  `metadata_changed` if it no longer names a lost bookie. The walk may have
+  been the daemon's index, a few milliseconds behind the store, or a direct
+  walk minutes long: either way what is reported and marked is the store's now.
+* The mark is guarded by the version it was decided on (`judged`), in the same
+  transaction: a ledger re-replicated between that read and the mark is read
+  and judged again (`MAX_REANALYSES` looks) instead of being marked for a
+  bookie it no longer has.
 * An existing mark that does not decode is left alone and logged; the other
   ledgers are still marked.
 """
@@ -31,15 +42,22 @@ from auditor.checks.bookie_check import (
     LedgerLoss,
     LostBookieIndex,
     invalid_metadata_violation,
+    ledger_loss,
     loss_violations,
 )
 from auditor.checks.context import CheckContext
-from auditor.checks.findings import Check, CheckReport, DropCause, LedgerOutcome
+from auditor.checks.findings import Check, CheckReport, DropCause, LedgerOutcome, SkipReason
 from auditor.checks.pool import bounded
 from auditor.checks.progress import Progress
 from auditor.checks.recorder import RunRecorder, decode_error
+from auditor.checks.reread import MAX_REANALYSES
+from auditor.metadata.paths import ledger_path
 from auditor.metadata.underreplication import UnderreplicationFormatError
-from auditor.metadata.walk import LedgerRecord
+from auditor.metadata.walk import LedgerRecord, LedgerWalker
+from auditor.store import NodeChangedError
+
+#: Ledgers read again per batch before the report (one `get_many` each).
+REREAD_BATCH = 512
 
 __all__ = ["BookieCheckRun", "run_bookie_check"]
 
@@ -58,6 +76,10 @@ class BookieCheckRun:
         self.index = LostBookieIndex(())
         #: Ledgers with a lost bookie, settled once the registry is read again after the walk.
         self.losses: list[LedgerLoss] = []
+        #: Bookies available before or after the walk (or held): never lost this run.
+        self.available: frozenset[str] = frozenset()
+        #: Where ledgers are read again: the store, never the index.
+        self.fresh = LedgerWalker(ctx.zk, ctx.root, ctx.manager)
 
     def judge(self, rec: LedgerRecord) -> LedgerOutcome | None:
         """One ledger of the walk: settled now, or (None) held while one of its bookies
@@ -80,6 +102,7 @@ class BookieCheckRun:
         # it may be restarting, and a restart marks nothing.
         held = ctx.held_bookies() - before.available
         self.index = LostBookieIndex(before.available | held)
+        self.available = self.index.available
         if held:
             self.log.info("bookies held by the lost-bookie delay left alone", bookies=sorted(held))
         walker = ctx.walker()
@@ -131,17 +154,54 @@ class BookieCheckRun:
                 "bookies registered again during the walk: not lost", bookies=sorted(returned)
             )
             self.index.forget(returned)
-        kept: list[LedgerLoss] = []
+        self.available = self.available | returned
+        still: list[LedgerLoss] = []
         for loss in self.losses:
-            still = loss.without(returned)
-            if still is None:
+            left = loss.without(returned)
+            if left is None:
                 self.recorder.ok(loss.ledger_id, loss.znode_version)
                 self.recorder.dropped(loss.ledger_id, DropCause.BOOKIE_RETURNED)
-                continue
-            self.recorder.violation(loss.ledger_id, loss.znode_version, loss_violations(still))
-            kept.append(still)
+            else:
+                still.append(left)
         self.losses = []
+        kept: list[LedgerLoss] = []
+        for i in range(0, len(still), REREAD_BATCH):
+            batch = still[i : i + REREAD_BATCH]
+            fresh = await self.fresh.read_many([loss.ledger_id for loss in batch])
+            for loss, rec in zip(batch, fresh, strict=True):
+                now = self._again(loss, rec)
+                if now is not None:
+                    self.recorder.violation(now.ledger_id, now.znode_version, loss_violations(now))
+                    kept.append(now)
         return kept
+
+    def _again(self, loss: LedgerLoss, rec: LedgerRecord | None) -> LedgerLoss | None:
+        """The loss as the store shows it now (recorded when there is none left to report):
+        the same at the same version, judged again at a new one."""
+        if rec is None:
+            self.log.info("ledger deleted while being checked", ledger_id=loss.ledger_id)
+            self.recorder.skipped(loss.ledger_id, SkipReason.DELETED)
+            self.recorder.dropped(loss.ledger_id, DropCause.LEDGER_DELETED)
+            return None
+        if rec.znode_version == loss.znode_version:
+            return loss
+        if rec.metadata is None:
+            v = invalid_metadata_violation(
+                rec.ledger_id, decode_error(rec), rec.path, rec.znode_version
+            )
+            self.recorder.violation(rec.ledger_id, rec.znode_version, [v])
+            return None
+        self.log.info(
+            "metadata changed during the check; judged again",
+            ledger_id=loss.ledger_id,
+            old_version=loss.znode_version,
+            new_version=rec.znode_version,
+        )
+        now = ledger_loss(rec.metadata, self.available, rec.znode_version)
+        if now is None:
+            self.recorder.ok(rec.ledger_id, rec.znode_version)
+            self.recorder.dropped(rec.ledger_id, DropCause.METADATA_CHANGED)
+        return now
 
     async def _mark_all(self, losses: list[LedgerLoss]) -> None:
         """One mark per affected ledger, a bounded number in flight."""
@@ -157,12 +217,47 @@ class BookieCheckRun:
         await bounded(losses, self._mark_one, self.ctx.config.checks.ledger_concurrency)
 
     async def _mark_one(self, loss: LedgerLoss) -> None:
-        try:
-            await self.ctx.mark_underreplicated(self.recorder.report, loss.ledger_id, loss.bookies)
-        except UnderreplicationFormatError as exc:
-            self.log.error(
-                "could not mark ledger: its existing under-replication mark is corrupt",
-                ledger_id=loss.ledger_id,
-                missing_replicas=list(loss.bookies),
-                error=str(exc),
-            )
+        ctx = self.ctx
+        now: LedgerLoss | None = loss
+        for _ in range(MAX_REANALYSES):
+            if now is None:
+                return
+            path = ledger_path(ctx.manager, ctx.root, now.ledger_id)
+            try:
+                await ctx.mark_underreplicated(
+                    self.recorder.report,
+                    now.ledger_id,
+                    now.bookies,
+                    judged=(path, now.znode_version),
+                )
+                return
+            except NodeChangedError:
+                rec = await self.fresh.read(now.ledger_id)
+            except UnderreplicationFormatError as exc:
+                self.log.error(
+                    "could not mark ledger: its existing under-replication mark is corrupt",
+                    ledger_id=now.ledger_id,
+                    missing_replicas=list(now.bookies),
+                    error=str(exc),
+                )
+                return
+            now = self._changed_before_mark(now, rec)
+        self.log.warning(
+            "metadata kept changing; not marked this run",
+            ledger_id=loss.ledger_id,
+            attempts=MAX_REANALYSES,
+        )
+
+    def _changed_before_mark(self, loss: LedgerLoss, rec: LedgerRecord | None) -> LedgerLoss | None:
+        """The ledger changed between its report and its mark: what is left to mark."""
+        now = None
+        if rec is not None and rec.metadata is not None:
+            now = ledger_loss(rec.metadata, self.available, rec.znode_version)
+        self.log.info(
+            "ledger changed before its mark; judged again",
+            ledger_id=loss.ledger_id,
+            old_version=loss.znode_version,
+            new_version=None if rec is None else rec.znode_version,
+            still_lost=[] if now is None else list(now.bookies),
+        )
+        return now

@@ -95,15 +95,22 @@ class CheckContext:
         return await read_bookies(self.zk, self.root)
 
     async def mark_underreplicated(
-        self, report: CheckReport, ledger_id: int, missing: Sequence[str]
+        self,
+        report: CheckReport,
+        ledger_id: int,
+        missing: Sequence[str],
+        *,
+        judged: tuple[str, int] | None = None,
     ) -> bool:
-        """Marks a ledger if this run may write; returns whether it did."""
+        """Marks a ledger if this run may write; returns whether it did. With `judged`
+        (the ledger's metadata path and the version the mark was decided on) the mark is
+        written only while the ledger is at that version (NodeChangedError otherwise)."""
         if self.deferred_marks is not None:
             self.deferred_marks.append(PendingMark(report.check, ledger_id, tuple(missing)))
             return False
         if not self.mark:
             return False
-        outcome = await self.urm.mark_underreplicated(ledger_id, list(missing))
+        outcome = await self.urm.mark_underreplicated(ledger_id, list(missing), judged=judged)
         report.marked_underreplicated.append(ledger_id)
         self.log.info(
             "marked under-replicated",

@@ -124,7 +124,11 @@ DROP_CAUSES: dict[Check, tuple[DropCause, ...]] = {
         DropCause.MARKED_MEANWHILE,
     ),
     Check.LEDGERS: (DropCause.METADATA_CHANGED, DropCause.LEDGER_DELETED),
-    Check.BOOKIES: (DropCause.BOOKIE_RETURNED,),
+    Check.BOOKIES: (
+        DropCause.BOOKIE_RETURNED,
+        DropCause.METADATA_CHANGED,
+        DropCause.LEDGER_DELETED,
+    ),
     Check.PLACEMENT: (),
     Check.GRACE: (),
     Check.METADATA: (),

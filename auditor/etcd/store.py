@@ -57,6 +57,7 @@ from auditor.store import (
     EventType,
     FencedOutError,
     Gap,
+    NodeChangedError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -294,6 +295,8 @@ class EtcdStore:
             )
         #: (path, version) every write of this view must find unchanged.
         self._fence: tuple[str, int] | None = None
+        #: (path, version) pairs the writes of this view also need unchanged (`guarded`).
+        self._guards: tuple[tuple[str, int], ...] = ()
 
     # --- identity ----------------------------------------------------------------
 
@@ -331,6 +334,13 @@ class EtcdStore:
         checked in the same transaction as each write."""
         view = copy.copy(self)
         view._fence = (path, version)
+        return view
+
+    def guarded(self, path: str, version: int) -> Self:
+        """A view whose writes also need `path` at `version` (NodeChangedError otherwise),
+        compared in the same transaction as the write and any fence."""
+        view = copy.copy(self)
+        view._guards = (*self._guards, (path, version))
         return view
 
     # --- keys --------------------------------------------------------------------
@@ -686,25 +696,32 @@ class EtcdStore:
         success: list[Any],
         failure: list[Any],
     ) -> Any:
-        """One write transaction, fenced in this view; on a failed fence FencedOutError
-        (the fence key is read in the failure branch, with the write's own reads)."""
-        fence = self._fence
-        if fence is not None:
-            fence_key = self._key(fence[0])
-            compare = [*compare, _at_version(fence_key, fence[1])]
-            failure = [*failure, _range(fence_key, keys_only=True)]
+        """One write transaction, fenced and guarded as this view is; on a failed fence
+        FencedOutError, on a failed guard NodeChangedError (their keys are read in the
+        failure branch, after the write's own reads)."""
+        checks = ([] if self._fence is None else [self._fence]) + list(self._guards)
+        for check_path, check_version in checks:
+            check_key = self._key(check_path)
+            compare = [*compare, _at_version(check_key, check_version)]
+            failure = [*failure, _range(check_key, keys_only=True)]
         reply = await self._kv(
-            f"fenced {what}" if fence else what,
+            f"fenced {what}" if checks else what,
             path,
             "Txn",
             rpc.TxnRequest(compare=compare, success=success, failure=failure),
         )
-        if fence is not None and not reply.succeeded:
-            kvs = reply.responses[-1].response_range.kvs
-            if not kvs or int(kvs[0].version) != fence[1] + 1:
-                raise FencedOutError(
-                    f"refused to {what} {path}: {fence[0]} is gone or changed (leadership lost)"
-                )
+        if checks and not reply.succeeded:
+            seen = reply.responses[len(reply.responses) - len(checks) :]
+            for i, ((check_path, check_version), got) in enumerate(zip(checks, seen, strict=True)):
+                kvs = got.response_range.kvs
+                if kvs and int(kvs[0].version) == check_version + 1:
+                    continue
+                if self._fence is not None and i == 0:
+                    raise FencedOutError(
+                        f"refused to {what} {path}: {check_path} is gone or changed "
+                        "(leadership lost)"
+                    )
+                raise NodeChangedError(check_path)
         return reply
 
     # --- reads -------------------------------------------------------------------

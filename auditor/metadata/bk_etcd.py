@@ -159,6 +159,9 @@ class BookKeeperEtcdView:
     def fenced(self, path: str, version: int) -> Self:
         return type(self)(self.store.fenced(self.to_store(path), version), self.scope)
 
+    def guarded(self, path: str, version: int) -> Self:
+        return type(self)(self.store.guarded(self.to_store(path), version), self.scope)
+
     async def get(self, path: str) -> tuple[bytes, Stat]:
         return await self.store.get(self.to_store(path))
 

@@ -232,15 +232,28 @@ class UnderreplicationManager:
     # --- marks ----------------------------------------------------------------
 
     async def mark_underreplicated(
-        self, ledger_id: int, missing_replicas: Sequence[str], *, now_ms: int | None = None
+        self,
+        ledger_id: int,
+        missing_replicas: Sequence[str],
+        *,
+        now_ms: int | None = None,
+        judged: tuple[str, int] | None = None,
     ) -> MarkOutcome:
-        """Marks a ledger, merging with any existing mark; safe against concurrent markers."""
+        """Marks a ledger, merging with any existing mark; safe against concurrent markers.
+
+        `judged` is the (path, version) of the ledger metadata the mark was decided on:
+        the mark is then written only while the ledger is still at that version, in the
+        same transaction (NodeChangedError otherwise: the ledger was re-replicated,
+        closed or deleted meanwhile, and the caller judges it again). Without it a worker
+        that commits a new ensemble between our read and our write would find its
+        ledger marked again for bookies it no longer has."""
         path = ur_ledger_path(self.base, ledger_id)
         wanted = list(dict.fromkeys(missing_replicas))
+        writer = self.zk if judged is None else self.zk.guarded(*judged)
         for _ in range(_MAX_CAS_ATTEMPTS):
             ctime = (now_ms if now_ms is not None else _now_ms()) if self.store_ctime else None
             try:
-                await self.zk.create(path, encode_mark(wanted, ctime), makepath=True)
+                await writer.create(path, encode_mark(wanted, ctime), makepath=True)
                 return MarkOutcome.CREATED
             except NodeExistsError:
                 pass
@@ -255,7 +268,7 @@ class UnderreplicationManager:
             merged_ctime = ctime if self.store_ctime else existing.ctime
             data = encode_mark([*existing.replicas, *new], merged_ctime)
             try:
-                await self.zk.set(path, data, version=int(stat.version))
+                await writer.set(path, data, version=int(stat.version))
                 return MarkOutcome.MERGED
             except (BadVersionError, NoNodeError):
                 continue  # someone else changed or removed it: merge again

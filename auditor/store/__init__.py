@@ -7,6 +7,7 @@ Code above the adapters imports the store from here only; `open_store` lives in
 from auditor.store.errors import (
     BadVersionError,
     FencedOutError,
+    NodeChangedError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -36,6 +37,7 @@ __all__ = [
     "Gap",
     "MetadataStore",
     "NoNodeError",
+    "NodeChangedError",
     "NodeExistsError",
     "NotEmptyError",
     "RangeItem",

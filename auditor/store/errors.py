@@ -66,6 +66,15 @@ class FencedOutError(StoreUnavailableError):
     """
 
 
+class NodeChangedError(StoreError):
+    """A guarded write was refused: the guard node (say, a ledger's metadata the write was
+    decided on) is gone or at another version than the one read.
+
+    Not an outage and not lost leadership: the caller's premise is stale. It reads
+    again and decides again.
+    """
+
+
 class StoreAuthError(AuditorError):
     """The store refused this session's credentials, or a node's ACL does not admit us.
 

@@ -15,7 +15,11 @@ Semantics every adapter keeps, because callers rely on them:
 * ephemeral nodes belong to the process's session (ZooKeeper's session, etcd's lease)
   and `Stat.ephemeralOwner` names it (`session` is ours), 0 for a persistent node;
 * `fenced(path, version)` gives a view whose writes happen only while `path` is at
-  `version`, checked in the same transaction as the write (`FencedOutError`);
+  `version`, checked in the same transaction as the write (`FencedOutError`: our vote
+  or leader key, so leadership is lost); `guarded(path, version)` the same for a node a
+  decision was read from (`NodeChangedError`: read again and decide again). Views
+  stack: a guarded view of a fenced one checks both, and a failed fence is reported
+  before a failed guard;
 * `states()` reports CONNECTED, SUSPENDED (calls may fail, the session may come back)
   and LOST (the session and its ephemeral nodes are gone; a new one follows);
 * every call has a deadline (`timeout`) and raises `StoreUnavailableError` (or its
@@ -140,6 +144,7 @@ class MetadataStore(Protocol):
         ...
 
     def fenced(self, path: str, version: int) -> Self: ...
+    def guarded(self, path: str, version: int) -> Self: ...
 
     # --- reads -------------------------------------------------------------------
     async def get(self, path: str) -> tuple[bytes, Stat]: ...

@@ -79,6 +79,7 @@ from auditor.store import (
     Event,
     FencedOutError,
     Gap,
+    NodeChangedError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -351,6 +352,8 @@ class ZkClient:
         self._kazoo.add_listener(self._on_state)
         #: (path, version) every write of this view must find unchanged.
         self._fence: tuple[str, int] | None = None
+        #: (path, version) pairs the writes of this view also need unchanged (`guarded`).
+        self._guards: tuple[tuple[str, int], ...] = ()
         self._persistent: PersistentWatches | None = None
 
     def fenced(self, path: str, version: int) -> Self:
@@ -362,6 +365,13 @@ class ZkClient:
         """
         view = copy.copy(self)
         view._fence = (path, version)
+        return view
+
+    def guarded(self, path: str, version: int) -> Self:
+        """A view whose writes also need `path` at `version` (NodeChangedError otherwise),
+        checked in the same multi as the write and any fence."""
+        view = copy.copy(self)
+        view._guards = (*self._guards, (path, version))
         return view
 
     # --- lifecycle -----------------------------------------------------------
@@ -805,7 +815,7 @@ class ZkClient:
         sequence: bool = False,
         makepath: bool = False,
     ) -> str:
-        if self._fence is not None:
+        if self._fence is not None or self._guards:
             if makepath:
                 parent = path.rsplit("/", 1)[0]
                 if parent:
@@ -815,7 +825,7 @@ class ZkClient:
                 path,
                 lambda tx: tx.create(path, data, ephemeral=ephemeral, sequence=sequence),
             )
-            return str(results[1])
+            return str(results[0])
         created: str = await self._call(
             "create",
             path,
@@ -826,31 +836,38 @@ class ZkClient:
         return created
 
     async def _fenced(self, what: str, path: str, op: Callable[[Any], None]) -> list[Any]:
-        assert self._fence is not None
-        fence_path, fence_version = self._fence
+        """One multi: the fence's check, the guards' checks, then the write; returns the
+        results of the write on, as if it had been sent alone."""
+        checks = ([] if self._fence is None else [self._fence]) + list(self._guards)
 
         def start() -> Any:
             tx = self._kazoo.transaction()
-            tx.check(fence_path, fence_version)
+            for check_path, check_version in checks:
+                tx.check(check_path, check_version)
             op(tx)
             return tx.commit_async()
 
         results: list[Any] = list(await self._call(f"fenced {what}", path, start))
-        check, outcome = results[0], results[1]
         # In a failed multi the ops that did not fail report RolledBackError.
-        if isinstance(check, BaseException) and not isinstance(check, RolledBackError):
-            raise FencedOutError(
-                f"refused to {what} {path}: {fence_path} is gone or changed (leadership lost)"
-            )
+        for i, (check_path, _) in enumerate(checks):
+            failed = results[i]
+            if not isinstance(failed, BaseException) or isinstance(failed, RolledBackError):
+                continue
+            if self._fence is not None and i == 0:
+                raise FencedOutError(
+                    f"refused to {what} {path}: {check_path} is gone or changed (leadership lost)"
+                )
+            raise NodeChangedError(check_path)
+        outcome = results[len(checks)]
         if isinstance(outcome, BaseException):
             self._raise_outcome(outcome, what, path)
-        return results
+        return results[len(checks) :]
 
     async def ensure_path(self, path: str) -> None:
         await self._call("ensure_path", path, lambda: self._kazoo.ensure_path_async(path))
 
     async def set(self, path: str, data: bytes, version: int = -1) -> ZnodeStat:
-        if self._fence is not None:
+        if self._fence is not None or self._guards:
             await self._fenced("set", path, lambda tx: tx.set_data(path, data, version))
             stat_after = await self.exists(path)
             if stat_after is None:
@@ -862,7 +879,7 @@ class ZkClient:
         return stat
 
     async def delete(self, path: str, version: int = -1) -> None:
-        if self._fence is not None:
+        if self._fence is not None or self._guards:
             await self._fenced("delete", path, lambda tx: tx.delete(path, version))
             return
         await self._call("delete", path, lambda: self._kazoo.delete_async(path, version))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 from auditor.api.convert import report_from_json
 from auditor.bookie.protocol import Operation, Status
@@ -20,6 +22,8 @@ from auditor.checks.findings import Category, CheckReport
 from auditor.checks.ledger_check_run import run_ledger_check
 from auditor.checks.replicas_run import run_replicas_check
 from auditor.cli.check import render_text
+from auditor.metadata.serde import decode_ledger_metadata, encode_ledger_metadata
+from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerRecord, LedgerWalker
 from auditor.store import MetadataStore
 from auditor.testing.bookie import BookieEmulator
@@ -197,6 +201,100 @@ async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(
         assert doc["would_be_violations_dropped"] == {"bookie_returned": 1}
         assert doc["false_alarm_share"] == round(1 / 3, 6)
         assert doc["lost_bookies"] == [b[3]]
+
+
+class _ChangingWalker(LedgerWalker):
+    """The real walk; after its first ledger, `change` runs (a real write to the store)."""
+
+    def __init__(self, ctx: CheckContext, change: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(ctx.zk, ctx.root, ctx.manager)
+        self.change = change
+
+    async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
+        first = True
+        async for rec in super().ledgers(concurrency):
+            yield rec
+            if first:
+                first = False
+                await self.change()
+
+
+async def replace_bookie(tc: TestCluster, ledger_id: int, old: str, new: str) -> None:
+    """What a worker's commit does to the metadata: `old` replaced by `new`, version + 1."""
+    path = tc.cluster.path(ledger_id)
+    data, stat = await tc.zk.get(path)
+    md = decode_ledger_metadata(data, ledger_id)
+    segments = tuple(
+        replace(seg, bookies=tuple(new if b == old else b for b in seg.bookies))
+        for seg in md.segments
+    )
+    await tc.zk.set(path, encode_ledger_metadata(replace(md, segments=segments)), stat.version)
+
+
+async def marks(tc: TestCluster) -> dict[int, tuple[str, ...]]:
+    urm = UnderreplicationManager(tc.zk, tc.root)
+    return {m.ledger_id: m.replicas async for m in urm.list_underreplicated()}
+
+
+async def test_bookie_check_reads_lost_ledgers_again_before_reporting_or_marking(
+    store: MetadataStore,
+) -> None:
+    """A ledger re-replicated during the walk (the daemon's index a moment behind the
+    store, or a long walk) is judged again on the store's version, and a deleted one is
+    dropped: neither is reported nor marked."""
+    async with test_cluster(store, 4) as tc:
+        b = tc.ids
+        for lid in (1, 2, 3):
+            await tc.cluster.write_ledger(make_metadata(lid, b[0:3], write_quorum=2))
+        await tc.bookies[2].crash()
+
+        async def change() -> None:
+            await replace_bookie(tc, 1, b[2], b[3])
+            await tc.zk.delete(tc.cluster.path(3))
+
+        async with tc.context(mark=True) as ctx:
+            setattr(ctx, "walker", lambda: _ChangingWalker(ctx, change))  # noqa: B010
+            report = await run_bookie_check(ctx)
+        doc = report.to_json()
+        assert [(v["ledger_id"], v["bookie"]) for v in doc["violations"]] == [(2, b[2])]
+        assert doc["would_be_violations_dropped"] == {"metadata_changed": 1, "ledger_deleted": 1}
+        assert report.ledgers_skipped == {"deleted": 1}
+        assert report.marked_underreplicated == [2]
+        assert await marks(tc) == {2: (b[2],)}
+
+
+async def test_bookie_check_marks_only_while_the_ledger_is_at_the_version_it_judged(
+    store: MetadataStore,
+) -> None:
+    """The metadata changes between the report and the mark: the guarded mark is refused
+    and the ledger judged again: marked at its new version when it still names the lost
+    bookie (ledger 2: closed meanwhile), not at all when a worker replaced it (ledger 1)."""
+    async with test_cluster(store, 4) as tc:
+        b = tc.ids
+        for lid in (1, 2):
+            await tc.cluster.write_ledger(make_metadata(lid, b[0:3], write_quorum=2))
+        await tc.bookies[2].crash()
+        async with tc.context(mark=True) as ctx:
+            original = ctx.mark_underreplicated
+            changed: list[int] = []
+
+            async def change_first(
+                report: CheckReport, ledger_id: int, missing: Sequence[str], **kw: Any
+            ) -> bool:
+                if ledger_id not in changed:
+                    changed.append(ledger_id)
+                    if ledger_id == 1:
+                        await replace_bookie(tc, 1, b[2], b[3])
+                    else:
+                        await replace_bookie(tc, 2, b[3], b[3])  # same bytes, version + 1
+                return await original(report, ledger_id, missing, **kw)
+
+            setattr(ctx, "mark_underreplicated", change_first)  # noqa: B010
+            report = await run_bookie_check(ctx)
+        assert sorted(changed) == [1, 2]
+        assert report.marked_underreplicated == [2]
+        assert await marks(tc) == {2: (b[2],)}
+        assert (await tc.zk.get(tc.cluster.path(2)))[1].version == 1
 
 
 # --- samples and truncation ----------------------------------------------------------------

@@ -18,7 +18,7 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
-from auditor.store import MetadataStore
+from auditor.store import FencedOutError, MetadataStore, NodeChangedError
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
@@ -79,6 +79,38 @@ async def test_mark_create_merge_unchanged_exact_bytes(store: MetadataStore) -> 
     )
     data3, _ = await store.get(path)
     assert data3 == (b'replica: "10.0.0.1:3181"\nreplica: "10.0.0.2:3181"\nctime: 1800000000000\n')
+
+
+async def test_a_guarded_mark_is_written_only_while_the_ledger_is_at_the_version_judged(
+    store: MetadataStore,
+) -> None:
+    urm = UnderreplicationManager(store, ROOT)
+    await urm.check_layout()
+    ledger, mark = f"{ROOT}/00/0000/L0005", ur_ledger_path(BASE, 5)
+    await store.create(ledger, b"v0", makepath=True)
+    await store.set(ledger, b"v1", version=0)  # a worker committed meanwhile: version 1
+    with pytest.raises(NodeChangedError) as refused:
+        await urm.mark_underreplicated(5, ["10.0.0.1:3181"], judged=(ledger, 0))
+    assert refused.value.path == ledger
+    assert await store.exists(mark) is None
+    assert await urm.mark_underreplicated(5, ["10.0.0.1:3181"], judged=(ledger, 1)) is (
+        MarkOutcome.CREATED
+    )
+    # A merge is guarded too: nothing written on a stale judgement.
+    await store.set(ledger, b"v2", version=1)
+    with pytest.raises(NodeChangedError):
+        await urm.mark_underreplicated(5, ["10.0.0.2:3181"], judged=(ledger, 1))
+    assert (await store.get(mark))[0].startswith(b'replica: "10.0.0.1:3181"\nctime: ')
+    # Deleted is changed; a fence that fails is reported before the guard.
+    await store.create("/vote", b"me")
+    fenced = UnderreplicationManager(store.fenced("/vote", 0), ROOT)
+    await store.delete(ledger)
+    with pytest.raises(NodeChangedError):
+        await fenced.mark_underreplicated(6, ["10.0.0.1:3181"], judged=(ledger, 2))
+    await store.set("/vote", b"someone else")
+    with pytest.raises(FencedOutError, match="leadership lost"):
+        await fenced.mark_underreplicated(6, ["10.0.0.1:3181"], judged=(ledger, 2))
+    assert await store.exists(ur_ledger_path(BASE, 6)) is None
 
 
 async def test_similar_replica_names_are_all_kept(store: MetadataStore) -> None:

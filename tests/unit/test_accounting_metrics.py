@@ -36,6 +36,8 @@ def test_dropped_series_exist_at_zero_for_each_check_and_its_causes() -> None:
         ("ledgers", "metadata_changed"): 0,
         ("ledgers", "ledger_deleted"): 0,
         ("bookies", "bookie_returned"): 0,
+        ("bookies", "metadata_changed"): 0,
+        ("bookies", "ledger_deleted"): 0,
     }
     assert set(found) == {(str(c), str(d)) for c in ALL_CHECKS for d in DROP_CAUSES[c]}
 
