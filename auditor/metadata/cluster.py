@@ -13,15 +13,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from auditor.errors import AuditorError, ConfigError
-from auditor.etcd import EtcdStore
 from auditor.metadata.bk_etcd import BookKeeperEtcdView
 from auditor.metadata.etcd_config import EtcdOptions
 from auditor.metadata.layout import LayoutError, LedgerManager, parse_layout
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.store import MetadataStore, NoNodeError, StoreKind
 from auditor.zk import ZkClient, ZkSecurity
+
+if TYPE_CHECKING:
+    from auditor.etcd import EtcdStore
 
 
 class NoClusterError(AuditorError):
@@ -85,7 +88,10 @@ def _etcd_store(
     hosts: str, options: EtcdOptions, timeout: float, session_timeout: float
 ) -> EtcdStore:
     """An etcd client of `hosts`; TLS where an endpoint is https:// or `useTls` says so (as
-    jetcd with an SSL context), the TLS files read then."""
+    jetcd with an SSL context), the TLS files read then. The etcd client (and gRPC under
+    it) is imported here, when a store is etcd: a ZooKeeper command does not pay for it."""
+    from auditor.etcd import EtcdStore
+
     endpoints = hosts.split(",")
     if options.use_tls:
         endpoints = [e.replace("http://", "https://", 1) for e in endpoints]

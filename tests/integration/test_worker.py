@@ -123,7 +123,7 @@ async def two_daemons(hosts: str, racks: str) -> AsyncIterator[list[Daemon]]:
 async def test_a_lost_bookie_is_re_replicated_once_each_by_two_daemons(
     zk: ZkClient, zk_hosts: str, tmp_path: Path
 ) -> None:
-    count = 1000
+    count = 400
     async with test_cluster(zk, 6) as tc:
         b = tc.ids
         racks = racks_file(tmp_path, tc)

@@ -959,8 +959,8 @@ async def test_a_writers_ensemble_change_under_the_worker_is_kept_by_its_commit(
 # --- what cannot be repaired --------------------------------------------------------------
 
 #: Seconds between attempts at an unrecoverable ledger, and the window they are counted in.
-UNRECOVERABLE_RETRY = 25
-WINDOW = 60.0
+UNRECOVERABLE_RETRY = 8
+WINDOW = 20.0
 
 
 @pytest.mark.slow
@@ -998,7 +998,7 @@ async def test_an_unrecoverable_ledger_is_reported_kept_marked_and_tried_once_pe
                 )
                 assert gauge == (1 if n else 0)
                 assert (w.ledgers_replicated, w.fragments_replicated) == (0, 0)
-        # At most one attempt per back-off period: three in 60 s, 25 s apart at least.
+        # At most one attempt per back-off period: three in 20 s, 8 s apart at least.
         assert len(attempts) == 3, attempts
         for (t0, _), (t1, _) in itertools.pairwise(attempts):
             assert t1 - t0 >= UNRECOVERABLE_RETRY - 0.5, attempts
