@@ -26,7 +26,6 @@ from auditor.metadata.serde import decode_ledger_metadata, encode_ledger_metadat
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerRecord, LedgerWalker
 from auditor.store import MetadataStore
-from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import make_metadata
 from auditor.testing.harness import TestCluster, test_cluster
 
@@ -163,46 +162,6 @@ async def test_ledger_check_counts_a_deleted_ledger_as_dropped(store: MetadataSt
         assert report.ledgers_skipped == {"deleted": 1}
 
 
-class _ReturningWalker(LedgerWalker):
-    """The real walk; after its first ledger a lost bookie starts again (and registers)."""
-
-    def __init__(self, ctx: CheckContext, bookie: BookieEmulator) -> None:
-        super().__init__(ctx.zk, ctx.root, ctx.manager)
-        self.bookie = bookie
-
-    async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
-        first = True
-        async for rec in super().ledgers(concurrency):
-            yield rec
-            if first:
-                first = False
-                await self.bookie.start()
-
-
-async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(
-    store: MetadataStore,
-) -> None:
-    async with test_cluster(store, 4) as tc:
-        b = tc.ids
-        await tc.cluster.write_ledger(make_metadata(1, b[0:3], write_quorum=2))
-        await tc.cluster.write_ledger(make_metadata(2, [b[0], b[1], b[3]], write_quorum=2))
-        await tc.cluster.write_ledger(make_metadata(3, [b[2], b[3], b[1]], write_quorum=2))
-        await tc.bookies[2].crash()  # unregistered before the walk ...
-        await tc.bookies[3].crash()  # ... and this one stays away
-        async with tc.context() as ctx:
-            setattr(ctx, "walker", lambda: _ReturningWalker(ctx, tc.bookies[2]))  # noqa: B010
-            report = await run_bookie_check(ctx)
-        # Ledger 1 only had b2 lost: dropped. Ledger 3 keeps b3; ledger 2 only had b3.
-        doc = report.to_json()
-        assert [(v["ledger_id"], v["bookie"]) for v in doc["violations"]] == [
-            (2, b[3]),
-            (3, b[3]),
-        ]
-        assert doc["would_be_violations_dropped"] == {"bookie_returned": 1}
-        assert doc["false_alarm_share"] == round(1 / 3, 6)
-        assert doc["lost_bookies"] == [b[3]]
-
-
 class _ChangingWalker(LedgerWalker):
     """The real walk; after its first ledger, `change` runs (a real write to the store)."""
 
@@ -217,6 +176,32 @@ class _ChangingWalker(LedgerWalker):
             if first:
                 first = False
                 await self.change()
+
+
+async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(
+    store: MetadataStore,
+) -> None:
+    async with test_cluster(store, 4) as tc:
+        b = tc.ids
+        await tc.cluster.write_ledger(make_metadata(1, b[0:3], write_quorum=2))
+        await tc.cluster.write_ledger(make_metadata(2, [b[0], b[1], b[3]], write_quorum=2))
+        await tc.cluster.write_ledger(make_metadata(3, [b[2], b[3], b[1]], write_quorum=2))
+        await tc.bookies[2].crash()  # unregistered before the walk ...
+        await tc.bookies[3].crash()  # ... and this one stays away
+        async with tc.context() as ctx:
+            # After the walk's first ledger, a lost bookie starts again (and registers).
+            back = _ChangingWalker(ctx, tc.bookies[2].start)
+            setattr(ctx, "walker", lambda: back)  # noqa: B010
+            report = await run_bookie_check(ctx)
+        # Ledger 1 only had b2 lost: dropped. Ledger 3 keeps b3; ledger 2 only had b3.
+        doc = report.to_json()
+        assert [(v["ledger_id"], v["bookie"]) for v in doc["violations"]] == [
+            (2, b[3]),
+            (3, b[3]),
+        ]
+        assert doc["would_be_violations_dropped"] == {"bookie_returned": 1}
+        assert doc["false_alarm_share"] == round(1 / 3, 6)
+        assert doc["lost_bookies"] == [b[3]]
 
 
 async def replace_bookie(tc: TestCluster, ledger_id: int, old: str, new: str) -> None:
