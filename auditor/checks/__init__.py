@@ -20,8 +20,11 @@ The driver convention, the same for every check (`replicas_run`,
   once). In the checks that read bookies (replicas, ledgers), a would-be
   violation goes through `reread.Reread` before it is reported (BP-34: a
   fresh look at the mark and a re-read of the metadata, judged again on a new
-  version); the others report what the walk read (the bookie check once it has
-  read the registry again).
+  version); the bookie check reads its would-be violations again in batches
+  after the registry's second read; the others report what the walk read.
+- A mark is written with the metadata version it was decided on
+  (`ctx.mark_underreplicated(..., version=...)`): only while the ledger is at
+  that version, else for the missing bookies its new ensembles still name.
 - What `explain` needs of one ledger is a public function of the driver that
   the run calls too (`replicas_run.bookie_answers`,
   `ledger_check_run.ledger_violation`, `placement_run.placement_policy`).

@@ -28,10 +28,9 @@ bookkeeping lives in `auditor.schedule`):
   `metadata_changed` if it no longer names a lost bookie. The walk may have
   been the daemon's index, a few milliseconds behind the store, or a direct
   walk minutes long: either way what is reported and marked is the store's now.
-* The mark is guarded by the version it was decided on (`judged`), in the same
-  transaction: a ledger re-replicated between that read and the mark is read
-  and judged again (`MAX_REANALYSES` looks) instead of being marked for a
-  bookie it no longer has.
+* The mark is written only while the ledger is at the version it was decided
+  on (`CheckContext.mark_underreplicated`'s `version`): a ledger re-replicated
+  between that read and the mark is not marked for a bookie it no longer has.
 * An existing mark that does not decode is left alone and logged; the other
   ledgers are still marked.
 """
@@ -50,11 +49,8 @@ from auditor.checks.findings import Check, CheckReport, DropCause, LedgerOutcome
 from auditor.checks.pool import bounded
 from auditor.checks.progress import Progress
 from auditor.checks.recorder import RunRecorder, decode_error
-from auditor.checks.reread import MAX_REANALYSES
-from auditor.metadata.paths import ledger_path
 from auditor.metadata.underreplication import UnderreplicationFormatError
-from auditor.metadata.walk import LedgerRecord, LedgerWalker
-from auditor.store import NodeChangedError
+from auditor.metadata.walk import LedgerRecord
 
 #: Ledgers read again per batch before the report (one `get_many` each).
 REREAD_BATCH = 512
@@ -79,7 +75,7 @@ class BookieCheckRun:
         #: Bookies available before or after the walk (or held): never lost this run.
         self.available: frozenset[str] = frozenset()
         #: Where ledgers are read again: the store, never the index.
-        self.fresh = LedgerWalker(ctx.zk, ctx.root, ctx.manager)
+        self.fresh = ctx.fresh_walker()
 
     def judge(self, rec: LedgerRecord) -> LedgerOutcome | None:
         """One ledger of the walk: settled now, or (None) held while one of its bookies
@@ -217,47 +213,14 @@ class BookieCheckRun:
         await bounded(losses, self._mark_one, self.ctx.config.checks.ledger_concurrency)
 
     async def _mark_one(self, loss: LedgerLoss) -> None:
-        ctx = self.ctx
-        now: LedgerLoss | None = loss
-        for _ in range(MAX_REANALYSES):
-            if now is None:
-                return
-            path = ledger_path(ctx.manager, ctx.root, now.ledger_id)
-            try:
-                await ctx.mark_underreplicated(
-                    self.recorder.report,
-                    now.ledger_id,
-                    now.bookies,
-                    judged=(path, now.znode_version),
-                )
-                return
-            except NodeChangedError:
-                rec = await self.fresh.read(now.ledger_id)
-            except UnderreplicationFormatError as exc:
-                self.log.error(
-                    "could not mark ledger: its existing under-replication mark is corrupt",
-                    ledger_id=now.ledger_id,
-                    missing_replicas=list(now.bookies),
-                    error=str(exc),
-                )
-                return
-            now = self._changed_before_mark(now, rec)
-        self.log.warning(
-            "metadata kept changing; not marked this run",
-            ledger_id=loss.ledger_id,
-            attempts=MAX_REANALYSES,
-        )
-
-    def _changed_before_mark(self, loss: LedgerLoss, rec: LedgerRecord | None) -> LedgerLoss | None:
-        """The ledger changed between its report and its mark: what is left to mark."""
-        now = None
-        if rec is not None and rec.metadata is not None:
-            now = ledger_loss(rec.metadata, self.available, rec.znode_version)
-        self.log.info(
-            "ledger changed before its mark; judged again",
-            ledger_id=loss.ledger_id,
-            old_version=loss.znode_version,
-            new_version=None if rec is None else rec.znode_version,
-            still_lost=[] if now is None else list(now.bookies),
-        )
-        return now
+        try:
+            await self.ctx.mark_underreplicated(
+                self.recorder.report, loss.ledger_id, loss.bookies, version=loss.znode_version
+            )
+        except UnderreplicationFormatError as exc:
+            self.log.error(
+                "could not mark ledger: its existing under-replication mark is corrupt",
+                ledger_id=loss.ledger_id,
+                missing_replicas=list(loss.bookies),
+                error=str(exc),
+            )

@@ -22,13 +22,18 @@ from auditor.checks.tally import ViolationLog
 from auditor.config import AuditorConfig
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet, read_bookies, resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import IdRange, LedgerWalker, Walker
-from auditor.store import MetadataStore
+from auditor.store import MetadataStore, NodeChangedError
 
 if TYPE_CHECKING:
     from auditor.index.sync import IndexSync
+
+#: How often a mark is tried on a ledger whose metadata keeps changing under it (as
+#: `reread.MAX_REANALYSES` for a report).
+MAX_MARK_LOOKS = 3
 
 
 @dataclass
@@ -100,26 +105,70 @@ class CheckContext:
         ledger_id: int,
         missing: Sequence[str],
         *,
-        judged: tuple[str, int] | None = None,
+        version: int | None = None,
     ) -> bool:
-        """Marks a ledger if this run may write; returns whether it did. With `judged`
-        (the ledger's metadata path and the version the mark was decided on) the mark is
-        written only while the ledger is at that version (NodeChangedError otherwise)."""
+        """Marks a ledger if this run may write; returns whether it did.
+
+        With `version` (of the ledger's metadata the mark was decided on) the mark is
+        written only while the ledger is still at that version, in the same transaction.
+        If it changed meanwhile (a worker's commit is the common case: the index, or a
+        long walk, a moment behind it), the metadata is read again and the mark kept for
+        the `missing` bookies its ensembles still name: none left (the worker replaced
+        them, or the ledger is gone), nothing is marked; some left (closed meanwhile,
+        say), those are marked at the new version. `MAX_REANALYSES` looks at most."""
         if self.deferred_marks is not None:
             self.deferred_marks.append(PendingMark(report.check, ledger_id, tuple(missing)))
             return False
         if not self.mark:
             return False
-        outcome = await self.urm.mark_underreplicated(ledger_id, list(missing), judged=judged)
-        report.marked_underreplicated.append(ledger_id)
-        self.log.info(
-            "marked under-replicated",
+        wanted = list(missing)
+        for _ in range(MAX_MARK_LOOKS):
+            judged = None if version is None else (self.ledger_path(ledger_id), version)
+            try:
+                outcome = await self.urm.mark_underreplicated(ledger_id, wanted, judged=judged)
+            except NodeChangedError:
+                again = await self.fresh_walker().read(ledger_id)
+                named = (
+                    set()
+                    if again is None or again.metadata is None
+                    else {b for seg in again.metadata.segments for b in seg.bookies}
+                )
+                still = [b for b in wanted if b in named]
+                self.log.info(
+                    "ledger changed before its mark; judged again",
+                    ledger_id=ledger_id,
+                    old_version=version,
+                    new_version=None if again is None else again.znode_version,
+                    still_named=still,
+                    check=str(report.check),
+                )
+                if again is None or not still:
+                    return False
+                wanted, version = still, again.znode_version
+                continue
+            report.marked_underreplicated.append(ledger_id)
+            self.log.info(
+                "marked under-replicated",
+                ledger_id=ledger_id,
+                missing_replicas=wanted,
+                outcome=outcome.value,
+                check=str(report.check),
+            )
+            return True
+        self.log.warning(
+            "metadata kept changing; not marked this run",
             ledger_id=ledger_id,
-            missing_replicas=list(missing),
-            outcome=outcome.value,
+            attempts=MAX_MARK_LOOKS,
             check=str(report.check),
         )
-        return True
+        return False
+
+    def ledger_path(self, ledger_id: int) -> str:
+        return ledger_path(self.manager, self.root, ledger_id)
+
+    def fresh_walker(self) -> LedgerWalker:
+        """Reads the store itself (never the index): for second looks."""
+        return LedgerWalker(self.zk, self.root, self.manager)
 
 
 @asynccontextmanager

@@ -409,7 +409,9 @@ class LedgerCheckRun:
                 missing_replicas=bad,
             )
             return outcome
-        await self.ctx.mark_underreplicated(self.recorder.report, md.ledger_id, bad)
+        await self.ctx.mark_underreplicated(
+            self.recorder.report, md.ledger_id, bad, version=a.version
+        )
         return outcome
 
 

@@ -259,7 +259,7 @@ class ReplicasRun:
         outcome = self.recorder.violation(md.ledger_id, version, violations, coverage=coverage)
         missing = verdict.bookies_missing_entries
         if verdict.category is not None and missing:
-            await self.ctx.mark_underreplicated(self.report, md.ledger_id, missing)
+            await self.ctx.mark_underreplicated(self.report, md.ledger_id, missing, version=version)
         return outcome
 
     # --- the passes ------------------------------------------------------------------------

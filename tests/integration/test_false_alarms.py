@@ -282,6 +282,37 @@ async def test_bookie_check_marks_only_while_the_ledger_is_at_the_version_it_jud
         assert (await tc.zk.get(tc.cluster.path(2)))[1].version == 1
 
 
+async def test_a_mark_keeps_only_the_bookies_a_ledger_changed_meanwhile_still_names(
+    store: MetadataStore,
+) -> None:
+    """The replicas check's marks too: between the report and the mark, ledger 1's first
+    bookie is replaced (a worker's commit) and ledger 2 deleted. Ledger 1 is marked for the
+    two bookies it still names, at its new version; ledger 2 not at all."""
+    async with test_cluster(store, 4) as tc:
+        b = tc.ids
+        await tc.cluster.write_ledgers(
+            make_metadata(lid, b[0:3], write_quorum=2, last_entry_id=4, length=50) for lid in (1, 2)
+        )
+        async with tc.context(mark=True) as ctx:
+            original = ctx.mark_underreplicated
+
+            async def change_first(
+                report: CheckReport, ledger_id: int, missing: Sequence[str], **kw: Any
+            ) -> bool:
+                assert sorted(missing) == sorted(b[0:3])  # every copy missing
+                if ledger_id == 1:
+                    await replace_bookie(tc, 1, b[0], b[3])
+                else:
+                    await tc.zk.delete(tc.cluster.path(2))
+                return await original(report, ledger_id, missing, **kw)
+
+            setattr(ctx, "mark_underreplicated", change_first)  # noqa: B010
+            report = await run_replicas_check(ctx)
+        assert sorted(v.ledger_id for v in report.violations) == [1, 2]
+        assert report.marked_underreplicated == [1]
+        assert {lid: sorted(bs) for lid, bs in (await marks(tc)).items()} == {1: sorted(b[1:3])}
+
+
 # --- samples and truncation ----------------------------------------------------------------
 
 
