@@ -18,6 +18,7 @@ from auditor.daemon.election import current_auditor, election_path
 from auditor.metadata.records import CheckKind
 from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
 from auditor.testing.harness import test_cluster
+from auditor.testing.watching import until_watched
 from auditor.testing.zkserver import free_port
 from auditor.zk import ZkClient
 
@@ -70,17 +71,17 @@ async def daemons(zk_hosts: str, names: list[str], *sets: str) -> AsyncIterator[
 async def leader_becomes(zk: ZkClient, candidates: set[str], within: float) -> str:
     """Waits, on watches, until BookKeeper's view of the auditor is one of `candidates`."""
     path = election_path(ROOT)
-    deadline = time.monotonic() + within
-    while True:
+
+    async def look() -> tuple[str | None, asyncio.Event]:
         await zk.ensure_path(path)
         _, changed = await zk.get_children_watched(path)
-        leader = await current_auditor(zk, ROOT)
-        if leader in candidates:
-            return leader
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"no leader among {candidates} within {within}s (now {leader})"
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), min(remaining, 1.0))
+        return await current_auditor(zk, ROOT), changed
+
+    leader = await until_watched(
+        look, candidates.__contains__, within, f"a leader among {candidates}"
+    )
+    assert leader is not None
+    return leader
 
 
 async def votes_reach(zk: ZkClient, n: int) -> None:

@@ -46,6 +46,7 @@ from auditor.testing.cluster import ClusterWriter
 from auditor.testing.etcdserver import EtcdServer
 from auditor.testing.harness import test_cluster
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.watching import until_watched
 from auditor.testing.zkserver import free_port
 
 ROOT = "/ledgers"
@@ -563,19 +564,16 @@ def test_marking_on_bookkeepers_etcd_driver_is_refused_before_connecting() -> No
 
 async def _leader_value(meta: EtcdStore, values: set[bytes], within: float) -> bytes:
     """Waits, on watches, until Pulsar's leader key holds one of `values`."""
-    deadline = time.monotonic() + within
-    while True:
+
+    async def look() -> tuple[bytes, asyncio.Event]:
         try:
             data, _, changed = await meta.get_watched(PULSAR_KEY)
         except NoNodeError:
-            data = b""
             _, changed = await meta.exists_watched(PULSAR_KEY)
-        if data in values:
-            return data
-        left = deadline - time.monotonic()
-        assert left > 0, f"no leader among {values} within {within}s (now {data!r})"
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), min(left, 1.0))
+            return b"", changed
+        return data, changed
+
+    return await until_watched(look, values.__contains__, within, f"a leader among {values}")
 
 
 async def test_sigterm_hands_the_leader_key_over_within_5s_and_exits_0(

@@ -35,6 +35,7 @@ from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.watching import until_watched
 from auditor.testing.zkdump import dump_tree
 from auditor.zk import ZkClient
 
@@ -66,15 +67,11 @@ def bookkeeper_config(hosts: str, identity: str) -> Any:
 
 async def children_gone(zk: ZkClient, path: str, within: float = 10) -> None:
     """Until `path` has no children (a ZooKeeper child watch wakes each look)."""
-    deadline = time.monotonic() + within
-    while True:
-        children, changed = await zk.get_children_watched(path)
-        if not children:
-            return
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"{path} still has {children}"
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), remaining)
+
+    async def look() -> tuple[list[str], asyncio.Event]:
+        return await zk.get_children_watched(path)
+
+    await until_watched(look, lambda children: not children, within, f"{path} empty")
 
 
 async def cluster(zk: ZkClient) -> None:
