@@ -37,6 +37,8 @@ bookkeeping lives in `auditor.schedule`):
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 from auditor.checks.bookie_check import (
     LedgerLoss,
     LostBookieIndex,
@@ -72,8 +74,6 @@ class BookieCheckRun:
         self.index = LostBookieIndex(())
         #: Ledgers with a lost bookie, settled once the registry is read again after the walk.
         self.losses: list[LedgerLoss] = []
-        #: Bookies available before or after the walk (or held): never lost this run.
-        self.available: frozenset[str] = frozenset()
         #: Where ledgers are read again: the store, never the index.
         self.fresh = ctx.fresh_walker()
 
@@ -98,7 +98,6 @@ class BookieCheckRun:
         # it may be restarting, and a restart marks nothing.
         held = ctx.held_bookies() - before.available
         self.index = LostBookieIndex(before.available | held)
-        self.available = self.index.available
         if held:
             self.log.info("bookies held by the lost-bookie delay left alone", bookies=sorted(held))
         walker = ctx.walker()
@@ -150,7 +149,8 @@ class BookieCheckRun:
                 "bookies registered again during the walk: not lost", bookies=sorted(returned)
             )
             self.index.forget(returned)
-        self.available = self.available | returned
+        # Available before or after the walk (or held): never lost this run.
+        available = self.index.available | returned
         still: list[LedgerLoss] = []
         for loss in self.losses:
             left = loss.without(returned)
@@ -165,13 +165,15 @@ class BookieCheckRun:
             batch = still[i : i + REREAD_BATCH]
             fresh = await self.fresh.read_many([loss.ledger_id for loss in batch])
             for loss, rec in zip(batch, fresh, strict=True):
-                now = self._again(loss, rec)
+                now = self._again(loss, rec, available)
                 if now is not None:
                     self.recorder.violation(now.ledger_id, now.znode_version, loss_violations(now))
                     kept.append(now)
         return kept
 
-    def _again(self, loss: LedgerLoss, rec: LedgerRecord | None) -> LedgerLoss | None:
+    def _again(
+        self, loss: LedgerLoss, rec: LedgerRecord | None, available: Set[str]
+    ) -> LedgerLoss | None:
         """The loss as the store shows it now (recorded when there is none left to report):
         the same at the same version, judged again at a new one."""
         if rec is None:
@@ -193,7 +195,7 @@ class BookieCheckRun:
             old_version=loss.znode_version,
             new_version=rec.znode_version,
         )
-        now = ledger_loss(rec.metadata, self.available, rec.znode_version)
+        now = ledger_loss(rec.metadata, available, rec.znode_version)
         if now is None:
             self.recorder.ok(rec.ledger_id, rec.znode_version)
             self.recorder.dropped(rec.ledger_id, DropCause.METADATA_CHANGED)

@@ -129,9 +129,7 @@ class CheckContext:
             except NodeChangedError:
                 again = await self.fresh_walker().read(ledger_id)
                 named = (
-                    set()
-                    if again is None or again.metadata is None
-                    else {b for seg in again.metadata.segments for b in seg.bookies}
+                    set() if again is None or again.metadata is None else again.metadata.bookies()
                 )
                 still = [b for b in wanted if b in named]
                 self.log.info(
