@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ZK_JAR := /usr/share/java/zookeeper.jar
 
 .PHONY: all demo test static lint typecheck layers proto proto-check promtool promtool-check chromium zsh etcd unit bench soak clean system venv fuzz
-.PHONY: dist wheel-check constraints
+.PHONY: dist wheel-check constraints interop interop-jars
 
 all: test
 
@@ -71,6 +71,39 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 	@$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $@
 
+# Real Apache BookKeeper for the interop suite (tests/interop): the pinned pom's artifacts
+# and their dependencies, copied once from Maven Central into an ignored cache. A second
+# run downloads nothing (the stamp is newer than the pom); a failed fetch fails the run.
+INTEROP_CACHE := .cache/interop
+INTEROP_JARS := $(INTEROP_CACHE)/bookkeeper/jars
+INTEROP_STAMP := $(INTEROP_CACHE)/bookkeeper/.stamp
+MAVEN_DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.6.1
+
+interop-jars: $(INTEROP_STAMP)
+$(INTEROP_STAMP): tests/interop/pom.xml
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "installing Debian package: maven (fetches the interop suite's BookKeeper jars)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    maven default-jdk-headless >/dev/null; }
+	@command -v javac >/dev/null 2>&1 || { \
+	  echo "installing Debian package: default-jdk-headless (compiles the interop Java programs)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    default-jdk-headless >/dev/null; }
+	@rm -rf $(INTEROP_JARS) && mkdir -p $(INTEROP_JARS)
+	@mvn -B -q -f tests/interop/pom.xml $(MAVEN_DEPENDENCY_PLUGIN):copy-dependencies \
+	  -DoutputDirectory=$(abspath $(INTEROP_JARS)) >$(INTEROP_CACHE)/mvn.log 2>&1 || { \
+	  echo "interop: fetching BookKeeper's jars from Maven Central failed:"; \
+	  grep -m1 -E 'ERROR|Could not' $(INTEROP_CACHE)/mvn.log || tail -1 $(INTEROP_CACHE)/mvn.log; \
+	  exit 1; }
+	@echo "interop: $$(ls $(INTEROP_JARS) | wc -l) jars in $(INTEROP_JARS)"
+	@touch $@
+
+# The interop suite alone: real bookies, the Java client, Java AutoRecovery (see docs/interop.md).
+interop: $(STAMP_PY) interop-jars
+	@$(PY) -m pytest -q tests/interop
+
 # --- the two commands ---------------------------------------------------------
 
 # `make demo DURATION=60` stops by itself after 60 s; without it, Ctrl-C stops it.
@@ -80,7 +113,7 @@ demo: $(STAMP_PY) etcd
 
 # The static checks run beside the tests (two jobs: the machine has two cores), after
 # everything both need is installed; pytest starts with the unit tests, which time nothing.
-test: $(STAMP_PY) chromium zsh etcd promtool
+test: $(STAMP_PY) chromium zsh etcd promtool interop-jars
 	@$(MAKE) --no-print-directory -j2 static unit
 
 static: lint typecheck layers proto-check promtool-check wheel-check
@@ -110,7 +143,7 @@ promtool-check: promtool
 	@promtool check rules deploy/prometheus/java-compat-rules.yaml >/dev/null
 	@cd deploy/prometheus && promtool test rules java-compat-rules_test.yaml
 
-unit: $(STAMP_PY) chromium zsh etcd
+unit: $(STAMP_PY) chromium zsh etcd interop-jars
 	@$(PY) -m pytest -q
 
 # --- release ------------------------------------------------------------------------

@@ -1,0 +1,440 @@
+"""Real Apache BookKeeper for the interop suite: the jars, bookies, the Java client, the shell.
+
+Nothing here emulates: every process is BookKeeper's own code from the jars the Makefile
+copied out of Maven Central (`make interop-jars`, pinned by `tests/interop/pom.xml`). The
+jars are found at `BK_AUDITOR_INTEROP_JARS` or `.cache/interop/bookkeeper/jars` beside
+the repository; a missing cache is an error naming the make target, never a skip.
+
+* `metaformat` makes a fresh cluster (BookieShell's `metaformat -n -f`) under a ledgers
+  root of its own, so clusters share the test ZooKeeper and nothing else.
+* `RealBookie` is one `org.apache.bookkeeper.server.Main` on a free loopback port with its
+  journal and ledger directories in a temporary directory, of the ledger storage asked
+  for; it is stopped by its own pid (SIGTERM, or SIGKILL for a crash) and can be started
+  again on the same port and directories.
+* `JavaClient` is one JVM running `java/BkClient.java` (compiled once per session), which
+  takes one JSON command a line: a JVM start per operation would cost seconds each.
+* `shell` runs one BookieShell command and returns its output (the shell logs its
+  answers: callers parse the lines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+INTEROP_DIR = Path(__file__).resolve().parent
+#: The one BookKeeper version the suite pins (tests/interop/pom.xml says the same).
+BOOKKEEPER_VERSION = "4.17.2"
+JARS = Path(
+    os.environ.get("BK_AUDITOR_INTEROP_JARS", ROOT / ".cache" / "interop" / "bookkeeper" / "jars")
+)
+#: As BookKeeper's bin/common.sh sets them for Java 17; never -ea (PageCacheUtil asserts).
+JVM_FLAGS = (
+    "-Djava.net.preferIPv4Stack=true",
+    "-Dio.netty.tryReflectionSetAccessible=true",
+    "--add-opens",
+    "java.base/java.io=ALL-UNNAMED",
+    "--add-opens",
+    "java.base/java.util.zip=ALL-UNNAMED",
+    "--add-opens",
+    "java.base/java.nio=ALL-UNNAMED",
+    "--add-opens",
+    "java.base/jdk.internal.misc=ALL-UNNAMED",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Xshare:auto",
+)
+#: Every wait on a Java process is bounded: a JVM start on a loaded 2-core machine is
+#: seconds, never a minute.
+START_TIMEOUT = 60.0
+CALL_TIMEOUT = 60.0
+
+STORAGES = {
+    "sorted": "org.apache.bookkeeper.bookie.SortedLedgerStorage",
+    "interleaved": "org.apache.bookkeeper.bookie.InterleavedLedgerStorage",
+    "db": "org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage",
+}
+
+
+class InteropError(RuntimeError):
+    """A real BookKeeper process could not be run or did not answer."""
+
+
+def jars() -> Path:
+    """The jar directory, checked: the suite fails, never skips, without it."""
+    if not (JARS / f"bookkeeper-server-{BOOKKEEPER_VERSION}.jar").is_file():
+        raise InteropError(
+            f"no BookKeeper {BOOKKEEPER_VERSION} jars in {JARS}: run `make interop-jars`"
+        )
+    return JARS
+
+
+def classpath(*extra: Path) -> str:
+    return os.pathsep.join([*(str(p) for p in extra), str(jars() / "*")])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def java(*args: str | Path, cp: str, props: Mapping[str, str] = {}) -> list[str]:
+    return [
+        "java",
+        *JVM_FLAGS,
+        *(f"-D{k}={v}" for k, v in props.items()),
+        "-cp",
+        cp,
+        *(str(a) for a in args),
+    ]
+
+
+def compile_programs(out: Path) -> Path:
+    """Compiles tests/interop/java/*.java into `out` (once per session) and returns it."""
+    sources = sorted((INTEROP_DIR / "java").glob("*.java"))
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["javac", "-nowarn", "-d", str(out), "-cp", classpath(), *map(str, sources)],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise InteropError(f"javac failed: {done.stderr.strip()}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Where one real cluster's metadata lives: a ledgers root of its own."""
+
+    zk_hosts: str  # host:port, no chroot
+    ledgers_root: str  # e.g. /t-1a2b/ledgers
+
+    @property
+    def uri(self) -> str:
+        """BookKeeper's metadata service URI for this cluster (the Java side)."""
+        return f"zk+hierarchical://{self.zk_hosts}{self.ledgers_root}"
+
+    def conf_lines(self) -> list[str]:
+        return [f"metadataServiceUri={self.uri}", "zkTimeout=10000"]
+
+
+def write_conf(path: Path, settings: Mapping[str, object]) -> Path:
+    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    return path
+
+
+def shell(
+    cluster: Cluster,
+    *command: str,
+    workdir: Path,
+    timeout: float = CALL_TIMEOUT,
+    stdin: str | None = None,
+    extra: Mapping[str, object] = {},
+) -> str:
+    """Runs `BookieShell -conf <conf> <command...>` and returns what it printed.
+
+    A non-zero exit is an `InteropError` with the output's tail: the shell reports its
+    answers through its log, so a caller parses lines, and a failure must show them.
+    """
+    conf = write_conf(
+        workdir / f"shell-{time.monotonic_ns()}.conf",
+        {"metadataServiceUri": cluster.uri, "zkTimeout": 10000, **extra},
+    )
+    done = subprocess.run(
+        java("org.apache.bookkeeper.bookie.BookieShell", "-conf", conf, *command, cp=classpath()),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        tail = "\n".join(output.splitlines()[-15:])
+        raise InteropError(f"BookieShell {' '.join(command)} exited {done.returncode}:\n{tail}")
+    return output
+
+
+def metaformat(cluster: Cluster, workdir: Path) -> None:
+    """A fresh cluster at the ledgers root (BookieShell `metaformat -n -f`)."""
+    shell(cluster, "metaformat", "-n", "-f", workdir=workdir)
+
+
+class RealBookie:
+    """One real bookie (`org.apache.bookkeeper.server.Main`) on loopback."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        base_dir: Path,
+        *,
+        storage: str = "sorted",
+        port: int | None = None,
+        settings: Mapping[str, object] = {},
+    ) -> None:
+        self.cluster = cluster
+        self.storage = storage
+        self.port = port or free_port()
+        self.dir = base_dir / f"bookie-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.settings = dict(settings)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bookie_id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "bookie.log"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.dir / "ledgers"
+
+    def conf(self) -> Path:
+        settings: dict[str, object] = {
+            "bookiePort": self.port,
+            "advertisedAddress": "127.0.0.1",
+            "listeningInterface": "lo",
+            "allowLoopback": "true",
+            "useHostNameAsBookieID": "false",
+            "metadataServiceUri": self.cluster.uri,
+            "zkTimeout": 10000,
+            "journalDirectories": self.dir / "journal",
+            "ledgerDirectories": self.ledger_dir,
+            "ledgerStorageClass": STORAGES[self.storage],
+            "httpServerEnabled": "false",
+            "autoRecoveryDaemonEnabled": "false",
+            "journalSyncData": "false",
+            "diskUsageThreshold": 0.999,
+            "diskUsageWarnThreshold": 0.99,
+            "dbStorage_writeCacheMaxSizeMb": 16,
+            "dbStorage_readAheadCacheMaxSizeMb": 16,
+            "dbStorage_rocksDB_blockCacheSize": 8 * 1024 * 1024,
+            "flushInterval": 1000,
+            "gcWaitTime": 600000,
+            "numAddWorkerThreads": 1,
+            "numReadWorkerThreads": 2,
+            "numJournalCallbackThreads": 1,
+            "serverNumIOThreads": 2,
+            "enableStatistics": "false",
+            **self.settings,
+        }
+        return write_conf(self.dir / "bk.conf", settings)
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        if self.proc is not None:
+            raise InteropError(f"bookie {self.bookie_id} is already running")
+        conf = self.conf()
+        log = open(self.log, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            java(
+                "-Xmx192m",
+                "-XX:MaxDirectMemorySize=256m",
+                f"-Djava.io.tmpdir={self.dir}",
+                "org.apache.bookkeeper.server.Main",
+                "--conf",
+                conf,
+                cp=classpath(),
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                raise InteropError(f"bookie {self.bookie_id} exited with {code}; see {self.log}")
+            if "Started component bookie-server" in self.log.read_text(errors="replace"):
+                try:
+                    socket.create_connection(self.address, timeout=1).close()
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        self.kill()
+        raise InteropError(f"bookie {self.bookie_id} did not start within {timeout:g}s")
+
+    def stop(self) -> None:
+        """SIGTERM to its own pid: the bookie shuts down and unregisters."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL: its registration stays until the ZooKeeper session times out."""
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class JavaClient:
+    """The real BookKeeper client (`java/BkClient.java`), one JSON command a line."""
+
+    def __init__(self, cluster: Cluster, classes: Path, workdir: Path) -> None:
+        self.cluster = cluster
+        self.log = workdir / f"client-{time.monotonic_ns()}.log"
+        log = open(self.log, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            java("-Xmx256m", "BkClient", cluster.uri, cp=classpath(classes)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        log.close()
+        self._buffer = b""
+        ready = self._answer(START_TIMEOUT)
+        if not ready.get("ready"):
+            raise InteropError(f"the Java client did not start: {ready}; see {self.log}")
+
+    def _answer(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise InteropError(
+                        f"the Java client did not answer in {timeout:g}s; see {self.log}"
+                    )
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                if not chunk:
+                    raise InteropError(f"the Java client exited; see {self.log}")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def call(self, op: str, *, timeout: float = CALL_TIMEOUT, **args: Any) -> dict[str, Any]:
+        """One command; its answer (`ok` false with `error` and `code` when it failed)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}).encode() + b"\n")
+        self.proc.stdin.flush()
+        return self._answer(timeout)
+
+    def ok(self, op: str, **args: Any) -> dict[str, Any]:
+        """One command that must succeed."""
+        answer = self.call(op, **args)
+        if not answer.get("ok"):
+            raise InteropError(f"Java client {op} {args} failed: {answer}")
+        return answer
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def payload(ledger: int, entry: int, size: int = 64) -> bytes:
+    """What BkClient writes as entry `entry` of ledger `ledger` (see its header)."""
+    unit = f"l={ledger} e={entry} ".encode()
+    n = max(size, len(unit))
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+def temp_dir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def stop_all(processes: Sequence[RealBookie]) -> None:
+    for p in processes:
+        p.stop()
+
+
+class RealCluster:
+    """A real BookKeeper cluster: a ledgers root of its own on the test ZooKeeper, real
+    bookies, and (made on first use) one Java client. `close()` stops all of it."""
+
+    def __init__(self, zk_hosts: str, classes: Path, workdir: Path, name: str) -> None:
+        self.cluster = Cluster(zk_hosts, f"/{name}/ledgers")
+        self.classes = classes
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.bookies: list[RealBookie] = []
+        self._client: JavaClient | None = None
+        self.metaformat()
+
+    @property
+    def uri(self) -> str:
+        return self.cluster.uri
+
+    @property
+    def zk_hosts(self) -> str:
+        return self.cluster.zk_hosts
+
+    @property
+    def ledgers_root(self) -> str:
+        return self.cluster.ledgers_root
+
+    def metaformat(self) -> None:
+        # BookieShell makes the ledgers root itself, parents included.
+        metaformat(self.cluster, self.workdir)
+
+    def add_bookie(self, storage: str = "sorted", **settings: object) -> RealBookie:
+        bookie = RealBookie(self.cluster, self.workdir, storage=storage, settings=settings)
+        self.bookies.append(bookie)
+        bookie.start()
+        return bookie
+
+    def bookie(self, bookie_id: str) -> RealBookie:
+        for b in self.bookies:
+            if b.bookie_id == bookie_id:
+                return b
+        raise KeyError(bookie_id)
+
+    @property
+    def client(self) -> JavaClient:
+        if self._client is None:
+            self._client = JavaClient(self.cluster, self.classes, self.workdir)
+        return self._client
+
+    def shell(self, *command: str, **kwargs: Any) -> str:
+        return shell(self.cluster, *command, workdir=self.workdir, **kwargs)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        for b in self.bookies:
+            b.kill()
