@@ -71,33 +71,29 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 	@$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $@
 
-# Real Apache BookKeeper for the interop suite (tests/interop): the pinned pom's artifacts
-# and their dependencies, copied once from Maven Central into an ignored cache. A second
-# run downloads nothing (the stamp is newer than the pom); a failed fetch fails the run.
+# Real Apache BookKeeper for the interop suite (tests/interop): each pinned pom's artifacts
+# and their dependencies (tests/interop/bookkeeper/pom.xml: BookKeeper itself;
+# tests/interop/pulsar/pom.xml: Pulsar's metadata driver with it), copied once from Maven
+# Central into an ignored cache. A second run downloads nothing (a stamp newer than its pom);
+# a failed fetch fails the run with the registry's one line.
 INTEROP_CACHE := .cache/interop
-INTEROP_JARS := $(INTEROP_CACHE)/bookkeeper/jars
-INTEROP_STAMP := $(INTEROP_CACHE)/bookkeeper/.stamp
+INTEROP_SETS := bookkeeper pulsar
+INTEROP_STAMPS := $(foreach set,$(INTEROP_SETS),$(INTEROP_CACHE)/$(set)/.stamp)
 MAVEN_DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.6.1
 
-interop-jars: $(INTEROP_STAMP)
-$(INTEROP_STAMP): tests/interop/pom.xml
-	@command -v mvn >/dev/null 2>&1 || { \
-	  echo "installing Debian package: maven (fetches the interop suite's BookKeeper jars)"; \
+interop-jars: $(INTEROP_STAMPS)
+$(INTEROP_CACHE)/%/.stamp: tests/interop/%/pom.xml
+	@command -v mvn >/dev/null 2>&1 && command -v javac >/dev/null 2>&1 || { \
+	  echo "installing Debian packages: maven, default-jdk-headless (the interop suite's jars and Java programs)"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    maven default-jdk-headless >/dev/null; }
-	@command -v javac >/dev/null 2>&1 || { \
-	  echo "installing Debian package: default-jdk-headless (compiles the interop Java programs)"; \
-	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    default-jdk-headless >/dev/null; }
-	@rm -rf $(INTEROP_JARS) && mkdir -p $(INTEROP_JARS)
-	@mvn -B -q -f tests/interop/pom.xml $(MAVEN_DEPENDENCY_PLUGIN):copy-dependencies \
-	  -DoutputDirectory=$(abspath $(INTEROP_JARS)) >$(INTEROP_CACHE)/mvn.log 2>&1 || { \
-	  echo "interop: fetching BookKeeper's jars from Maven Central failed:"; \
-	  grep -m1 -E 'ERROR|Could not' $(INTEROP_CACHE)/mvn.log || tail -1 $(INTEROP_CACHE)/mvn.log; \
+	@rm -rf $(INTEROP_CACHE)/$*/jars && mkdir -p $(INTEROP_CACHE)/$*/jars
+	@mvn -B -q -f $< $(MAVEN_DEPENDENCY_PLUGIN):copy-dependencies \
+	  -DoutputDirectory=$(abspath $(INTEROP_CACHE)/$*/jars) >$(INTEROP_CACHE)/$*/mvn.log 2>&1 || { \
+	  echo "interop: fetching $*'s jars from Maven Central failed: $$(grep -m1 -E 'ERROR' $(INTEROP_CACHE)/$*/mvn.log || tail -1 $(INTEROP_CACHE)/$*/mvn.log)"; \
 	  exit 1; }
-	@echo "interop: $$(ls $(INTEROP_JARS) | wc -l) jars in $(INTEROP_JARS)"
+	@echo "interop: $$(ls $(INTEROP_CACHE)/$*/jars | wc -l) jars in $(INTEROP_CACHE)/$*/jars"
 	@touch $@
 
 # The interop suite alone: real bookies, the Java client, Java AutoRecovery (see docs/interop.md).

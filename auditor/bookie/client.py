@@ -363,6 +363,7 @@ class BookieClient:
         *,
         password: bytes = b"",
         recovery: bool = False,
+        high_priority: bool = False,
         request_timeout: float | None = None,
     ) -> Outcome[int]:
         """Stores one entry body (see `encode_entry_body`); Ok carries the entry id.
@@ -370,14 +371,18 @@ class BookieClient:
         The master key is derived from `password`. With `recovery` the add carries the
         RECOVERY_ADD flag: the replication worker's copies (the body as read from
         another replica, unchanged) and ledger recovery's re-adds; plain adds are for
-        test clusters, the auditor never writes as a ledger's writer. Like every call
+        test clusters, the auditor never writes as a ledger's writer. `high_priority`:
+        ledger recovery's re-adds, which a read-only member of the ensemble must take
+        (`add_entry_request`). Like every call
         it waits for a slot under the bookie's in-flight cap, then `request_timeout`
         (default: the client's) from the moment it is sent.
         """
         key = master_key(password)
         resp = await self._exchange(
             bookie_id,
-            add_entry_request(0, ledger_id, entry_id, key, body, recovery=recovery),
+            add_entry_request(
+                0, ledger_id, entry_id, key, body, recovery=recovery, high_priority=high_priority
+            ),
             request_timeout,
         )
         if isinstance(resp, NoAnswer | ErrorStatus):

@@ -256,13 +256,27 @@ def _check_i64(name: str, value: int) -> int:
     return value
 
 
-def request_header(operation: Operation, txn_id: int) -> pb.BKPacketHeader:
-    """A v3 header as the Java client sends it (no priority)."""
-    return pb.BKPacketHeader(
+#: The header priority the Java client gives a request it flags FLAG_HIGH_PRIORITY
+#: (`PerChannelBookieClient`'s DEFAULT_HIGH_PRIORITY_VALUE). Of the requests the product
+#: sends, only ledger recovery's re-adds carry it (`PendingAddOp`: FLAG_RECOVERY_ADD |
+#: FLAG_HIGH_PRIORITY); the re-replicator's copies (`LedgerFragmentReplicator`:
+#: FLAG_RECOVERY_ADD alone) and the fencing read of the last entry (`ReadLastConfirmedOp`:
+#: FLAG_DO_FENCING alone) do not, as the 4.17.2 client's bytecode shows. It matters: a
+#: read-only bookie takes an add only with a priority above 0 (tests/interop).
+HIGH_PRIORITY: Final = 100
+
+
+def request_header(operation: Operation, txn_id: int, priority: int = 0) -> pb.BKPacketHeader:
+    """A v3 header as the Java client sends it: no priority unless the request is one the
+    client sends at high priority (`HIGH_PRIORITY`)."""
+    header = pb.BKPacketHeader(
         version=pb.VERSION_THREE,
         operation=pb.OperationType.ValueType(int(operation)),
         txnId=_check_txn(txn_id),
     )
+    if priority:
+        header.priority = priority
+    return header
 
 
 def response_header(operation: Operation | int, txn_id: int) -> pb.BKPacketHeader:
@@ -345,12 +359,16 @@ def add_entry_request(
     body: bytes,
     *,
     recovery: bool = False,
+    high_priority: bool = False,
 ) -> pb.Request:
-    """An ADD_ENTRY with no write flags and no priority; `body` is the full entry body.
+    """An ADD_ENTRY with no write flags; `body` is the full entry body.
 
     With `recovery` it carries `flag = RECOVERY_ADD`, as the Java replicator and ledger
     recovery send it: the bookie accepts it on a fenced ledger (still checking the
-    master key), and a read-only bookie refuses it (no priority, so not high priority).
+    master key). `high_priority` adds the header's priority (`HIGH_PRIORITY`), as ledger
+    recovery's re-adds have it and the replicator's copies do not: a read-only bookie
+    refuses an add without it (recovery re-adds to the ensemble it has, read-only
+    members included; the replicator writes to writable bookies only).
     """
     add = pb.AddRequest(
         ledgerId=_check_i64("ledgerId", ledger_id),
@@ -360,7 +378,8 @@ def add_entry_request(
     )
     if recovery:
         add.flag = pb.AddRequest.RECOVERY_ADD
-    return pb.Request(header=request_header(Operation.ADD_ENTRY, txn_id), addRequest=add)
+    priority = HIGH_PRIORITY if high_priority else 0
+    return pb.Request(header=request_header(Operation.ADD_ENTRY, txn_id, priority), addRequest=add)
 
 
 def auth_request(

@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     emu.add_argument("--port", type=int, required=True)
     emu.add_argument("--host", default="127.0.0.1")
     emu.add_argument("--ledgers-root", default="/ledgers")
-    emu.add_argument("--storage", choices=["sorted", "dbledger"], default="sorted")
+    emu.add_argument("--storage", choices=["sorted", "interleaved", "dbledger"], default="sorted")
     emu.add_argument("--readonly", action="store_true")
     demo = sub.add_parser("demo", help="the whole product on an embedded cluster")
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")

@@ -992,7 +992,9 @@ class Daemon:
         self._connected.set()
         code = 0
         try:
-            self.manager = self.config.ledger_manager or await read_manager(zk, self.root)
+            self.manager = self.config.ledger_manager or await read_manager(
+                zk, self.root, self.driver
+            )
             if d.metadata_index and d.standby_index:
                 self.index = self._new_index(zk)
             self._decide(Started())

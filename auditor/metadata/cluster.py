@@ -123,10 +123,26 @@ def target_store(target: ClusterTarget) -> MetadataStore:
     )
 
 
-async def read_manager(zk: MetadataStore, root: str) -> LedgerManager:
+async def read_manager(
+    zk: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+) -> LedgerManager:
+    """The ledger manager whose paths the cluster's ledgers are at.
+
+    BookKeeper's drivers name it in `<root>/LAYOUT`. Pulsar's driver does not read LAYOUT
+    for its paths: its `PulsarLedgerManager` always keeps ledgers at the hybrid
+    hierarchical paths (legacy hierarchical below 2**31, long hierarchical above), and a
+    cluster formatted through it (`metaformat`, or Pulsar's own set-up) has no LAYOUT at
+    all, as a real 4.0.7 bookie on `metadata-store:zk:` shows. So on Pulsar's driver a
+    missing LAYOUT is the hierarchical manager, not a missing cluster; the registry
+    (`<root>/available`) still tells a cluster from an empty path. A LAYOUT that is there
+    (a cluster made by BookKeeper's own driver before it moved to Pulsar's, whose default
+    was the hierarchical manager too) is read as on any cluster.
+    """
     try:
         data, _ = await zk.get(f"{root}/LAYOUT")
     except NoNodeError as exc:
+        if driver is MetadataDriver.PULSAR and await zk.exists(f"{root}/available"):
+            return LedgerManager.HIERARCHICAL
         raise NoClusterError(
             f"no BookKeeper cluster at {root}: {root}/LAYOUT does not exist"
         ) from exc
@@ -142,7 +158,7 @@ async def connect(target: ClusterTarget) -> AsyncIterator[tuple[MetadataStore, L
     await zk.start()
     try:
         try:
-            manager = target.manager or await read_manager(zk, target.root)
+            manager = target.manager or await read_manager(zk, target.root, target.driver)
         except NoClusterError as exc:
             _, slash, chroot = target.hosts.partition("/")
             if target.store is not StoreKind.ZOOKEEPER or not slash or not chroot:

@@ -481,6 +481,8 @@ class _Recovery:
             entry.body,
             password=self.password,
             recovery=True,
+            # As Java's recovery adds (PendingAddOp): a read-only member must take it.
+            high_priority=True,
             request_timeout=self.add_timeout,
         )
         if isinstance(out, Ok) and out.value == entry.entry_id:

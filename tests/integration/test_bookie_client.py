@@ -399,7 +399,9 @@ async def test_wrong_version_auth_and_missing_bodies(emu: BookieEmulator) -> Non
     assert Status(r_auth.status) is Status.EOK and r_auth.header == auth.header
     assert r_auth.authResponse.authPluginName == AUTH_DISABLED_PLUGIN
     assert r_auth.authResponse.payload == b""
-    assert Status(r_bodiless.status) is Status.EBADREQ
+    # A bookie reads a missing ReadLacRequest as its defaults: ledger 0, unknown here
+    # (tests/interop/test_conformance.py saw a real one do so).
+    assert Status(r_bodiless.status) is Status.ENOENTRY
 
 
 async def test_fencing_read_marks_the_ledger_fenced(

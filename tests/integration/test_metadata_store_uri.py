@@ -98,3 +98,23 @@ async def test_connect_reads_layout_inside_the_chroot(
         "no BookKeeper cluster at /other: /other/LAYOUT does not exist "
         f"(under ZooKeeper chroot {chroot})"
     )
+
+
+async def test_pulsars_driver_without_a_layout_is_the_hierarchical_manager(
+    zk: ZkClient,
+) -> None:
+    """A cluster formatted through Pulsar's driver has no LAYOUT (seen on a real 4.0.7
+    bookie, tests/interop): its ledger manager always uses the hybrid hierarchical paths.
+    BookKeeper's own driver still needs LAYOUT, and a chroot without a registry is still
+    no cluster."""
+    pulsar = target_from_args(None, None, f"metadata-store:zk:{zk.hosts}", 10.0)
+    bookkeeper = target_from_args(zk.hosts, None, None, 10.0)
+    with pytest.raises(NoClusterError):
+        async with connect(pulsar):
+            pass
+    await zk.ensure_path("/ledgers/available/readonly")
+    async with connect(pulsar) as (_, manager):
+        assert manager is LedgerManager.HIERARCHICAL
+    with pytest.raises(NoClusterError):
+        async with connect(bookkeeper):
+            pass

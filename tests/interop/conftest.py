@@ -37,12 +37,11 @@ def _factory(zk_server: ZooKeeperServer, classes: Path) -> Iterator[MakeCluster]
     made: list[RealCluster] = []
     workdir = temp_dir("bk-interop-")
 
-    def make(*storages: str, **settings: object) -> RealCluster:
+    def make(*storages: str, driver: str = "bookkeeper", **settings: object) -> RealCluster:
         name = f"bk-{uuid.uuid4().hex[:10]}"
-        cluster = RealCluster(zk_server.hosts, classes, workdir / name, name)
+        cluster = RealCluster(zk_server.hosts, classes, workdir / name, name, driver)
         made.append(cluster)
-        for storage in storages:
-            cluster.add_bookie(storage, **settings)
+        cluster.add_bookies(*storages, **settings)
         return cluster
 
     try:
@@ -56,7 +55,8 @@ def _factory(zk_server: ZooKeeperServer, classes: Path) -> Iterator[MakeCluster]
 @pytest.fixture
 def real_cluster(zk_server: ZooKeeperServer, interop_classes: Path) -> Iterator[MakeCluster]:
     """Makes real clusters for one test: `real_cluster("sorted", "db", ...)`, one bookie
-    of each ledger storage named; all stopped at the test's end."""
+    of each ledger storage named (`driver="pulsar"`: on Pulsar's metadata driver); all
+    stopped at the test's end."""
     yield from _factory(zk_server, interop_classes)
 
 

@@ -1,7 +1,7 @@
 """Real Apache BookKeeper for the interop suite: the jars, bookies, the Java client, the shell.
 
 Nothing here emulates: every process is BookKeeper's own code from the jars the Makefile
-copied out of Maven Central (`make interop-jars`, pinned by `tests/interop/pom.xml`). The
+copied out of Maven Central (`make interop-jars`, pinned by `tests/interop/bookkeeper/pom.xml`). The
 jars are found at `BK_AUDITOR_INTEROP_JARS` or `.cache/interop/bookkeeper/jars` beside
 the repository; a missing cache is an error naming the make target, never a skip.
 
@@ -28,17 +28,37 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEROP_DIR = Path(__file__).resolve().parent
-#: The one BookKeeper version the suite pins (tests/interop/pom.xml says the same).
+#: The one BookKeeper version the suite pins (tests/interop/bookkeeper/pom.xml says the same).
 BOOKKEEPER_VERSION = "4.17.2"
 JARS = Path(
     os.environ.get("BK_AUDITOR_INTEROP_JARS", ROOT / ".cache" / "interop" / "bookkeeper" / "jars")
 )
+#: BookKeeper on Apache Pulsar's metadata driver: pulsar-metadata and the BookKeeper it was
+#: built against (tests/interop/pulsar/pom.xml), in a cache of its own so that the plain
+#: clusters never have Pulsar's classes on their class path.
+PULSAR_JARS = Path(
+    os.environ.get(
+        "BK_AUDITOR_INTEROP_PULSAR_JARS", ROOT / ".cache" / "interop" / "pulsar" / "jars"
+    )
+)
+PULSAR_VERSION = "4.0.7"
+#: What Pulsar's bin/bookkeeper sets so that BookKeeper's code finds Pulsar's drivers for
+#: `metadata-store:` URIs.
+PULSAR_DRIVER_PROPS = {
+    "bookkeeper.metadata.bookie.drivers": (
+        "org.apache.pulsar.metadata.bookkeeper.PulsarMetadataBookieDriver"
+    ),
+    "bookkeeper.metadata.client.drivers": (
+        "org.apache.pulsar.metadata.bookkeeper.PulsarMetadataClientDriver"
+    ),
+}
 #: As BookKeeper's bin/common.sh sets them for Java 17; never -ea (PageCacheUtil asserts).
 JVM_FLAGS = (
     "-Djava.net.preferIPv4Stack=true",
@@ -71,8 +91,16 @@ class InteropError(RuntimeError):
     """A real BookKeeper process could not be run or did not answer."""
 
 
-def jars() -> Path:
-    """The jar directory, checked: the suite fails, never skips, without it."""
+def jars(driver: str = "bookkeeper") -> Path:
+    """The jar directory of a driver's clusters, checked: the suite fails, never skips,
+    without it."""
+    if driver == "pulsar":
+        if not (PULSAR_JARS / f"pulsar-metadata-{PULSAR_VERSION}.jar").is_file():
+            raise InteropError(
+                f"no pulsar-metadata {PULSAR_VERSION} jars in {PULSAR_JARS}: "
+                "run `make interop-jars`"
+            )
+        return PULSAR_JARS
     if not (JARS / f"bookkeeper-server-{BOOKKEEPER_VERSION}.jar").is_file():
         raise InteropError(
             f"no BookKeeper {BOOKKEEPER_VERSION} jars in {JARS}: run `make interop-jars`"
@@ -80,8 +108,13 @@ def jars() -> Path:
     return JARS
 
 
-def classpath(*extra: Path) -> str:
-    return os.pathsep.join([*(str(p) for p in extra), str(jars() / "*")])
+def classpath(*extra: Path, driver: str = "bookkeeper") -> str:
+    return os.pathsep.join([*(str(p) for p in extra), str(jars(driver) / "*")])
+
+
+def driver_props(driver: str) -> dict[str, str]:
+    """The system properties a JVM of a cluster on `driver` needs."""
+    return dict(PULSAR_DRIVER_PROPS) if driver == "pulsar" else {}
 
 
 def free_port() -> int:
@@ -119,15 +152,33 @@ def compile_programs(out: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """Where one real cluster's metadata lives: a ledgers root of its own."""
+    """Where one real cluster's metadata lives: a ledgers root of its own, and which
+    metadata driver its Java processes use: BookKeeper's own (`zk+hierarchical://`) or
+    Pulsar's (`metadata-store:zk:`, whose path is a chroot holding `/ledgers`)."""
 
     zk_hosts: str  # host:port, no chroot
     ledgers_root: str  # e.g. /t-1a2b/ledgers
+    driver: str = "bookkeeper"
 
     @property
     def uri(self) -> str:
-        """BookKeeper's metadata service URI for this cluster (the Java side)."""
+        """The metadata service URI of this cluster, as its Java processes are given it."""
+        if self.driver == "pulsar":
+            chroot = self.ledgers_root.removesuffix("/ledgers")
+            return f"metadata-store:zk:{self.zk_hosts}{chroot}"
         return f"zk+hierarchical://{self.zk_hosts}{self.ledgers_root}"
+
+    @property
+    def classpath(self) -> str:
+        return classpath(driver=self.driver)
+
+    def java(self, *args: str | Path, extra_cp: Sequence[Path] = ()) -> list[str]:
+        """A java command line for this cluster's jars and driver."""
+        return java(
+            *args,
+            cp=classpath(*extra_cp, driver=self.driver),
+            props=driver_props(self.driver),
+        )
 
     def conf_lines(self) -> list[str]:
         return [f"metadataServiceUri={self.uri}", "zkTimeout=10000"]
@@ -156,7 +207,7 @@ def shell(
         {"metadataServiceUri": cluster.uri, "zkTimeout": 10000, **extra},
     )
     done = subprocess.run(
-        java("org.apache.bookkeeper.bookie.BookieShell", "-conf", conf, *command, cp=classpath()),
+        cluster.java("org.apache.bookkeeper.bookie.BookieShell", "-conf", conf, *command),
         input=stdin,
         capture_output=True,
         text=True,
@@ -248,14 +299,13 @@ class RealBookie:
         conf = self.conf()
         log = open(self.log, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            java(
+            self.cluster.java(
                 "-Xmx192m",
                 "-XX:MaxDirectMemorySize=256m",
                 f"-Djava.io.tmpdir={self.dir}",
                 "org.apache.bookkeeper.server.Main",
                 "--conf",
                 conf,
-                cp=classpath(),
             ),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -310,7 +360,7 @@ class JavaClient:
         self.log = workdir / f"client-{time.monotonic_ns()}.log"
         log = open(self.log, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            java("-Xmx256m", "BkClient", cluster.uri, cp=classpath(classes)),
+            cluster.java("-Xmx256m", "BkClient", cluster.uri, extra_cp=[classes]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -354,6 +404,14 @@ class JavaClient:
             raise InteropError(f"Java client {op} {args} failed: {answer}")
         return answer
 
+    def kill(self) -> None:
+        """SIGKILL: what it holds open (a ledger's writer) stays open, as after a crash."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
     def close(self) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
@@ -386,8 +444,10 @@ class RealCluster:
     """A real BookKeeper cluster: a ledgers root of its own on the test ZooKeeper, real
     bookies, and (made on first use) one Java client. `close()` stops all of it."""
 
-    def __init__(self, zk_hosts: str, classes: Path, workdir: Path, name: str) -> None:
-        self.cluster = Cluster(zk_hosts, f"/{name}/ledgers")
+    def __init__(
+        self, zk_hosts: str, classes: Path, workdir: Path, name: str, driver: str = "bookkeeper"
+    ) -> None:
+        self.cluster = Cluster(zk_hosts, f"/{name}/ledgers", driver)
         self.classes = classes
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -417,6 +477,17 @@ class RealCluster:
         bookie.start()
         return bookie
 
+    def add_bookies(self, *storages: str, **settings: object) -> list[RealBookie]:
+        """One bookie of each storage named, their JVMs started side by side (each start
+        is seconds of mostly waiting); in the order named."""
+        before = len(self.bookies)
+        with ThreadPoolExecutor(max_workers=max(len(storages), 1)) as pool:
+            started = [pool.submit(self.add_bookie, s, **settings) for s in storages]
+            bookies = [f.result() for f in started]
+        # `bookies` in the order named, as one by one would have it.
+        self.bookies[before:] = bookies
+        return bookies
+
     def bookie(self, bookie_id: str) -> RealBookie:
         for b in self.bookies:
             if b.bookie_id == bookie_id:
@@ -433,8 +504,10 @@ class RealCluster:
         return shell(self.cluster, *command, workdir=self.workdir, **kwargs)
 
     def close(self) -> None:
+        """Ends every process of the cluster at once (SIGKILL): a test is over, and a
+        graceful close of the Java client alone waits seconds for its thread pools."""
         if self._client is not None:
-            self._client.close()
+            self._client.kill()
             self._client = None
         for b in self.bookies:
             b.kill()

@@ -200,6 +200,19 @@ def test_recovery_add_request_bytes() -> None:
     assert master_key(b"secret") == hashlib.sha1(b"ledgersecret").digest()
 
 
+def test_a_recovery_re_add_carries_high_priority() -> None:
+    """Ledger recovery's re-adds carry the header priority Java's client gives
+    FLAG_HIGH_PRIORITY (100: field 4 of the header), the re-replicator's copies do not:
+    otherwise the two frames are the same."""
+    key = bytes(range(20))
+    copy = encode_message(add_entry_request(1, 5, 0, key, b"body", recovery=True))
+    readd = encode_message(
+        add_entry_request(1, 5, 0, key, b"body", recovery=True, high_priority=True)
+    )
+    assert readd == bytes.fromhex("000000300a080803100218012064") + copy[12:]
+    assert decode_request(decode_frame(readd)).header.priority == 100
+
+
 def test_builders_reject_values_outside_the_wire_types() -> None:
     with pytest.raises(ValueError):
         read_entry_request(-1, 1, 0)

@@ -35,6 +35,7 @@ from auditor.testing.bookie.faults import FaultTable, Latency
 from auditor.testing.bookie.handlers import (
     HANDLED,
     REQUEST_FIELD,
+    SERVED_WITHOUT_MESSAGE,
     add_entry,
     bookie_info,
     list_entries,
@@ -309,13 +310,22 @@ class BookieEmulator:
         return count
 
     def put_entry(self, ledger_id: int, entry_id: int, body: bytes) -> None:
-        """Stores one body as given (as if it had been added)."""
+        """Stores one body as given, whatever the ledger storage would keep (a test's way
+        to plant a corrupt or foreign copy); the ledger's LAC is looked up anew."""
         if entry_id < 0:
             raise ValueError(f"entry ids must be >= 0, got {entry_id}")
         ledger = self._ledgers.get(ledger_id)
         if ledger is None:
             ledger = self._ledgers[ledger_id] = Ledger()
         ledger.put(entry_id, body)
+        ledger.memtable.discard(entry_id)
+        ledger.lac, ledger.lac_tracked = None, False
+
+    def flush(self) -> None:
+        """What a bookie's periodic flush does to SortedLedgerStorage's memtable: entries
+        added so far are flushed, so adding one of them again replaces it."""
+        for ledger in self._ledgers.values():
+            ledger.memtable.clear()
 
     def drop_entries(self, ledger_id: int, entries: Iterable[int | range]) -> None:
         """Loses these entries (the ledger itself stays)."""
@@ -521,14 +531,15 @@ class BookieEmulator:
             return reply
         if header.version != pb.VERSION_THREE:
             return status_reply(request, op, Status.EBADVERSION)
-        if not request.HasField(REQUEST_FIELD[op]):  # type: ignore[arg-type]
+        bare = not request.HasField(REQUEST_FIELD[op])  # type: ignore[arg-type]
+        if bare and op not in SERVED_WITHOUT_MESSAGE:
             return copied_header_reply(request, Status.EBADREQ)
         if op is Operation.READ_ENTRY:
             return read_entry(self._ledgers, request)
         if op is Operation.ADD_ENTRY:
-            return add_entry(self._ledgers, request, readonly=self.readonly)
+            return add_entry(self._ledgers, request, readonly=self.readonly, storage=self.storage)
         if op is Operation.READ_LAC:
-            return read_lac(self._ledgers, request)
+            return read_lac(self._ledgers, request, self.storage)
         if op is Operation.GET_BOOKIE_INFO:
             return bookie_info(
                 request,
@@ -538,5 +549,5 @@ class BookieEmulator:
         if op is Operation.GET_LIST_OF_ENTRIES_OF_LEDGER:
             return list_entries(self._ledgers, request, self.storage, peer.abort)
         if op is Operation.WRITE_LAC:
-            return write_lac(self._ledgers, request, readonly=self.readonly)
+            return write_lac(self._ledgers, request, readonly=self.readonly, storage=self.storage)
         return status_reply(request, op, Status.EOK)  # FORCE_LEDGER: all is in memory

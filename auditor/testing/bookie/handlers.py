@@ -21,11 +21,18 @@ from auditor.bookie.protocol import (
 )
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 from auditor.testing.bookie.replies import status_reply
-from auditor.testing.bookie.storage import Ledger, Storage, max_lac
+from auditor.testing.bookie.storage import (
+    DB_STORAGES,
+    Ledger,
+    Storage,
+    bookie_lac,
+    note_added,
+)
 
 __all__ = [
     "HANDLED",
     "REQUEST_FIELD",
+    "SERVED_WITHOUT_MESSAGE",
     "add_entry",
     "bookie_info",
     "list_entries",
@@ -46,6 +53,18 @@ HANDLED: Final = frozenset(
         Operation.READ_LAC,
         Operation.GET_BOOKIE_INFO,
         Operation.FORCE_LEDGER,
+        Operation.GET_LIST_OF_ENTRIES_OF_LEDGER,
+    }
+)
+#: Operations a bookie serves even when their Request lacks the operation's message: the
+#: Java processors read an absent message as its defaults (ledger 0, entry 0, no flags),
+#: so the emulator does too (seen on a real 4.17.2 bookie). Others still get EBADREQ.
+SERVED_WITHOUT_MESSAGE: Final = frozenset(
+    {
+        Operation.READ_ENTRY,
+        Operation.ADD_ENTRY,
+        Operation.READ_LAC,
+        Operation.GET_BOOKIE_INFO,
         Operation.GET_LIST_OF_ENTRIES_OF_LEDGER,
     }
 )
@@ -73,6 +92,9 @@ def read_entry(ledgers: Ledgers, request: pb.Request) -> pb.Response:
         elif ledger.master_key is not None and ledger.master_key != rr.masterKey:
             return status_reply(request, Operation.READ_ENTRY, Status.EUA)
         ledger.fenced = True
+        fencing = True
+    else:
+        fencing = False
     if ledger is None:
         return status_reply(request, Operation.READ_ENTRY, Status.ENOLEDGER)
     entry: int | None = rr.entryId
@@ -83,11 +105,14 @@ def read_entry(ledgers: Ledgers, request: pb.Request) -> pb.Response:
         return status_reply(request, Operation.READ_ENTRY, Status.ENOENTRY)
     reply = status_reply(request, Operation.READ_ENTRY, Status.EOK)
     reply.readResponse.body = body
-    reply.readResponse.maxLAC = max_lac(ledger, rr.ledgerId)
+    if not fencing:  # a fencing read's answer carries the body alone
+        reply.readResponse.maxLAC = bookie_lac(ledger, rr.ledgerId)
     return reply
 
 
-def add_entry(ledgers: Ledgers, request: pb.Request, *, readonly: bool) -> pb.Response:
+def add_entry(
+    ledgers: Ledgers, request: pb.Request, *, readonly: bool, storage: Storage = Storage.SORTED
+) -> pb.Response:
     ar = request.addRequest
     op = Operation.ADD_ENTRY
     if readonly and request.header.priority == 0:
@@ -107,15 +132,19 @@ def add_entry(ledgers: Ledgers, request: pb.Request, *, readonly: bool) -> pb.Re
     recovery = ar.HasField("flag") and ar.flag == pb.AddRequest.RECOVERY_ADD
     if ledger.fenced and not recovery:
         return status_reply(request, op, Status.EFENCED)
-    ledger.put(ar.entryId, bytes(ar.body))
+    note_added(ledger, ar.ledgerId, ar.entryId, bytes(ar.body), storage)
     return status_reply(request, op, Status.EOK)
 
 
-def read_lac(ledgers: Ledgers, request: pb.Request) -> pb.Response:
+def read_lac(
+    ledgers: Ledgers, request: pb.Request, storage: Storage = Storage.SORTED
+) -> pb.Response:
     ledger_id = request.readLacRequest.ledgerId
     ledger = ledgers.get(ledger_id)
     lac_body = last_body = None
     if ledger is not None:
+        if storage in DB_STORAGES:
+            ledger.lac_tracked = True  # looking for an explicit LAC makes its ledger info
         lac_body = ledger.lac_body
         last = ledger.last_entry()
         last_body = None if last is None else ledger.body(ledger_id, last)
@@ -123,7 +152,10 @@ def read_lac(ledgers: Ledgers, request: pb.Request) -> pb.Response:
         # The bookie's quirk: with neither blob the status becomes ENOENTRY, even for a
         # ledger it has never heard of.
         return status_reply(request, Operation.READ_LAC, Status.ENOENTRY)
-    reply = status_reply(request, Operation.READ_LAC, Status.EOK)
+    # An explicit LAC beside no entry: the failed read of the last entry (an I/O error
+    # to the bookie) sets the status, and the blob still goes out.
+    status = Status.EIO if last_body is None else Status.EOK
+    reply = status_reply(request, Operation.READ_LAC, status)
     if lac_body is not None:
         reply.readLacResponse.lacBody = lac_body
     if last_body is not None:
@@ -163,7 +195,9 @@ def list_entries(
     return reply
 
 
-def write_lac(ledgers: Ledgers, request: pb.Request, *, readonly: bool) -> pb.Response:
+def write_lac(
+    ledgers: Ledgers, request: pb.Request, *, readonly: bool, storage: Storage = Storage.SORTED
+) -> pb.Response:
     wr = request.writeLacRequest
     op = Operation.WRITE_LAC
     if readonly:
@@ -174,4 +208,6 @@ def write_lac(ledgers: Ledgers, request: pb.Request, *, readonly: bool) -> pb.Re
     elif ledger.master_key is not None and ledger.master_key != wr.masterKey:
         return status_reply(request, op, Status.EUA)
     ledger.lac_body = bytes(wr.body)
+    if storage in DB_STORAGES:
+        ledger.lac_tracked = True  # as READ_LAC: the ledger info exists from now on
     return status_reply(request, op, Status.EOK)

@@ -20,13 +20,16 @@ from auditor.bookie.protocol import ENTRY_HEADER_SIZE, decode_entry_header, enco
 from auditor.metadata.model import DigestType
 
 __all__ = [
+    "DB_STORAGES",
     "BodyFactory",
     "Ledger",
     "Storage",
     "as_runs",
+    "bookie_lac",
     "default_body",
     "make_body_factory",
     "max_lac",
+    "note_added",
 ]
 
 #: Builds the stored body of a seeded entry: (ledger_id, entry_id) -> body.
@@ -34,14 +37,29 @@ BodyFactory = Callable[[int, int], bytes]
 
 
 class Storage(enum.StrEnum):
-    """How the emulated ledger storage answers GET_LIST_OF_ENTRIES_OF_LEDGER."""
+    """Which ledger storage is imitated: it decides how GET_LIST_OF_ENTRIES_OF_LEDGER is
+    answered, which copy of an entry added twice is kept, and how the LAC a read reports
+    (`maxLAC`) is tracked. Each difference was seen on a real 4.17.2 bookie
+    (tests/interop/test_conformance.py)."""
 
     #: SortedLedgerStorage (upstream default): answers with the availability encoding.
+    #: An entry added again while its first copy is still in the memtable keeps the
+    #: first copy (a real bookie flushes its memtable every `flushInterval`; the
+    #: emulator does at `BookieEmulator.flush`). The LAC is the highest any add carried.
     SORTED = "sorted"
-    #: DbLedgerStorage: ENOLEDGER for unknown ledgers, no answer at all for held ones.
+    #: InterleavedLedgerStorage: lists as SORTED does; an entry added again is replaced.
+    INTERLEAVED = "interleaved"
+    #: DbLedgerStorage: ENOLEDGER for unknown ledgers, no answer at all for held ones;
+    #: an entry added again is replaced. Its LAC is looked up in the last entry when
+    #: first asked for (or when READ_LAC or WRITE_LAC touch the ledger) and only then
+    #: follows the adds, so adds before that moment do not count.
     DBLEDGER = "dbledger"
     #: DbLedgerStorage with numReadWorkerThreads=0: closes the connection for held ones.
     DBLEDGER_NO_WORKERS = "dbledger-noworkers"
+
+
+#: The modes that imitate DbLedgerStorage, whatever they do with list requests.
+DB_STORAGES: Final = frozenset({Storage.DBLEDGER, Storage.DBLEDGER_NO_WORKERS})
 
 
 def make_body_factory(
@@ -110,8 +128,11 @@ class Ledger:
         "bodies",
         "factories",
         "fenced",
+        "lac",
         "lac_body",
+        "lac_tracked",
         "master_key",
+        "memtable",
         "starts",
         "stops",
     )
@@ -125,6 +146,12 @@ class Ledger:
         self.master_key = key
         self.fenced = False
         self.lac_body: bytes | None = None
+        #: The LAC the ledger storage keeps for the ledger (None: not known yet, it is
+        #: looked up in the last entry when asked for), and whether adds update it.
+        self.lac: int | None = None
+        self.lac_tracked = False
+        #: Entries added over the wire and not yet flushed (SortedLedgerStorage only).
+        self.memtable: set[int] = set()
         self._availability: Availability | None = None
         #: Highest key of `bodies`, or None when unknown (recomputed on demand).
         self._last_body: int | None = None
@@ -167,8 +194,11 @@ class Ledger:
             self._last_body = entry
 
     def remove(self, start: int, stop: int) -> None:
-        """Forgets every entry in [start, stop)."""
+        """Forgets every entry in [start, stop), and the LAC kept beside them (lost data
+        is a lost bookie's: it looks its LAC up again in what is left)."""
         self._availability = None
+        self.lac, self.lac_tracked = None, False
+        self.memtable.difference_update([e for e in self.memtable if start <= e < stop])
         if self.bodies:
             for e in [e for e in self.bodies if start <= e < stop]:
                 del self.bodies[e]
@@ -193,8 +223,12 @@ class Ledger:
         self.factories[i:j] = keep_f
 
     def seed(self, runs: list[tuple[int, int]], factory: BodyFactory) -> None:
-        """Adds sorted runs (replacing whatever they cover) without a loop per entry."""
+        """Adds sorted runs (replacing whatever they cover) without a loop per entry.
+
+        Seeded entries count as flushed long ago; the LAC is looked up in them anew.
+        """
         self._availability = None
+        self.lac, self.lac_tracked = None, False
         merged: list[tuple[int, int]] = []
         for start, stop in runs:
             if merged and start <= merged[-1][1]:
@@ -220,9 +254,38 @@ class Ledger:
 
 
 def max_lac(ledger: Ledger, ledger_id: int) -> int:
-    """The bookie's LAC for the ledger: the one its last entry carries (-1 if unreadable)."""
+    """The LAC the ledger's last entry carries (-1 if there is none or it is unreadable)."""
     last = ledger.last_entry()
     body = None if last is None else ledger.body(ledger_id, last)
     if body is None or len(body) < ENTRY_HEADER_SIZE:
         return -1
     return decode_entry_header(body).last_add_confirmed
+
+
+def bookie_lac(ledger: Ledger, ledger_id: int) -> int:
+    """The LAC a read reports (`maxLAC`): the one kept, else looked up in the last entry
+    and kept from then on (every ledger storage does so)."""
+    if ledger.lac is None:
+        ledger.lac = max_lac(ledger, ledger_id)
+        ledger.lac_tracked = True
+    return ledger.lac
+
+
+def note_added(ledger: Ledger, ledger_id: int, entry: int, body: bytes, storage: Storage) -> None:
+    """Stores an added entry as the imitated ledger storage does, LAC included.
+
+    SortedLedgerStorage's memtable keeps the first copy of an entry until it is flushed;
+    the others replace it. Sorted and Interleaved keep the highest LAC any add carried
+    (the first add starts from what the entries already held carry, standing for the
+    adds that put them there); DbLedgerStorage only once the LAC was looked up.
+    """
+    sorted_kept = storage is Storage.SORTED and entry in ledger.memtable
+    if storage in (Storage.SORTED, Storage.INTERLEAVED) and not ledger.lac_tracked:
+        bookie_lac(ledger, ledger_id)
+    if not sorted_kept:
+        ledger.put(entry, body)
+        if storage is Storage.SORTED:
+            ledger.memtable.add(entry)
+    if ledger.lac_tracked and len(body) >= ENTRY_HEADER_SIZE:
+        lac = decode_entry_header(body).last_add_confirmed
+        ledger.lac = lac if ledger.lac is None else max(ledger.lac, lac)

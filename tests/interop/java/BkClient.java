@@ -24,10 +24,16 @@ import java.util.Enumeration;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 import org.apache.bookkeeper.client.BKException;
 import org.apache.bookkeeper.client.BookKeeper;
 import org.apache.bookkeeper.client.BookKeeperAdmin;
+import org.apache.bookkeeper.client.LedgerChecker;
 import org.apache.bookkeeper.client.LedgerEntry;
+import org.apache.bookkeeper.client.LedgerFragment;
 import org.apache.bookkeeper.client.LedgerHandle;
 import org.apache.bookkeeper.client.api.LedgerMetadata;
 import org.apache.bookkeeper.conf.ClientConfiguration;
@@ -198,6 +204,35 @@ public class BkClient {
                 }
                 out.put("available", av.getTotalNumOfAvailableEntries());
                 out.put("bytes", java.util.Base64.getEncoder().encodeToString(av.serializeStateOfEntriesOfLedger()));
+                return out;
+            }
+            case "check": {
+                // BookKeeper's own LedgerChecker (what Java's auditor and worker run): the
+                // fragments it finds bad, each with the bookies it found unable to serve it.
+                long id = cmd.path("ledger").asLong();
+                LedgerHandle lh = bk.openLedgerNoRecovery(id, digest(cmd), password(cmd));
+                try {
+                    CompletableFuture<Set<LedgerFragment>> found = new CompletableFuture<>();
+                    new LedgerChecker(bk).checkLedger(lh, (rc, fragments) -> {
+                        if (rc == BKException.Code.OK) {
+                            found.complete(fragments);
+                        } else {
+                            found.completeExceptionally(BKException.create(rc));
+                        }
+                    }, cmd.path("percentage").asLong(0));
+                    ArrayNode bad = out.putArray("fragments");
+                    for (LedgerFragment f : found.get(30, TimeUnit.SECONDS)) {
+                        ObjectNode fragment = bad.addObject();
+                        fragment.put("first", f.getFirstEntryId());
+                        fragment.put("last", f.getLastKnownEntryId());
+                        ArrayNode bookies = fragment.putArray("bookies");
+                        for (int i : new TreeSet<>(f.getBookiesIndexes())) {
+                            bookies.add(f.getAddress(i).toString());
+                        }
+                    }
+                } finally {
+                    lh.close();
+                }
                 return out;
             }
             case "delete": {
