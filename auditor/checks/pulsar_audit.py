@@ -64,6 +64,12 @@ from typing import Any
 from auditor.checks.findings import Category, DropCause, Violation
 from auditor.checks.owners import APPLICATION, Owner, owner_of
 from auditor.metadata.model import LedgerMetadata, LedgerState
+from auditor.metadata.pulsar.naming import (
+    managed_ledger_of_named_topic,
+    namespace_of_managed_ledger,
+    namespace_of_schema_id,
+    namespace_of_topic,
+)
 from auditor.metadata.pulsar.refs import LedgerRef, PulsarRefs, RefKind
 from auditor.timefmt import iso
 
@@ -151,34 +157,7 @@ class LedgerVerdicts:
     domains: tuple[DomainName, ...] = ()
 
 
-# --- names ------------------------------------------------------------------------------
-
-
-def namespace_of_managed_ledger(name: str) -> str | None:
-    parts = name.split("/")
-    for i in range(2, min(len(parts) - 1, 4)):
-        if parts[i] in ("persistent", "non-persistent"):
-            return "/".join(parts[:i])
-    return None
-
-
-def namespace_of_topic(topic: str) -> str | None:
-    """`persistent://t/ns/x` -> `t/ns` (pre-2.0 `t/c/ns/x` is read as `t/c/ns` when it has four)."""
-    _, sep, rest = topic.partition("://")
-    parts = (rest if sep else topic).split("/")
-    if len(parts) < 3:
-        return None
-    return "/".join(parts[:3] if len(parts) >= 4 else parts[:2])
-
-
-def managed_ledger_of_topic(topic: str) -> str | None:
-    """`persistent://t/ns/x` -> `t/ns/persistent/x`."""
-    domain, sep, rest = topic.partition("://")
-    parts = rest.split("/")
-    if not sep or len(parts) < 3:
-        return None
-    ns = parts[:3] if len(parts) >= 4 else parts[:2]
-    return "/".join([*ns, domain, *parts[len(ns) :]])
+# --- names (every rule of them is `metadata.pulsar.naming`'s) ------------------------------
 
 
 def owner_place(owner: Owner | None) -> tuple[str, str]:
@@ -190,9 +169,8 @@ def owner_place(owner: Owner | None) -> tuple[str, str]:
         ns = namespace_of_managed_ledger(owner.managed_ledger)
     if ns is None and owner.topic is not None:
         ns = namespace_of_topic(owner.topic)
-    if ns is None and owner.schema_id is not None:
-        parts = owner.schema_id.split("/")
-        ns = "/".join(parts[:-1]) if len(parts) >= 3 else None
+    if ns is None and owner.schema_id is not None and owner.schema_id.count("/") >= 2:
+        ns = namespace_of_schema_id(owner.schema_id)
     topic = owner.topic or owner.managed_ledger or owner.key
     return ns or UNKNOWN, topic
 
@@ -260,7 +238,10 @@ class Finding:
             if o is not None:
                 if o.managed_ledger is not None:
                     mls.add(o.managed_ledger)
-                if o.topic is not None and (ml := managed_ledger_of_topic(o.topic)) is not None:
+                if (
+                    o.topic is not None
+                    and (ml := managed_ledger_of_named_topic(o.topic)) is not None
+                ):
                     mls.add(ml)
                 if o.schema_id is not None:
                     schemas.add(o.schema_id)
@@ -541,14 +522,6 @@ class PulsarPartial:
 COMPACTED_LEDGER = "compacted-ledger"
 
 
-def _managed_ledger_of(topic: str) -> str | None:
-    """The managed ledger of a topic named in custom metadata (untrusted: None if no name)."""
-    try:
-        return managed_ledger_of_topic(topic)
-    except ValueError:
-        return None
-
-
 class PulsarAuditor:
     """Accumulates per-ledger facts against Pulsar's references; partial results merge.
 
@@ -640,7 +613,10 @@ class PulsarAuditor:
         names: list[str] = []
         if owner.managed_ledger is not None:
             names.append(owner.managed_ledger)
-        if owner.topic is not None and (ml := _managed_ledger_of(owner.topic)) is not None:
+        if (
+            owner.topic is not None
+            and (ml := managed_ledger_of_named_topic(owner.topic)) is not None
+        ):
             names.append(ml)
         known = any(n in self.refs.managed_ledgers for n in names)
         if owner.schema_id is not None:
@@ -663,7 +639,7 @@ class PulsarAuditor:
             owner.managed_ledger is None and owner.topic is not None
         )
         if compacted and owner.topic is not None:
-            ml = _managed_ledger_of(owner.topic)
+            ml = managed_ledger_of_named_topic(owner.topic)
             return ml is None or ml in self.refs.managed_ledgers
         return False
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import tempfile
@@ -32,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from auditor.testing.serverprocess import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEROP_DIR = Path(__file__).resolve().parent
@@ -226,8 +227,102 @@ def metaformat(cluster: Cluster, workdir: Path) -> None:
     shell(cluster, "metaformat", "-n", "-f", workdir=workdir)
 
 
-class RealBookie:
+class JavaDaemon(ServerProcess):
+    """One long-running JVM of a cluster (a bookie, an AutoRecovery) with an identity of its
+    own (`127.0.0.1:<port>`), its directory, configuration and log: started from its
+    configuration and ready once this run's log lines say `STARTED` and `ready()` holds;
+    stopped by its own pid, SIGTERM for a clean stop, SIGKILL for a crash. It can be
+    started again on the same port and directory."""
+
+    #: Names its directory and log, and its errors.
+    KIND = ""
+    MAIN_CLASS = ""
+    #: What the process logs once it is up (ComponentStarter's line).
+    STARTED = ""
+    JVM_OPTIONS: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        base_dir: Path,
+        *,
+        port: int | None = None,
+        settings: Mapping[str, object] = {},
+    ) -> None:
+        self.cluster = cluster
+        self.port = port or free_port()
+        self.dir = base_dir / f"{self.KIND}-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # The cluster's directory goes with the cluster, not with one of its processes.
+        super().__init__(self.dir, own_dir=False)
+        self.settings = dict(settings)
+
+    @property
+    def bookie_id(self) -> str:
+        """Its identity: a bookie's id; what an AutoRecovery's vote names."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / f"{self.KIND}.log"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def conf(self) -> Path:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """Beyond the log line: whether it serves (a bookie: its port accepts)."""
+        return True
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        if self.proc is not None:
+            raise InteropError(f"{self.KIND} {self.bookie_id} is already running")
+        conf = self.conf()
+        # Where a previous run left its log: only this run's lines count.
+        offset = self.log.stat().st_size if self.log.exists() else 0
+
+        def serving(_: float) -> bool:
+            with open(self.log, "rb") as f:
+                f.seek(offset)
+                return self.STARTED.encode() in f.read() and self.ready()
+
+        self.launch(
+            self.cluster.java(
+                *self.JVM_OPTIONS, f"-Djava.io.tmpdir={self.dir}", self.MAIN_CLASS, "--conf", conf
+            ),
+            self.log.name,
+            serving,
+            timeout,
+            lambda message: InteropError(f"{self.KIND} {self.bookie_id}: {message}"),
+            self.bookie_id,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM to its own pid (SIGKILL after 10 s): it shuts down and closes its
+        ZooKeeper session (a bookie unregisters; an AutoRecovery's vote and locks go)."""
+        super().stop()
+
+    def kill(self) -> None:
+        """SIGKILL: what its session holds stays until the session times out."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class RealBookie(JavaDaemon):
     """One real bookie (`org.apache.bookkeeper.server.Main`) on loopback."""
+
+    KIND = "bookie"
+    MAIN_CLASS = "org.apache.bookkeeper.server.Main"
+    STARTED = "Started component bookie-server"
+    JVM_OPTIONS = ("-Xmx192m", "-XX:MaxDirectMemorySize=256m")
 
     def __init__(
         self,
@@ -238,25 +333,12 @@ class RealBookie:
         port: int | None = None,
         settings: Mapping[str, object] = {},
     ) -> None:
-        self.cluster = cluster
+        super().__init__(cluster, base_dir, port=port, settings=settings)
         self.storage = storage
-        self.port = port or free_port()
-        self.dir = base_dir / f"bookie-{self.port}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.settings = dict(settings)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def bookie_id(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
     @property
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "bookie.log"
 
     @property
     def ledger_dir(self) -> Path:
@@ -293,63 +375,13 @@ class RealBookie:
         }
         return write_conf(self.dir / "bk.conf", settings)
 
-    def start(self, timeout: float = START_TIMEOUT) -> None:
-        if self.proc is not None:
-            raise InteropError(f"bookie {self.bookie_id} is already running")
-        conf = self.conf()
-        log = open(self.log, "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(
-            self.cluster.java(
-                "-Xmx192m",
-                "-XX:MaxDirectMemorySize=256m",
-                f"-Djava.io.tmpdir={self.dir}",
-                "org.apache.bookkeeper.server.Main",
-                "--conf",
-                conf,
-            ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.proc = None
-                raise InteropError(f"bookie {self.bookie_id} exited with {code}; see {self.log}")
-            if "Started component bookie-server" in self.log.read_text(errors="replace"):
-                try:
-                    socket.create_connection(self.address, timeout=1).close()
-                    return
-                except OSError:
-                    pass
-            time.sleep(0.1)
-        self.kill()
-        raise InteropError(f"bookie {self.bookie_id} did not start within {timeout:g}s")
-
-    def stop(self) -> None:
-        """SIGTERM to its own pid: the bookie shuts down and unregisters."""
-        self._signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL: its registration stays until the ZooKeeper session times out."""
-        self._signal(signal.SIGKILL)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        if self.proc is None:
-            return
-        self.proc.send_signal(sig)
+    def ready(self) -> bool:
+        # Its registration appears before Netty listens: the port must accept too.
         try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+            socket.create_connection(self.address, timeout=1).close()
+        except OSError:
+            return False
+        return True
 
 
 class JavaClient:

@@ -464,6 +464,18 @@ def lost_bookie(
     return lost
 
 
+async def the_lost_bookie(
+    cluster: RealCluster, zk: ZkClient, written: list[Written]
+) -> tuple[dict[int, tuple[LedgerMetadata, int]], str, set[int]]:
+    """Each ledger's metadata and version as written, the bookie a test will lose (the
+    one the E2 ledger does not use: `lost_bookie`), and the ledgers that have it."""
+    root = cluster.ledgers_root
+    before = {w.ledger: await metadata(zk, root, w.ledger) for w in written}
+    ensembles = {ledger: md.bookies() for ledger, (md, _) in before.items()}
+    lost = lost_bookie(cluster, written, ensembles)
+    return before, lost, {ledger for ledger, bookies in ensembles.items() if lost in bookies}
+
+
 async def assert_holds(cluster: RealCluster, md: LedgerMetadata, bookie: str) -> None:
     """`bookie` holds every entry the ledger's ensembles give it, as it says itself
     (GET_LIST_OF_ENTRIES_OF_LEDGER through the Java client): the copy happened, not only
@@ -556,10 +568,7 @@ async def test_java_lists_our_marks_and_its_worker_repairs_them(
     root = cluster.ledgers_root
     written = await asyncio.to_thread(write_ledgers, cluster)
     async with sides(cluster) as (zk, start, java):
-        before = {w.ledger: await metadata(zk, root, w.ledger) for w in written}
-        ensembles = {ledger: md.bookies() for ledger, (md, _) in before.items()}
-        lost = lost_bookie(cluster, written, ensembles)
-        on_lost = {ledger for ledger, bookies in ensembles.items() if lost in bookies}
+        before, lost, on_lost = await the_lost_bookie(cluster, zk, written)
         assert len(on_lost) == len(SHAPES) - 1
 
         ours = await start("ours", "--set", "worker.enabled=false")
@@ -630,10 +639,7 @@ async def test_we_list_javas_marks_and_our_worker_repairs_them(
     root = cluster.ledgers_root
     written = await asyncio.to_thread(write_ledgers, cluster)
     async with sides(cluster) as (zk, start, java):
-        before = {w.ledger: await metadata(zk, root, w.ledger) for w in written}
-        ensembles = {ledger: md.bookies() for ledger, (md, _) in before.items()}
-        lost = lost_bookie(cluster, written, ensembles)
-        on_lost = {ledger for ledger, bookies in ensembles.items() if lost in bookies}
+        before, lost, on_lost = await the_lost_bookie(cluster, zk, written)
 
         await asyncio.to_thread(java.start)
         await leader_becomes(zk, root, java.bookie_id)

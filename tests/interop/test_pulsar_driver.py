@@ -42,6 +42,7 @@ from tests.interop.test_java_autorecovery import (
     marks_become,
     metadata,
     sides,
+    the_lost_bookie,
     until_true,
     write_ledgers,
 )
@@ -133,10 +134,7 @@ async def test_one_auditor_on_pulsars_key_and_each_side_repairs_the_others_marks
     root = cluster.ledgers_root
     written = await asyncio.to_thread(write_ledgers, cluster)
     async with sides(cluster, zkTimeout=4000) as (zk, start, java):
-        before = {w.ledger: await metadata(zk, root, w.ledger) for w in written}
-        ensembles = {ledger: md.bookies() for ledger, (md, _) in before.items()}
-        lost = lost_bookie(cluster, written, ensembles)
-        on_lost = {ledger for ledger, bookies in ensembles.items() if lost in bookies}
+        before, lost, on_lost = await the_lost_bookie(cluster, zk, written)
         assert len(on_lost) == len(SHAPES) - 1
 
         ours = await start("ours", "--set", "worker.enabled=false")

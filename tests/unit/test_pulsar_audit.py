@@ -23,11 +23,10 @@ from auditor.checks.pulsar_audit import (
     confirm,
     delete_command,
     fact_of,
-    managed_ledger_of_topic,
-    namespace_of_topic,
     owner_place,
 )
 from auditor.metadata.model import LedgerMetadata, LedgerState, Segment
+from auditor.metadata.pulsar.naming import managed_ledger_of_named_topic, namespace_of_topic
 from auditor.metadata.pulsar.refs import BadPulsarZnode, LedgerRef, PulsarRefs, RefKind
 
 HOUR = 3600 * 1000
@@ -538,9 +537,13 @@ def test_names() -> None:
     assert namespace_of_topic(TOPIC_A) == "t/a"
     assert namespace_of_topic("persistent://t/cluster/ns/x") == "t/cluster/ns"
     assert namespace_of_topic("nonsense") is None
-    assert managed_ledger_of_topic(TOPIC_A) == ML_A
-    assert managed_ledger_of_topic("persistent://t/c/ns/x") == "t/c/ns/persistent/x"
-    assert managed_ledger_of_topic("x") is None
+    assert managed_ledger_of_named_topic(TOPIC_A) == ML_A
+    assert managed_ledger_of_named_topic("persistent://t/c/ns/x") == "t/c/ns/persistent/x"
+    assert managed_ledger_of_named_topic("x") is None
+    # One rule for every name: the audit encodes a local name as Pulsar does (#29).
+    assert managed_ledger_of_named_topic("persistent://t/ns/orders:eu") == (
+        "t/ns/persistent/orders%3Aeu"
+    )
     assert owner_place(None) == (UNKNOWN, UNKNOWN)
     assert owner_place(_owner(ML_B)) == ("t/b", TOPIC_B)
     assert owner_place(Owner("schema:t/a/y", schema_id="t/a/y")) == ("t/a", "schema:t/a/y")
