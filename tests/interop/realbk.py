@@ -535,6 +535,22 @@ class RealCluster:
     def shell(self, *command: str, **kwargs: Any) -> str:
         return shell(self.cluster, *command, workdir=self.workdir, **kwargs)
 
+    def listed(self, bookie_id: str, ledger: int, last: int) -> list[int]:
+        """BookKeeperAdmin.getListOfEntriesOfLedger through the Java client: the entries up
+        to `last` that `bookie_id` says it holds.
+
+        A bookie just restarted is "not available" (-8) to the client until its watcher
+        sees the registration again: that is waited out, 20 s at most (the client offers
+        no event to wait on)."""
+        deadline = time.monotonic() + 20
+        while True:
+            answer = self.client.call("list", bookie=bookie_id, ledger=ledger, last=last)
+            if answer.get("ok"):
+                entries: list[int] = answer["entries"]
+                return entries
+            assert answer.get("code") == -8 and time.monotonic() < deadline, answer
+            time.sleep(0.2)
+
     def close(self) -> None:
         """Ends every process of the cluster at once (SIGKILL): a test is over, and a
         graceful close of the Java client alone waits seconds for its thread pools."""

@@ -17,7 +17,6 @@ asserted once).
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -263,21 +262,6 @@ def punch_index(bookie: RealBookie, ledger: int, entries: list[int]) -> None:
     (bookie.ledger_dir / "current" / "lastMark").unlink()
 
 
-def java_list(rc: RealCluster, bookie: RealBookie, ledger: int, last: int) -> list[int]:
-    """BookKeeperAdmin.getListOfEntriesOfLedger on `bookie`, entry ids up to `last`.
-
-    A bookie just restarted is "not available" to the client until its watcher sees the
-    registration again: that is waited out (there is no event to wait on)."""
-    deadline = time.monotonic() + 20
-    while True:
-        answer = rc.client.call("list", bookie=bookie.bookie_id, ledger=ledger, last=last)
-        if answer.get("ok"):
-            entries: list[int] = answer["entries"]
-            return entries
-        assert answer.get("code") == -8 and time.monotonic() < deadline, answer
-        time.sleep(0.2)
-
-
 def held_by(rc: RealCluster, ledger: int, last: int, bookie: str) -> set[int]:
     """The entries `bookie` must hold by round robin (one segment)."""
     md = java_metadata(rc, ledger)
@@ -356,7 +340,7 @@ async def test_entries_lost_on_one_bookie_are_the_holes_java_lists(scene: Scene)
         [members] = ensembles(rc, lid).values()
         for b in members:
             want = held_by(rc, lid, w.last[lid], b) - holes.get((lid, b), set())
-            assert java_list(rc, rc.bookie(b), lid, w.last[lid]) == sorted(want), (lid, b)
+            assert rc.listed(b, lid, w.last[lid]) == sorted(want), (lid, b)
     code, doc = await check(rc, "replicas", "--mark")
     assert code == 1
     got = {v["ledger_id"]: v for v in doc["violations"]}

@@ -102,21 +102,6 @@ def shell_ensembles(rc: RealCluster, ledger: int) -> dict[int, list[str]]:
     return {int(k): v.split(", ") for k, v in _SEGMENT.findall(found.group(1))}
 
 
-def listed(rc: RealCluster, bookie: str, ledger: int, last: int) -> list[int]:
-    """BookKeeperAdmin.getListOfEntriesOfLedger: the entries `bookie` holds.
-
-    A bookie just restarted is "not available" (-8) to the client until its watcher sees
-    the registration again: that is waited out (there is no event to wait on)."""
-    deadline = time.monotonic() + 20
-    while True:
-        answer = rc.client.call("list", bookie=bookie, ledger=ledger, last=last)
-        if answer.get("ok"):
-            entries: list[int] = answer["entries"]
-            return entries
-        assert answer.get("code") == -8 and time.monotonic() < deadline, answer
-        time.sleep(0.2)
-
-
 class Daemon:
     """`bk-auditor run` in a child process, stopped by its own pid."""
 
@@ -362,7 +347,7 @@ async def test_an_open_ledger_is_fenced_only_after_the_grace_period(
     # the dead bookie first, try to replace it, find the ledger closed and fail with
     # LedgerClosedException (-11) instead.
     lost.start()
-    assert listed(rc, lost.bookie_id, lid, 5) == held(
+    assert rc.listed(lost.bookie_id, lid, 5) == held(
         Ledger("CRC32", 5, 3, 2, {0: ensemble}), {0: ensemble}, lost.bookie_id
     )
     refused = c.call("add", ledger=lid, entries=1)
@@ -376,7 +361,7 @@ async def test_an_open_ledger_is_fenced_only_after_the_grace_period(
     assert after[1] not in ensemble
     ledger = Ledger("CRC32", 5, 3, 2, {0: ensemble})
     for bookie in after:
-        assert listed(rc, bookie, lid, 5) == held(ledger, now, bookie), bookie
+        assert rc.listed(bookie, lid, 5) == held(ledger, now, bookie), bookie
 
 
 def moved(rc: RealCluster, ledgers: dict[int, Ledger], gone: str) -> dict[int, str]:
@@ -416,7 +401,7 @@ def check_lists(
         if ledger.last >= 0:
             for bookie in {x for e in ledger.segments.values() for x in e}:
                 want = set(held(ledger, ledger.segments, bookie)) | set(kept.get((lid, bookie), []))
-                assert listed(rc, bookie, lid, ledger.last) == sorted(want), (lid, bookie)
+                assert rc.listed(bookie, lid, ledger.last) == sorted(want), (lid, bookie)
 
 
 async def test_recover_and_decommission_move_real_bookies_ledgers(
