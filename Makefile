@@ -77,7 +77,7 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 # Central into an ignored cache. A second run downloads nothing (a stamp newer than its pom);
 # a failed fetch fails the run with the registry's one line.
 INTEROP_CACHE := .cache/interop
-INTEROP_SETS := bookkeeper pulsar
+INTEROP_SETS := bookkeeper pulsar broker
 INTEROP_STAMPS := $(foreach set,$(INTEROP_SETS),$(INTEROP_CACHE)/$(set)/.stamp)
 MAVEN_DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.6.1
 

@@ -101,8 +101,9 @@ def compacted_ledger_metadata(
     topic: str, ledger_id: int = -1, entry_id: int = -1
 ) -> CustomMetadata:
     """A compacted ledger's custom metadata; `pulsar/compactedTo` is the MessageIdData
-    (ledgerId = 1, entryId = 2) of the last message compacted."""
-    to = b"\x08" + _varint(ledger_id) + b"\x10" + _varint(entry_id)
+    (ledgerId = 1, entryId = 2, batch_size = 6) of the last message compacted: a real
+    4.0.7 broker writes `batch_size` 0 too (`08 06 10 01 30 00`)."""
+    to = b"\x08" + _varint(ledger_id) + b"\x10" + _varint(entry_id) + b"\x30\x00"
     return [
         ("application", b"pulsar"),
         ("component", b"compacted-ledger"),
@@ -242,7 +243,11 @@ class PulsarWriter:
             li = info.ledgerInfo.add()
             li.ledgerId = lid
             current = open_last and i == len(ledgers) - 1 and lid not in off
-            if not current:
+            if current:
+                # A real broker writes the current ledger with `timestamp` 0, and no
+                # entries or size (seen against pulsar-broker 4.0.7).
+                li.timestamp = 0
+            else:
                 li.entries = self.entries
                 li.size = self.entries * self.writer.payload_size
                 li.timestamp = now

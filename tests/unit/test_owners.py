@@ -60,6 +60,10 @@ def test_no_owner() -> None:
         ("t/ns/non-persistent/a", "non-persistent://t/ns/a"),
         ("t/cluster/ns/persistent/a", "persistent://t/cluster/ns/a"),
         ("t/ns/persistent/a/b", "persistent://t/ns/a/b"),
+        # Local names decoded, as a real broker's (pulsar-broker 4.0.7) are stored encoded.
+        ("t/ns/persistent/orders%3Aeu", "persistent://t/ns/orders:eu"),
+        ("t/ns/persistent/with+space", "persistent://t/ns/with space"),
+        ("t/ns/persistent/z%C3%BCrich", "persistent://t/ns/zürich"),
         ("t/ns/persistent", None),
         ("plain-name", None),
         ("t/persistent/a", None),

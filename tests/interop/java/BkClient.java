@@ -115,9 +115,14 @@ public class BkClient {
         out.put("ok", true);
         switch (op) {
             case "create": {
+                // Custom metadata as given (a test's way to make a ledger that looks like
+                // Pulsar's): each value a UTF-8 string.
+                Map<String, byte[]> custom = new HashMap<>();
+                cmd.path("custom").fields().forEachRemaining(
+                        f -> custom.put(f.getKey(), f.getValue().asText().getBytes(StandardCharsets.UTF_8)));
                 LedgerHandle lh = bk.createLedger(
                         cmd.path("ensemble").asInt(3), cmd.path("write").asInt(2),
-                        cmd.path("ack").asInt(2), digest(cmd), password(cmd));
+                        cmd.path("ack").asInt(2), digest(cmd), password(cmd), custom);
                 addEntries(lh, cmd.path("entries").asInt(0), cmd.path("size").asInt(64), null);
                 out.put("ledger", lh.getId());
                 out.put("lac", lh.getLastAddConfirmed());
