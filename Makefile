@@ -73,9 +73,10 @@ $(STAMP_PY): $(STAMP_SYS) pyproject.toml
 
 # Real Apache BookKeeper for the interop suite (tests/interop): each pinned pom's artifacts
 # and their dependencies (tests/interop/bookkeeper/pom.xml: BookKeeper itself;
-# tests/interop/pulsar/pom.xml: Pulsar's metadata driver with it), copied once from Maven
+# tests/interop/pulsar/pom.xml: Pulsar's metadata driver with it; tests/interop/broker/pom.xml:
+# a Pulsar broker), copied once from Maven
 # Central into an ignored cache. A second run downloads nothing (a stamp newer than its pom);
-# a failed fetch fails the run with the registry's one line.
+# a failed fetch fails the run with Maven's one error line, and is tried afresh (-U) next time.
 INTEROP_CACHE := .cache/interop
 INTEROP_SETS := bookkeeper pulsar broker
 INTEROP_STAMPS := $(foreach set,$(INTEROP_SETS),$(INTEROP_CACHE)/$(set)/.stamp)
@@ -89,14 +90,15 @@ $(INTEROP_CACHE)/%/.stamp: tests/interop/%/pom.xml
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    maven default-jdk-headless >/dev/null; }
 	@rm -rf $(INTEROP_CACHE)/$*/jars && mkdir -p $(INTEROP_CACHE)/$*/jars
-	@mvn -B -q -f $< $(MAVEN_DEPENDENCY_PLUGIN):copy-dependencies \
+	@mvn -B -q -U -f $< $(MAVEN_DEPENDENCY_PLUGIN):copy-dependencies \
 	  -DoutputDirectory=$(abspath $(INTEROP_CACHE)/$*/jars) >$(INTEROP_CACHE)/$*/mvn.log 2>&1 || { \
-	  echo "interop: fetching $*'s jars from Maven Central failed: $$(grep -m1 -E 'ERROR' $(INTEROP_CACHE)/$*/mvn.log || tail -1 $(INTEROP_CACHE)/$*/mvn.log)"; \
+	  echo "interop: fetching $*'s jars from Maven Central failed: $$({ grep -m1 -E 'ERROR' $(INTEROP_CACHE)/$*/mvn.log || tail -1 $(INTEROP_CACHE)/$*/mvn.log; } | sed 's/\x1b\[[0-9;]*m//g')"; \
 	  exit 1; }
 	@echo "interop: $$(ls $(INTEROP_CACHE)/$*/jars | wc -l) jars in $(INTEROP_CACHE)/$*/jars"
 	@touch $@
 
-# The interop suite alone: real bookies, the Java client, Java AutoRecovery (see docs/interop.md).
+# The interop suite alone: real bookies, the Java client, Java AutoRecovery, a Pulsar broker
+# (see docs/interop.md).
 interop: $(STAMP_PY) interop-jars
 	@$(PY) -m pytest -q tests/interop
 
