@@ -35,7 +35,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import pytest
+
 from auditor.daemon.election import current_auditor, election_path
+from auditor.metadata.elections import pulsar_leader_path
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.replication import ReplicationQueue
 from auditor.metadata.schedule import stores_entry
@@ -199,6 +202,24 @@ async def leader_becomes(zk: ZkClient, root: str, leader: str, within: float = 3
         return await current_auditor(zk, root), changed
 
     await until_watched(look, lambda seen: seen == leader, within, f"{leader} leads")
+
+
+async def leader_key_names(zk: ZkClient, root: str, leader: str, within: float = 30) -> None:
+    """Until Pulsar's leader key holds `leader` as Pulsar's JSON serde writes it."""
+    path = pulsar_leader_path(root)
+
+    async def look() -> tuple[bytes | None, asyncio.Event]:
+        stat, changed = await zk.exists_watched(path)
+        if stat is None:
+            return None, changed
+        try:
+            data, _ = await zk.get(path)
+        except Exception:  # gone between the two reads: look again on the watch
+            return None, changed
+        return data, changed
+
+    want = json.dumps(leader).encode()
+    await until_watched(look, lambda seen: seen == want, within, f"Pulsar's key names {leader}")
 
 
 async def voters_become(zk: ZkClient, root: str, voters: set[str], within: float = 30) -> None:
@@ -703,12 +724,14 @@ async def until_unused(zk: ZkClient, root: str, ledger: int, bookie: str) -> Non
     await until_watched(look, lambda bookies: bookie not in bookies, 60, f"{ledger} repaired")
 
 
-async def test_both_workers_copy_each_ledger_once(real_cluster: MakeCluster) -> None:
+@pytest.mark.parametrize("driver", ["bookkeeper", "pulsar"])
+async def test_both_workers_copy_each_ledger_once(real_cluster: MakeCluster, driver: str) -> None:
     """Java's worker and ours at the same marks, a spare bookie ready: the shared locks let
     exactly one of them recover and repair each ledger, so each ledger's metadata is
     rewritten once for the one bookie it lost (an open one: once more for each step of
-    its recovery), and between them every marked ledger is repaired once."""
-    cluster = real_cluster("sorted", "sorted", "sorted", "sorted")
+    its recovery), and between them every marked ledger is repaired once. On BookKeeper's
+    driver and on Pulsar's (its leader key; the same marks and locks)."""
+    cluster = real_cluster("sorted", "sorted", "sorted", "sorted", driver=driver)
     root = cluster.ledgers_root
     written = []
     for closed in [True] * 8 + [False] * 2:
@@ -732,9 +755,15 @@ async def test_both_workers_copy_each_ledger_once(real_cluster: MakeCluster) -> 
         on_lost = {ledger for ledger, (md, _) in before.items() if lost in md.bookies()}
 
         await asyncio.to_thread(java.start)
-        await leader_becomes(zk, root, java.bookie_id)
+        if driver == "pulsar":
+            await leader_key_names(zk, root, java.bookie_id)
+        else:
+            await leader_becomes(zk, root, java.bookie_id)
         ours = await start("ours")
-        await voters_become(zk, root, {java.bookie_id, ours.identity})
+        if driver == "pulsar":
+            await until_true(lambda: ours.sample(ELECTED) == 1, "ours sees Java's auditor")
+        else:
+            await voters_become(zk, root, {java.bookie_id, ours.identity})
         await until_true(lambda: ours.sample("bookkeeper_auditor_worker_running") == 1, "ours")
 
         await asyncio.to_thread(cluster.bookie(lost).stop)

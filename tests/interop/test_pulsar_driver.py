@@ -24,9 +24,7 @@ import dataclasses
 import json
 import re
 
-from auditor.metadata.elections import pulsar_leader_path
 from auditor.testing.cli import bk
-from auditor.testing.watching import until_watched
 from auditor.zk import ZkClient
 from tests.interop.conftest import MakeCluster
 from tests.interop.realbk import RealCluster
@@ -38,6 +36,7 @@ from tests.interop.test_java_autorecovery import (
     by_ledger,
     java_listing,
     java_listunderreplicated,
+    leader_key_names,
     lost_bookie,
     marks_become,
     metadata,
@@ -50,24 +49,6 @@ from tests.interop.test_java_autorecovery import (
 #: Our placement check under the Java client's own policy would fail every ensemble of one
 #: rack; the clean audit asks what Java's default policy for a rackless cluster asks.
 NO_RACKS = "ensemblePlacementPolicy=org.apache.bookkeeper.client.DefaultEnsemblePlacementPolicy"
-
-
-async def leader_key_names(zk: ZkClient, root: str, leader: str, within: float = 30) -> None:
-    """Until Pulsar's leader key holds `leader` as Pulsar's JSON serde writes it."""
-    path = pulsar_leader_path(root)
-
-    async def look() -> tuple[bytes | None, asyncio.Event]:
-        stat, changed = await zk.exists_watched(path)
-        if stat is None:
-            return None, changed
-        try:
-            data, _ = await zk.get(path)
-        except Exception:  # gone between the two reads: look again on the watch
-            return None, changed
-        return data, changed
-
-    want = json.dumps(leader).encode()
-    await until_watched(look, lambda seen: seen == want, within, f"Pulsar's key names {leader}")
 
 
 async def both_name(cluster: RealCluster, auditor: str) -> None:
