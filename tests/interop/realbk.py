@@ -81,6 +81,11 @@ JVM_FLAGS = (
 START_TIMEOUT = 60.0
 CALL_TIMEOUT = 60.0
 
+#: `--set` for our checks of a cluster the Java client wrote without rack information: the
+#: placement policy that asks nothing of racks (under the default rack-aware policy every
+#: write quorum on `/default-rack` fails, as Java's own placement check says).
+NO_RACKS = "ensemblePlacementPolicy=org.apache.bookkeeper.client.DefaultEnsemblePlacementPolicy"
+
 STORAGES = {
     "sorted": "org.apache.bookkeeper.bookie.SortedLedgerStorage",
     "interleaved": "org.apache.bookkeeper.bookie.InterleavedLedgerStorage",

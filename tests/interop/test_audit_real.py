@@ -32,7 +32,7 @@ from auditor.metadata.underreplication import (
 from auditor.testing.cli import bk, one_json
 from auditor.zk import ZkClient
 from tests.interop.conftest import MakeCluster
-from tests.interop.realbk import RealBookie, RealCluster
+from tests.interop.realbk import NO_RACKS, RealBookie, RealCluster
 
 PASSWORD = "secret"
 #: (ensemble, write, ack, digest, entries): E == W, E > W (striped), A == 1, DUMMY, empty.
@@ -43,9 +43,6 @@ SHAPES = [
     (2, 2, 2, "DUMMY", 3),
     (3, 2, 2, "CRC32", 0),
 ]
-DEFAULT_POLICY = (
-    "ensemblePlacementPolicy=org.apache.bookkeeper.client.DefaultEnsemblePlacementPolicy"
-)
 #: Real bookies answer in milliseconds; a second look comes soon.
 FAST = ["--set", "checks.retry_delay=0.2", "--set", "readEntryTimeout=3"]
 
@@ -132,7 +129,7 @@ async def check(rc: RealCluster, which: str, *extra: str) -> tuple[int, dict[str
 
 async def test_a_healthy_real_cluster_reports_nothing(scene: Scene) -> None:
     rc, w = scene.rc, scene.written
-    code, doc = await check(rc, "all", "--set", DEFAULT_POLICY)
+    code, doc = await check(rc, "all", "--set", NO_RACKS)
     reports = doc["reports"]
     assert code == 0
     for name, report in reports.items():

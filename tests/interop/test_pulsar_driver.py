@@ -27,7 +27,7 @@ import re
 from auditor.testing.cli import bk
 from auditor.zk import ZkClient
 from tests.interop.conftest import MakeCluster
-from tests.interop.realbk import RealCluster
+from tests.interop.realbk import NO_RACKS, RealCluster
 from tests.interop.test_java_autorecovery import (
     JAVA_LEADS,
     JAVA_REPAIRED,
@@ -45,10 +45,6 @@ from tests.interop.test_java_autorecovery import (
     until_true,
     write_ledgers,
 )
-
-#: Our placement check under the Java client's own policy would fail every ensemble of one
-#: rack; the clean audit asks what Java's default policy for a rackless cluster asks.
-NO_RACKS = "ensemblePlacementPolicy=org.apache.bookkeeper.client.DefaultEnsemblePlacementPolicy"
 
 
 async def both_name(cluster: RealCluster, auditor: str) -> None:
