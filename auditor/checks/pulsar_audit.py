@@ -69,6 +69,7 @@ from auditor.metadata.pulsar.naming import (
     namespace_of_managed_ledger,
     namespace_of_schema_id,
     namespace_of_topic,
+    topic_of_schema_id,
 )
 from auditor.metadata.pulsar.refs import LedgerRef, PulsarRefs, RefKind
 from auditor.timefmt import iso
@@ -171,13 +172,20 @@ def owner_place(owner: Owner | None) -> tuple[str, str]:
         ns = namespace_of_topic(owner.topic)
     if ns is None and owner.schema_id is not None and owner.schema_id.count("/") >= 2:
         ns = namespace_of_schema_id(owner.schema_id)
-    topic = owner.topic or owner.managed_ledger or owner.key
-    return ns or UNKNOWN, topic
+    topic = owner.topic or owner.managed_ledger
+    if topic is None and owner.schema_id is not None:
+        topic = topic_of_schema_id(owner.schema_id)
+    return ns or UNKNOWN, topic or owner.key
 
 
 def ref_topic(ref: LedgerRef) -> str:
-    """The topic row a reference counts in: its topic, else its owner (a schema id)."""
-    return ref.topic or ref.owner
+    """The topic row a reference counts in: its topic; a schema's, the topic it is the
+    schema of (`topic_of_schema_id`), else its owner as written."""
+    if ref.topic is not None:
+        return ref.topic
+    if ref.kind is RefKind.SCHEMA:
+        return topic_of_schema_id(ref.owner) or ref.owner
+    return ref.owner
 
 
 def _sorted_refs(refs: Iterable[LedgerRef]) -> list[LedgerRef]:

@@ -65,6 +65,22 @@ from auditor.testing.writer import LedgerWriter
 CompressionType = ml.CompressionType
 CustomMetadata = list[tuple[str, bytes]]
 
+#: A namespace's bundle boundaries as a broker creates them (four bundles).
+DEFAULT_BUNDLES = ("0x00000000", "0x40000000", "0x80000000", "0xc0000000", "0xffffffff")
+#: The rate and quota maps a broker writes empty in a new namespace's policies.
+_EMPTY_POLICY_MAPS = (
+    "backlog_quota_map",
+    "clusterDispatchRate",
+    "topicDispatchRate",
+    "subscriptionDispatchRate",
+    "replicatorDispatchRate",
+    "clusterSubscribeRate",
+    "publishMaxMessageRate",
+    "latency_stats_sample_rate",
+)
+#: The system topic each namespace gets for topic-level policies.
+CHANGE_EVENTS = "__change_events"
+
 
 def managed_ledger_metadata(managed_ledger: str, cursor: str | None = None) -> CustomMetadata:
     """A managed ledger's (or, with `cursor`, a cursor ledger's) custom metadata."""
@@ -133,6 +149,9 @@ class Cursor:
     buckets: Mapping[tuple[int, int], int] = field(default_factory=dict)
     #: More cursor properties (`StringProperty`), written as given.
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: The cursor ledger is open, as a loaded topic's is (a broker writes each
+    #: mark-delete to it and closes it only when it rolls to a new one or unloads).
+    ledger_open: bool = True
 
 
 class PulsarWriter:
@@ -154,6 +173,8 @@ class PulsarWriter:
         self.cluster = cluster
         #: Entries written to each ledger (the open current ledger too).
         self.entries = entries
+        #: Each managed ledger's last entry written (ledger, entry): what compaction reaches.
+        self._last: dict[str, tuple[int, int]] = {}
 
     @classmethod
     def of(cls, tc: TestCluster, root: str = "") -> PulsarWriter:
@@ -205,17 +226,52 @@ class PulsarWriter:
             )
 
     async def namespace(self, namespace: str) -> None:
-        """`/admin/policies/<tenant>/<ns>` (and the tenant): Policies JSON, minimal."""
+        """`/admin/policies/<tenant>/<ns>` (and the tenant) and
+        `/admin/local-policies/<tenant>/<ns>`, as pulsar-broker 4.0.7's admin API writes
+        them for a namespace created with no policies: Pulsar's `Policies` with its four
+        default bundles (`defaultNumberOfNamespaceBundles`), and the bundles again in the
+        local policies."""
         await self.tenant(namespace.split("/", 1)[0])
-        doc = {
-            "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
+        bundles = {"boundaries": list(DEFAULT_BUNDLES), "numBundles": len(DEFAULT_BUNDLES) - 1}
+        policies = {
+            "auth_policies": {
+                "namespace_auth": {},
+                "destination_auth": {},
+                "subscription_auth_roles": {},
+            },
             "replication_clusters": [self.cluster],
+            "allowed_clusters": [],
+            "bundles": bundles,
+            **{key: {} for key in _EMPTY_POLICY_MAPS},
             "deleted": False,
+            "encryption_required": False,
+            "subscription_auth_mode": "None",
+            "offload_threshold": -1,
+            "offload_threshold_in_seconds": -1,
+            "schema_compatibility_strategy": "UNDEFINED",
+            "schema_validation_enforced": False,
+            "subscription_types_enabled": [],
+            "properties": {},
+            "migrated": False,
         }
-        with contextlib.suppress(NodeExistsError):
-            await self.zk.create(
-                f"{self.root}/admin/policies/{namespace}", json.dumps(doc).encode(), makepath=True
-            )
+        local = {"bundles": bundles, "migrated": False}
+        for base, doc in (("policies", policies), ("local-policies", local)):
+            with contextlib.suppress(NodeExistsError):
+                await self.zk.create(
+                    f"{self.root}/admin/{base}/{namespace}",
+                    json.dumps(doc, separators=(",", ":")).encode(),
+                    makepath=True,
+                )
+
+    async def system_topic(self, namespace: str, ledger: int, schema_ledger: int) -> str:
+        """The namespace's `__change_events` topic, as a broker with topic-level policies
+        (the default) creates it when the namespace's first topic loads: one open ledger,
+        a `__compaction` cursor with no ledger yet, and its Avro schema's one version."""
+        topic = f"persistent://{namespace}/{CHANGE_EVENTS}"
+        name = await self.topic(topic, ledgers=[ledger])
+        await self.cursor(topic, COMPACTION_CURSOR, Cursor(mark_delete=(ledger, -1)))
+        await self.schema(topic, ledgers=[schema_ledger])
+        return name
 
     # --- topics ----------------------------------------------------------------
 
@@ -265,6 +321,8 @@ class PulsarWriter:
         await self._put(
             self.managed_ledger_path(name), encode_managed_ledger_info(info, compression)
         )
+        if ledgers:
+            self._last[name] = (ledgers[-1], self.entries - 1)
         for cname, cursor in (cursors or {}).items():
             await self.cursor(
                 topic, cname, cursor, compression=compression, write_ledgers=write_ledgers
@@ -298,9 +356,15 @@ class PulsarWriter:
             sp.name, sp.value = key, value
         if write_ledgers:
             if cursor.ledger is not None:
-                await self.ledger(cursor.ledger, managed_ledger_metadata(ml_name, name))
+                state = LedgerState.OPEN if cursor.ledger_open else LedgerState.CLOSED
+                await self.ledger(
+                    cursor.ledger, managed_ledger_metadata(ml_name, name), state=state
+                )
             if cursor.compacted_ledger is not None:
-                await self.ledger(cursor.compacted_ledger, compacted_ledger_metadata(topic))
+                await self.ledger(
+                    cursor.compacted_ledger,
+                    compacted_ledger_metadata(topic, *self._last.get(ml_name, (-1, -1))),
+                )
             for lid in cursor.buckets.values():
                 await self.ledger(lid, [("application", b"pulsar")])
         path = f"{self.managed_ledger_path(ml_name)}/{name}"
@@ -308,9 +372,15 @@ class PulsarWriter:
         return path
 
     async def compaction(self, topic: str, compacted_ledger: int, ledger: int | None = None) -> str:
-        """The `__compaction` cursor, its `CompactedTopicLedger` naming `compacted_ledger`."""
+        """The `__compaction` cursor, its `CompactedTopicLedger` naming `compacted_ledger`
+        (whose `pulsar/compactedTo` is the topic's last entry, as a broker that compacted
+        the whole topic writes), its own cursor ledger `ledger` if given (a real broker's
+        has one once compaction ran), its mark-delete at that last entry."""
+        last = self._last.get(managed_ledger_of_topic(topic), (-1, -1))
         return await self.cursor(
-            topic, COMPACTION_CURSOR, Cursor(ledger=ledger, compacted_ledger=compacted_ledger)
+            topic,
+            COMPACTION_CURSOR,
+            Cursor(ledger=ledger, mark_delete=last, compacted_ledger=compacted_ledger),
         )
 
     async def delete_topic(self, topic: str) -> None:

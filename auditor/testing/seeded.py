@@ -18,10 +18,11 @@ The seeded faults (ledger ids) and what the leader must find:
 - 3008 metadata that does not decode: `metadata_invalid` in every check.
 
 `build_pulsar_topics` adds (the demo does, the scan tests do not) a few Pulsar
-topics over ledgers 4001..4030 on bookies of three racks, healthy for every
+topics over ledgers 4001..4043 on bookies of three racks, healthy for every
 BookKeeper check: topics with cursors and schemas, one topic whose ledger 4021
-lost its metadata (`missing`), and ledger 4030 of a deleted topic, created
-three days ago (`orphan`). `PULSAR_EXPECTED` is what the Pulsar audit finds.
+lost its metadata (`missing`), ledger 4030 of a deleted topic, created three
+days ago (`orphan`), and each namespace's `__change_events` system topic
+(4040..4043), as a real broker leaves them. `PULSAR_EXPECTED` is what the Pulsar audit finds.
 """
 
 from __future__ import annotations
@@ -180,6 +181,9 @@ async def build_pulsar_topics(zk: MetadataStore, bookies: list[BookieEmulator]) 
             cursors={"dashboard": Cursor(ledger=4023)},
         )
         await zk.delete(cw.path(PULSAR_LOST))
+        # Each namespace's topic-policies system topic, as a 4.x broker creates it.
+        await w.system_topic("public/default", 4040, 4041)
+        await w.system_topic("acme/iot", 4042, 4043)
         # A topic deleted three days ago whose broker removed its znodes, not its ledger.
         old = "acme/iot/persistent/old-readings"
         three_days_ago = int((time.time() - 3 * 86400) * 1000)

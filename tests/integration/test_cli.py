@@ -204,14 +204,14 @@ def test_demo_finds_every_seeded_fault_and_stops_by_itself() -> None:
     for needle in [
         "Cluster: 2000 healthy ledgers and 8 seeded faults",
         # the seeded 2,008 and the demo's Pulsar topics' 14 (a deleted one's orphan included)
-        "check bookies: 2022 ledgers checked",
+        "check bookies: 2026 ledgers checked",
         "  no_replica                           1",
         "  below_ack_quorum                     1",
         "  below_write_quorum                   1",
         "  bookie_unavailable_registered        1",
         "  placement_not_adhering               1",
         "  unreadable_fragments                 2",
-        "pulsar-audit: 2022 ledgers checked",
+        "pulsar-audit: 2026 ledgers checked",
         "  ledger       4021  persistent://acme/iot/readings  (no metadata)",
         "  ledger       4030  persistent://acme/iot/old-readings  size 48  "
         "bookkeeper shell deleteledger -ledgerid 4030 -force",

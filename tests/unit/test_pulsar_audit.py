@@ -315,10 +315,11 @@ def test_rollups_per_namespace_and_topic() -> None:
     # Worst first: t/a lost data.
     assert [row["namespace"] for row in doc["namespaces"]] == ["t/a", "t/b", UNKNOWN]
     topics = {row["topic"]: row for row in doc["topics"]}
-    assert set(topics) == {TOPIC_A, "t/a/orders", TOPIC_B, UNKNOWN}
-    assert (topics[TOPIC_A]["ledgers"], topics["t/a/orders"]["ledgers"]) == (8, 1)
+    # The schema's ledger counts under the topic it is the schema of (#29).
+    assert set(topics) == {TOPIC_A, TOPIC_B, UNKNOWN}
+    assert topics[TOPIC_A]["ledgers"] == 8 + 1
     assert doc["totals"]["missing"] == 2 and doc["totals"]["orphans"] == 3
-    assert (doc["namespaces_total"], doc["topics_total"]) == (3, 4)
+    assert (doc["namespaces_total"], doc["topics_total"]) == (3, 3)
     assert doc["at_risk"] == [
         {
             "domain": "rack",
@@ -546,7 +547,12 @@ def test_names() -> None:
     )
     assert owner_place(None) == (UNKNOWN, UNKNOWN)
     assert owner_place(_owner(ML_B)) == ("t/b", TOPIC_B)
-    assert owner_place(Owner("schema:t/a/y", schema_id="t/a/y")) == ("t/a", "schema:t/a/y")
+    # A schema's row is its topic's, decoded as every name is.
+    assert owner_place(Owner("schema:t/a/y%3Az", schema_id="t/a/y%3Az")) == (
+        "t/a",
+        "persistent://t/a/y:z",
+    )
+    assert owner_place(Owner("schema:odd", schema_id="odd")) == (UNKNOWN, "schema:odd")
     assert owner_place(Owner("persistent://t/a/x", topic="persistent://t/a/x")) == (
         "t/a",
         "persistent://t/a/x",

@@ -27,6 +27,7 @@ from auditor.metadata.pulsar.naming import (
     namespace_of_managed_ledger,
     schema_id_of_topic,
     topic_of_managed_ledger,
+    topic_of_schema_id,
 )
 from auditor.metadata.pulsar.refs import CursorRecord, LedgerRef, RefKind
 from auditor.proto import pulsar_ml_formats_pb2 as ml
@@ -228,5 +229,12 @@ def test_naming() -> None:
     assert schema_id_of_topic("persistent://t/c/ns/a-partition-3") == "t/ns/a"
     assert schema_id_of_topic("persistent://t/ns/a-partition-03") == "t/ns/a-partition-03"
     assert managed_ledger_of_topic("persistent://t/ns/a b~") == "t/ns/persistent/a+b%7E"
+    # A schema counts under its topic, the name decoded (ids as a real broker writes them).
+    assert topic_of_schema_id("shop/orders/orders%3Aeu") == "persistent://shop/orders/orders:eu"
+    assert topic_of_schema_id("t/ns/k%3Dv+z%C3%BCrich") == "persistent://t/ns/k=v zürich"
+    assert topic_of_schema_id(schema_id_of_topic("persistent://t/ns/a=b c")) == (
+        "persistent://t/ns/a=b c"
+    )
+    assert [topic_of_schema_id(bad) for bad in ("t/ns", "t//x", "")] == [None, None, None]
     with pytest.raises(ValueError, match="not a topic name"):
         managed_ledger_of_topic("shop/orders/payments")

@@ -125,6 +125,18 @@ def managed_ledger_of_named_topic(topic: str) -> str | None:
         return None
 
 
+def topic_of_schema_id(schema_id: str) -> str | None:
+    """`tenant/ns/orders%3Aeu` -> `persistent://tenant/ns/orders:eu`: the topic a schema's
+    ledgers are counted under, its local name decoded (a real broker's schema ids are
+    encoded, as its managed ledger names are). A schema id has no domain: the persistent
+    topic is the one whose storage the schema sits beside (the broker's internal stats of
+    that topic list its `schemaLedgers`). None for an id that is not `tenant/ns/local`."""
+    parts = schema_id.split("/", 2)
+    if len(parts) < 3 or not all(parts):
+        return None
+    return f"persistent://{parts[0]}/{parts[1]}/{decode_local_name(parts[2])}"
+
+
 def namespace_of_schema_id(schema_id: str) -> str:
     """`tenant/ns/topic` -> `tenant/ns` (for a pre-2.0 topic, without its cluster)."""
     return schema_id.rsplit("/", 1)[0]
