@@ -238,13 +238,16 @@ async def test_pulsar_tree_elsewhere_and_text_output(zk: ZkClient) -> None:
             custom_metadata=managed_ledger_metadata(ML_OLD),
         )
         await w.delete_topic(TOPIC_OLD)
-        # Looked for at ZooKeeper's root, Pulsar's tree is not there: 10, 11 and 50 are
-        # Pulsar's ledgers nobody references (10 and 11 young), and 50 an orphan.
+        # Looked for at ZooKeeper's root, Pulsar's tree is not there: that is said, and no
+        # ledger is an orphan for want of references nobody read (10 and 11 are live).
         code, out, err = await bk("pulsar-audit", "--zk", zk.hosts, "--json", *sets)
         assert code == 1, err
-        assert {(v["ledger_id"], v["category"]) for v in json.loads(out)["violations"]} == {
-            (50, "orphan")
-        }
+        wrong = json.loads(out)
+        assert wrong["violations"] == []
+        (bad,) = wrong["invalid_znodes"]["listed"]
+        assert bad["path"] == "/managed-ledgers"
+        assert "no Pulsar metadata under /" in bad["reason"]
+        assert wrong["pulsar"]["orphans_held"] == {"count": 1, "ledgers": [50]}  # past the grace
         args = ["--zk", zk.hosts, "--pulsar-zk", zk.hosts, "--pulsar-root", "/pulsar", *sets]
         code, out, err = await bk("pulsar-audit", "--json", *args)
         assert code == 1, err

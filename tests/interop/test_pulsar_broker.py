@@ -410,6 +410,15 @@ async def test_the_leaked_ledger_is_an_orphan_once_past_the_grace(traffic: Traff
     )
     assert detail["command"] == f"bookkeeper shell deleteledger -ledgerid {traffic.leaked} -force"
     assert detail["size_known"] is True
+    # Pulsar's root named twice (it is relative to the URI's chroot): no Pulsar tree
+    # there, said so, and no orphan, the leak held back with the rest.
+    chroot = f"/{traffic.broker.chroot}"
+    code, doc = await audit(
+        traffic, "--set", f"checks.pulsar_orphan_grace={grace:g}", "--pulsar-root", chroot
+    )
+    assert (code, found(doc)) == (1, [])
+    assert [z["path"] for z in doc["invalid_znodes"]["listed"]] == [f"{chroot}/managed-ledgers"]
+    assert traffic.leaked in doc["pulsar"]["orphans_held"]["ledgers"]
 
 
 async def test_a_ledger_deleted_under_a_live_topic_is_missing_with_its_topic(

@@ -186,11 +186,29 @@ async def _read_schemas(zk: MetadataStore, root: str, ids: Sequence[str], out: P
                 out.bad_znodes.append(BadPulsarZnode(path, str(exc)))
 
 
+#: What every Pulsar metadata root holds once a namespace exists (`/admin/policies`).
+ADMIN = "admin"
+
+
 async def read_pulsar_refs(zk: MetadataStore, root: str = "") -> PulsarRefs:
     """Every ledger reference in Pulsar's tree under `root`: managed ledgers, their
-    cursors, schemas. Bad znodes are named in `bad_znodes`; nothing read is dropped."""
+    cursors, schemas. Bad znodes are named in `bad_znodes`; nothing read is dropped.
+
+    A root with neither `managed-ledgers` nor `admin` under it is no Pulsar tree (a
+    wrong `pulsar_root`, or the chroot named twice): it is a bad znode of its own, so
+    that no ledger is called an orphan for want of references nobody could read."""
+    ml_root = managed_ledgers_root(root)
     out = await _read_managed_ledgers(zk, await _managed_ledger_names(zk, root))
     await _read_schemas(zk, root, await _schema_ids(zk, root), out)
+    if await zk.exists(ml_root) is None and await zk.exists(f"{root.rstrip('/')}/{ADMIN}") is None:
+        out.bad_znodes.append(
+            BadPulsarZnode(
+                ml_root,
+                f"no Pulsar metadata under {root or '/'}: neither {MANAGED_LEDGERS} nor "
+                f"{ADMIN} exists (is checks.pulsar_root right? it is relative to a "
+                "metadata-store URI's chroot)",
+            )
+        )
     return out
 
 
