@@ -15,13 +15,15 @@ API (everything is a coroutine but the constructor and `Cursor`)::
         "persistent://t/ns/a",
         ledgers=[10, 11, 12],                    # ManagedLedgerInfo, oldest first; the last one
                                                  # is the open current ledger (open_last=True)
-        cursors={"sub": Cursor(ledger=20), "idle": Cursor()},  # Cursor(): cursorsLedgerId -1
+        cursors={"sub": Cursor(ledger=20), "idle": Cursor()},  # Cursor(): cursorsLedgerId -1;
+                                                 # a cursor ledger is open (ledger_open)
         offloaded=[10],                          # offloadContext.complete
         bk_deleted=[10],                         # offloaded and gone from BookKeeper (not written)
         compression=CompressionType.LZ4,         # MetaStoreImpl's metadata compression
     )
     await w.compaction("persistent://t/ns/a", compacted_ledger=30)  # the __compaction cursor
     await w.schema("persistent://t/ns/a", ledgers=[40, 41])          # one ledger per version
+    await w.system_topic("t/ns", ledger=60, schema_ledger=61)        # __change_events
     await w.delete_topic("persistent://t/ns/a")   # znodes gone, its ledgers left on the bookies
     await w.ledger(50, owner_metadata)           # a bare ledger (a leak), any custom metadata
     await w.raw_managed_ledger(name, b"...")     # arbitrary bytes (corrupt-input tests)
