@@ -10,6 +10,13 @@ No functions worker, no stream storage; broker, web and bookie ports are free lo
 ports (never 8080); heap and direct memory are bounded. It is ready once its admin API
 answers for the `public/default` namespace the standalone creates last, and it is stopped
 by its own pid.
+
+`PulsarBroker.over(cluster, ...)` runs the same broker without its bookie, over a
+BookKeeper cluster the suite made on Pulsar's driver (`realbk.RealCluster(...,
+driver="pulsar")`): the standalone's `--only-broker` starts neither ZooKeeper nor a bookie,
+and the broker's BookKeeper client is given that cluster's `metadata-store:zk:` URI, whose
+chroot is the broker's metadata chroot too. Its bookies are then the suite's `RealBookie`s,
+which a test can stop one at a time.
 """
 
 from __future__ import annotations
@@ -75,7 +82,8 @@ class AdminError(InteropError):
 
 class PulsarBroker(ServerProcess):
     """One standalone Pulsar broker (with its one bookie) whose metadata is at
-    `/<chroot>` on the ZooKeeper at `zk_hosts`."""
+    `/<chroot>` on the ZooKeeper at `zk_hosts`; or, made by `over`, the broker alone over
+    a cluster of real bookies."""
 
     def __init__(
         self, zk_hosts: str, chroot: str, base_dir: Path, settings: Mapping[str, object] = {}
@@ -88,6 +96,22 @@ class PulsarBroker(ServerProcess):
         self.web_port = free_port()
         self.bookie_port = free_port()
         self.settings = dict(settings)
+        #: The BookKeeper cluster it uses when it runs no bookie of its own (`over`).
+        self.bookies: Cluster | None = None
+
+    @classmethod
+    def over(
+        cls, cluster: Cluster, base_dir: Path, settings: Mapping[str, object] = {}
+    ) -> PulsarBroker:
+        """The broker alone (no bookie, no ZooKeeper of its own) over `cluster`, a cluster
+        on Pulsar's driver: its metadata goes under the chroot holding the cluster's
+        ledgers, as a Pulsar cluster keeps both."""
+        chroot = cluster.ledgers_root.removesuffix("/ledgers").strip("/")
+        if cluster.driver != "pulsar" or cluster.ledgers_root != f"/{chroot}/ledgers":
+            raise InteropError(f"not a cluster on Pulsar's driver at /<chroot>/ledgers: {cluster}")
+        broker = cls(cluster.zk_hosts, chroot, base_dir, settings)
+        broker.bookies = cluster
+        return broker
 
     @property
     def metadata_url(self) -> str:
@@ -98,6 +122,8 @@ class PulsarBroker(ServerProcess):
     def cluster(self) -> Cluster:
         """The broker's BookKeeper cluster, as the suite's BookKeeper tools address it
         (Pulsar's driver: `metadata-store:zk:<zk>/<chroot>`)."""
+        if self.bookies is not None:
+            return self.bookies
         return Cluster(self.zk_hosts, f"/{self.chroot}/ledgers", "pulsar")
 
     @property
@@ -152,12 +178,26 @@ class PulsarBroker(ServerProcess):
             "dbStorage_rocksDB_blockCacheSize": 8 * 1024 * 1024,
             **self.settings,
         }
+        if self.bookies is not None:
+            # Its BookKeeper client on the very URI the cluster's own processes have
+            # (without it the broker derives `metadata-store:<metadataStoreUrl>`).
+            settings["bookkeeperMetadataServiceUri"] = self.bookies.uri
         return write_conf(self.base_dir / "standalone.conf", settings)
 
     def start(self, timeout: float = 3 * START_TIMEOUT) -> None:
         if self.proc is not None:
             raise InteropError("the broker is already running")
         conf = self.conf()
+        if self.bookies is None:
+            bookie: tuple[str | Path, ...] = (
+                "--bookkeeper-port",
+                str(self.bookie_port),
+                "--bookkeeper-dir",
+                self.base_dir / "bookie",
+            )
+        else:
+            # Neither ZooKeeper nor a bookie: the cluster's bookies serve it.
+            bookie = ("--only-broker",)
         command = java(
             *BROKER_OPENS,
             *BROKER_MEMORY,
@@ -170,10 +210,7 @@ class PulsarBroker(ServerProcess):
             "-nss",
             "--metadata-url",
             self.metadata_url,
-            "--bookkeeper-port",
-            str(self.bookie_port),
-            "--bookkeeper-dir",
-            self.base_dir / "bookie",
+            *bookie,
             cp=str(broker_jars() / "*"),
         )
 
