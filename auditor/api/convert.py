@@ -240,6 +240,12 @@ def _leadership(state: DaemonState, msg: pb.GetStatusResponse) -> None:
         msg.other_election_path = other.path
         msg.other_election_holder = other.holder
         _stamp(msg.other_election_since, other.since)
+    unreadable = state.unreadable_vote
+    if unreadable is not None:
+        msg.unreadable_vote_path = unreadable.path
+        msg.unreadable_vote_session = unreadable.session
+        msg.unreadable_vote_error = unreadable.error
+        _stamp(msg.unreadable_vote_since, unreadable.since)
     for name in sorted(state.invalid_znodes):
         z = state.invalid_znodes[name]
         entry_z = msg.invalid_znodes.add(znode=z.znode, value=z.value, using=z.using)
@@ -334,6 +340,16 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
                 "since": stamp_iso(msg, "other_election_since"),
             }
             if msg.other_election
+            else None
+        ),
+        "unreadable_vote": (
+            {
+                "path": msg.unreadable_vote_path,
+                "session": f"0x{msg.unreadable_vote_session:x}",
+                "error": msg.unreadable_vote_error,
+                "since": stamp_iso(msg, "unreadable_vote_since"),
+            }
+            if msg.unreadable_vote_path
             else None
         ),
         "invalid_znodes": {

@@ -290,7 +290,11 @@ def _daemon_target(args: argparse.Namespace) -> str:
 
 def render_status(doc: dict[str, Any], out: TextIO) -> None:
     role = "leader" if doc["is_leader"] else "follower"
-    leader = doc["leader"] or "none known"
+    leader = doc["leader"] or (
+        "none: the election is held by a vote that does not decode"
+        if doc.get("unreadable_vote")
+        else "none known"
+    )
     out.write(
         f"{doc['identity']}: {role} (auditor: {leader}); zookeeper "
         f"{'connected' if doc['zk_connected'] else 'DISCONNECTED'}; auto-recovery "
@@ -363,6 +367,14 @@ def _render_leadership(doc: dict[str, Any], out: TextIO) -> None:
             f"{other['holder'] or '(undecodable)'} at {other['path']} (since "
             f"{other['since'] or '-'}): the cluster's nodes disagree on the metadata driver; "
             "this daemon does not lead\n"
+        )
+    unreadable = doc.get("unreadable_vote")
+    if unreadable:
+        out.write(
+            f"  UNREADABLE VOTE: the election is held by {unreadable['path']} (session "
+            f"{unreadable['session']}, since {unreadable['since'] or '-'}), whose bytes do not "
+            f"decode ({unreadable['error']}): no auditor runs, Java's nor ours, while that "
+            "session lives\n"
         )
     dup = doc.get("duplicate_identity")
     if dup:

@@ -111,7 +111,7 @@ class Elector:
         """Votes and waits until this node leads; cancelling withdraws the vote."""
         await self.zk.ensure_path(self.path)
         vote_data = encode_auditor_vote(self.identity).decode()
-        lock = Vote(self.zk, self.path, vote_data)
+        lock = Vote(self.zk, self.path, vote_data, ordered_votes)
         self._lock = lock
         try:
             await lock.won()

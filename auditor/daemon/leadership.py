@@ -265,6 +265,11 @@ class Decision:
         )
 
 
+#: A leadership that ends, its vote lost, sooner than this after it began (seconds) is a
+#: failure and backed off, never a plain step-down followed by an immediate new vote.
+SHORT_TERM = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential back-off with jitter, capped.
@@ -470,6 +475,18 @@ class LeadershipMachine:
                 return self._back_off(Reason.CAMPAIGN_FAILED, "election attempt failed", now, error)
             case VoteLost():
                 if leading:
+                    lasted = now - self.elected_at if self.elected_at is not None else 0.0
+                    if lasted < SHORT_TERM:
+                        # Won and lost at once: two rules disagree on who leads, or a
+                        # rival keeps taking first place. Voting again at once would
+                        # loop; it is a failure, backed off and counted.
+                        self.elected_at = None
+                        return self._back_off(
+                            Reason.VOTE_LOST,
+                            f"our vote lost first place {lasted:.1f} s after we were elected",
+                            now,
+                            "",
+                        )
                     return self._step_down(
                         Reason.VOTE_LOST, "our vote is gone or no longer first; stepping down", now
                     )

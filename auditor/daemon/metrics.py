@@ -467,6 +467,12 @@ class _StateCollector(Collector):
             backoff,
         )
         yield _gauge(
+            "election_vote_unreadable",
+            "1 while the election is held by a live vote (or Pulsar leader key) whose bytes "
+            "do not decode: no auditor runs, Java's nor ours, while its session lives.",
+            1 if state.unreadable_vote is not None else 0,
+        )
+        yield _gauge(
             "duplicate_identity",
             "1 while another ZooKeeper session holds a vote with this daemon's identity "
             "(this daemon then refuses to vote), else 0.",

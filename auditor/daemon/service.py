@@ -105,6 +105,7 @@ from auditor.daemon.state import (
     RunCompleted,
     RunOutcome,
     RunState,
+    UnreadableVote,
 )
 from auditor.index.store import MetadataIndex
 from auditor.index.sync import IndexSync
@@ -449,12 +450,16 @@ class Daemon:
         self._suspension_timer = None
 
     def _readiness(self) -> None:
-        """Live unless a supervised task ended; ready while connected and in the election."""
+        """Live unless a supervised task ended; ready while connected and in the election,
+        and while the election is not held by a vote nobody can read (the cluster is then
+        unaudited, whoever this daemon is)."""
         if self.api is not None:
             phase = self.state.phase
             self.api.set_serving(
                 live=phase is not Phase.ENDED,
-                ready=self.state.zk_connected and phase in _IN_ELECTION,
+                ready=self.state.zk_connected
+                and phase in _IN_ELECTION
+                and self.state.unreadable_vote is None,
             )
 
     async def _heartbeat(self, notify: Notifier | None) -> None:
@@ -927,6 +932,29 @@ class Daemon:
             self.worker = worker
             await worker.run()
 
+    def _note_unreadable_vote(self, holder: ElectionHolder | None) -> None:
+        """Says so, loudly and once, while a live vote we cannot read holds the election
+        (`DaemonState.unreadable_vote`: status, a metric, readiness); and when it ends."""
+        held = self.state.unreadable_vote
+        if holder is not None and holder.live and holder.auditor is None:
+            if held is None or held.path != holder.path:
+                self.state.unreadable_vote = UnreadableVote(
+                    holder.path, holder.session, holder.error, time.time()
+                )
+                self.log.error(
+                    "election held by a vote that does not decode; nobody audits the "
+                    "cluster while its session lives",
+                    znode=holder.path,
+                    session=f"0x{holder.session:x}",
+                    error=holder.error,
+                )
+                self._readiness()
+            return
+        if held is not None:
+            self.state.unreadable_vote = None
+            self.log.info("the election is no longer held by an unreadable vote", znode=held.path)
+            self._readiness()
+
     async def _follow_leader(self, zk: MetadataStore) -> None:
         """Who leads and whether auto-recovery is on, for status and metrics.
 
@@ -943,6 +971,7 @@ class Daemon:
                 waits = [votes_changed, flag_changed]
                 if not self.state.is_leader:
                     self.state.leader = holder.auditor if holder is not None else None
+                self._note_unreadable_vote(holder)
                 self.state.replication_enabled = disabled is None
                 self.leader_read.set()
             if not waits:  # ZooKeeper unavailable: try again shortly

@@ -138,6 +138,22 @@ class InvalidZnode:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableVote:
+    """The live vote first in line (or Pulsar's leader key) whose bytes do not decode.
+
+    The election's order does not read a vote's data (BookKeeper's comparator ranks
+    names), so that vote's session holds the election: Java's AutoRecovery waits behind
+    it, and so does this daemon. Nobody audits the cluster while that session lives."""
+
+    path: str
+    #: The owning ZooKeeper session (`ephemeralOwner`).
+    session: int
+    #: Why its bytes do not decode.
+    error: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
 class OtherElection:
     """A live holder of the election this daemon does not take part in."""
 
@@ -180,6 +196,8 @@ class DaemonState:
     election: str = "bookkeeper"
     #: While the other driver's election has a live holder (this daemon stays out).
     other_election: OtherElection | None = None
+    #: While the election is held by a live vote that does not decode (nobody audits).
+    unreadable_vote: UnreadableVote | None = None
     #: While backing off after a failure: when this daemon votes again (wall clock).
     backoff_until: float | None = None
     #: Znodes read and found unusable, by name, while they stay so.

@@ -306,6 +306,10 @@ class GetStatusResponse(_message.Message):
     OTHER_ELECTION_HOLDER_FIELD_NUMBER: _builtins.int
     OTHER_ELECTION_SINCE_FIELD_NUMBER: _builtins.int
     WORKER_FIELD_NUMBER: _builtins.int
+    UNREADABLE_VOTE_PATH_FIELD_NUMBER: _builtins.int
+    UNREADABLE_VOTE_SESSION_FIELD_NUMBER: _builtins.int
+    UNREADABLE_VOTE_ERROR_FIELD_NUMBER: _builtins.int
+    UNREADABLE_VOTE_SINCE_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     is_leader: _builtins.bool
     leader: _builtins.str
@@ -335,6 +339,14 @@ class GetStatusResponse(_message.Message):
     """
     other_election_path: _builtins.str
     other_election_holder: _builtins.str
+    unreadable_vote_path: _builtins.str
+    """While the vote first in line (or Pulsar's leader key) belongs to a live
+    session and does not decode: nobody audits the cluster (BookKeeper's
+    AutoRecovery waits behind that vote as this daemon does). Its znode, the
+    owning session, why it does not decode, and since when. Empty otherwise.
+    """
+    unreadable_vote_session: _builtins.int
+    unreadable_vote_error: _builtins.str
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -375,6 +387,8 @@ class GetStatusResponse(_message.Message):
         Unset from a daemon older than the worker.
         """
 
+    @_builtins.property
+    def unreadable_vote_since(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -400,10 +414,14 @@ class GetStatusResponse(_message.Message):
         other_election_holder: _builtins.str = ...,
         other_election_since: _timestamp_pb2.Timestamp | None = ...,
         worker: Global___WorkerStatus | None = ...,
+        unreadable_vote_path: _builtins.str = ...,
+        unreadable_vote_session: _builtins.int = ...,
+        unreadable_vote_error: _builtins.str = ...,
+        unreadable_vote_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "started_at", b"started_at", "worker", b"worker"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "started_at", b"started_at", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "worker", b"worker", "zk_connected", b"zk_connected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "unreadable_vote_error", b"unreadable_vote_error", "unreadable_vote_path", b"unreadable_vote_path", "unreadable_vote_session", b"unreadable_vote_session", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker", "zk_connected", b"zk_connected"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -41,6 +41,7 @@ from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.watching import until_watched
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
@@ -466,3 +467,94 @@ async def test_a_token_no_client_can_send_is_refused_at_start(
     assert line.startswith("bk-auditor: error: api.token must be printable ASCII"), line
     assert why in line
     assert token not in line  # a secret is never echoed
+
+
+# --- foreign votes ---------------------------------------------------------------------------
+
+#: How long a daemon behind a foreign vote is watched for a loop: absence has no event.
+QUIET = 3.0
+
+
+async def test_a_foreign_v_1_leads_and_the_daemon_waits_behind_it_without_looping(
+    zk: ZkClient, zk_hosts: str
+) -> None:
+    """A live vote named `V_1` (a short sequence: BookKeeper's comparator reads 1, kazoo's
+    lock ranked it nowhere) holds the election, as Java's nodes would have it: the daemon
+    votes once and waits, no election, no step-down, no ZooKeeper writes in a loop; it
+    leads once that session ends."""
+    await cluster(zk)
+    async with ZkClient(zk_hosts) as other:
+        await zk.ensure_path(VOTES)
+        for _ in range(3):  # votes came and went before: ours will be V_...0005 or later
+            await zk.delete(await zk.create(f"{VOTES}/V_", b"", ephemeral=True, sequence=True))
+        await other.create(f"{VOTES}/V_1", encode_auditor_vote("java:3181"), ephemeral=True)
+        daemon = Daemon(fast_config(zk_hosts, "behind:1"), metrics=Metrics())
+        async with _started(daemon):
+            await until(daemon.decided, lambda: daemon.state.phase is Phase.VOTING, "votes")
+            await until(daemon.leader_read, lambda: daemon.state.leader == "java:3181", "follows")
+            votes = await until_watched(
+                lambda: zk.get_children_watched(VOTES), lambda v: len(v) == 2, 30, "our vote"
+            )
+            assert "V_1" in votes
+            await asyncio.sleep(QUIET)
+            assert Reason.ELECTED not in reasons(daemon), reasons(daemon)
+            assert await zk.get_children(VOTES) == votes  # the same vote: not re-cast
+            assert daemon.state.phase is Phase.VOTING
+            assert daemon.state.unreadable_vote is None
+            await other.close()
+            await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leads")
+            assert reasons(daemon).count(Reason.ELECTED) == 1
+
+
+async def test_a_garbage_vote_first_in_line_is_said_loudly(
+    zk: ZkClient, zk_hosts: str, info_logs: Logs
+) -> None:
+    """A live vote first in line whose bytes do not decode: no daemon leads (Java's would
+    not either), and each says so: status names the znode and its session, a metric, an
+    error in its log, readiness NOT_SERVING; when the session ends, the daemon leads and
+    all of it clears."""
+    await cluster(zk)
+    async with ZkClient(zk_hosts) as other:
+        await zk.ensure_path(VOTES)
+        garbage = await other.create(
+            f"{VOTES}/V_", b"\xff\xfe garbage", ephemeral=True, sequence=True
+        )
+        session = other.session
+        assert session is not None
+        metrics = Metrics()
+        daemon = Daemon(fast_config(zk_hosts, "loud:1"), metrics=metrics)
+        async with _started(daemon):
+            await until(
+                daemon.leader_read, lambda: daemon.state.unreadable_vote is not None, "noticed"
+            )
+            held = daemon.state.unreadable_vote
+            assert held is not None
+            assert (held.path, held.session) == (garbage, session)
+            assert "vote" in held.error.lower()
+            assert daemon.state.phase is Phase.VOTING and daemon.state.leader is None
+            assert daemon.api is not None and isinstance(daemon.api, ApiServer)
+            status = await _status(daemon.api)
+            assert (status.unreadable_vote_path, status.unreadable_vote_session) == (
+                garbage,
+                session,
+            )
+            assert status.HasField("unreadable_vote_since")
+            assert sample(metrics, "bookkeeper_auditor_election_vote_unreadable") == 1
+            assert await _readiness(daemon.api) == NOT_SERVING
+            said = events(
+                info_logs,
+                "election held by a vote that does not decode; nobody audits the cluster "
+                "while its session lives",
+            )
+            assert [(e["znode"], e["session"]) for e in said] == [(garbage, f"0x{session:x}")]
+            code, out, err = await bk("status", "--target", f"127.0.0.1:{daemon.api.port}")
+            assert code == 0, err
+            assert "auditor: none: the election is held by a vote that does not decode" in out
+            assert (
+                f"UNREADABLE VOTE: the election is held by {garbage} (session 0x{session:x}" in out
+            )
+            await other.close()
+            await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leads")
+            await until(daemon.leader_read, lambda: daemon.state.unreadable_vote is None, "cleared")
+            assert sample(metrics, "bookkeeper_auditor_election_vote_unreadable") == 0
+            assert await _readiness(daemon.api) == SERVING

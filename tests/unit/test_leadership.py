@@ -9,6 +9,7 @@ import pytest
 
 from auditor.daemon.leadership import (
     DETAIL_LIMIT,
+    SHORT_TERM,
     Action,
     Backoff,
     BackoffElapsed,
@@ -196,14 +197,41 @@ def test_failures_in_a_row_back_off_longer_and_the_streak_resets() -> None:
         assert top / 2 <= wait <= top
     # A term that ends for another reason starts the count over.
     m.decide(Elected("/v/V_2"), 100.0)
-    assert m.decide(VoteLost(), 101.0).action is Action.STEP_DOWN
+    assert m.decide(VoteLost(), 100.0 + SHORT_TERM).action is Action.STEP_DOWN
     assert m.failures == 0
-    assert fail_term(m, 102.0, 102.5).backoff <= 1.0
+    assert fail_term(m, 120.0, 120.5).backoff <= 1.0
     # So does a failing term that had lasted at least the maximum back-off.
     assert fail_term(m, 200.0, 200.1).backoff > 1.0  # second in a row: 1..2 s
     assert m.failures == 2
     assert fail_term(m, 300.0, 308.0).backoff <= 1.0
     assert m.failures == 1
+
+
+def test_a_vote_lost_right_after_winning_backs_off_and_counts() -> None:
+    """Elected, then our vote no longer first within seconds (a foreign `V_1` that one
+    rule ranked last and another first): a failure, backed off longer each time, never
+    an immediate new vote; a term that lasted is a plain step-down."""
+    m = LeadershipMachine(Backoff(initial=1.0, maximum=8.0), random.Random(2))
+    m.decide(Started(), 0.0)
+    waits = []
+    for i in range(4):
+        at = 100.0 * i
+        assert m.decide(Elected(f"/v/V_{i}"), at).action is Action.LEAD
+        d = m.decide(VoteLost(), at + 0.01)
+        assert (d.action, d.phase, d.reason, d.level) == (
+            Action.BACK_OFF,
+            B,
+            Reason.VOTE_LOST,
+            "error",
+        )
+        assert "0.0 s after we were elected" in d.message
+        waits.append(d.backoff)
+        assert m.decide(BackoffElapsed(), at + 0.01 + d.backoff).action is Action.VOTE
+    assert m.failures == 4
+    assert [top / 2 <= w <= top for w, top in zip(waits, [1, 2, 4, 8], strict=True)] == [True] * 4
+    m.decide(Elected("/v/V_9"), 1000.0)
+    assert m.decide(VoteLost(), 1000.0 + SHORT_TERM).action is Action.STEP_DOWN
+    assert m.failures == 0
 
 
 def test_campaign_failures_count_in_the_same_streak() -> None:
