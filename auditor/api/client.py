@@ -113,6 +113,8 @@ class ApiClient:
     # --- plumbing -----------------------------------------------------------------
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The token on every call, reads too: a daemon with `protect_reads` refuses reads
+        without it, and one without ignores it."""
         if self._token is None:
             return ()
         return ((AUTH_METADATA_KEY, f"Bearer {self._token}"),)
@@ -150,13 +152,17 @@ class ApiClient:
 
     async def status(self) -> pb.GetStatusResponse:
         resp: pb.GetStatusResponse = await self._call(
-            self._stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout)
+            self._stub.GetStatus(
+                pb.GetStatusRequest(), timeout=self.timeout, metadata=self._metadata()
+            )
         )
         return resp
 
     async def report(self, check: str) -> pb.GetReportResponse:
         resp: pb.GetReportResponse = await self._call(
-            self._stub.GetReport(pb.GetReportRequest(check=check), timeout=self.timeout)
+            self._stub.GetReport(
+                pb.GetReportRequest(check=check), timeout=self.timeout, metadata=self._metadata()
+            )
         )
         return resp
 
@@ -187,7 +193,9 @@ class ApiClient:
     async def get_lost_bookie_recovery_delay(self) -> int:
         resp: pb.LostBookieRecoveryDelay = await self._call(
             self._stub.GetLostBookieRecoveryDelay(
-                pb.GetLostBookieRecoveryDelayRequest(), timeout=self.timeout
+                pb.GetLostBookieRecoveryDelayRequest(),
+                timeout=self.timeout,
+                metadata=self._metadata(),
             )
         )
         return resp.seconds
@@ -215,7 +223,9 @@ class ApiClient:
     def violations(self, check: str = "", category: str = "") -> AsyncIterator[pb.Violation]:
         return self._stream(
             self._stub.ListViolations(
-                pb.ListViolationsRequest(check=check, category=category), timeout=self.timeout
+                pb.ListViolationsRequest(check=check, category=category),
+                timeout=self.timeout,
+                metadata=self._metadata(),
             )
         )
 
@@ -229,6 +239,7 @@ class ApiClient:
                     excluding_missing_replica=excluding_missing_replica,
                 ),
                 timeout=self.timeout,
+                metadata=self._metadata(),
             )
         )
 

@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
 
 from auditor.analysis.explain_run import explain_on_cluster
 from auditor.api import LIVENESS, READINESS
+from auditor.api.client import ApiClient, ApiUnauthenticatedError
 from auditor.api.convert import report_from_json
 from auditor.api.server import ApiServer, start_api_server
 from auditor.checks.findings import Category, Check, CheckReport, Coverage, Violation
@@ -787,6 +788,32 @@ async def test_protected_reads_need_the_token_and_health_stays_open(zk: ZkClient
         assert got.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await channel.close()
+        await server.stop(0)
+
+
+async def test_every_client_call_sends_the_token_to_a_daemon_protecting_reads(
+    zk: ZkClient,
+) -> None:
+    """`bk-auditor status`, `report`, `violations`, `list-underreplicated` and the delay
+    read through `ApiClient` against `protect_reads`: each is answered (the client sends
+    the token on reads too), where before status, report and the delay were refused."""
+    control = MinimalControl(sample_state(), await cluster_urm(zk))
+    server = await start_api_server(
+        control, host="127.0.0.1", port=0, token=TOKEN, protect_reads=True
+    )
+    try:
+        async with ApiClient(f"127.0.0.1:{server.port}", timeout=5, token=TOKEN) as api:
+            # Each raises ApiUnauthenticatedError when the token is not sent.
+            assert (await api.status()).identity == ME
+            assert (await api.report("replicas")).check == "replicas"
+            assert await api.set_lost_bookie_recovery_delay(30) == 30
+            assert await api.get_lost_bookie_recovery_delay() == 30
+            [v.ledger_id async for v in api.violations()]
+            [u.ledger_id async for u in api.underreplicated()]
+        async with ApiClient(f"127.0.0.1:{server.port}", timeout=5) as bare:
+            with pytest.raises(ApiUnauthenticatedError):
+                await bare.status()
+    finally:
         await server.stop(0)
 
 
