@@ -77,6 +77,15 @@ LEAF = re.compile(r"^L\d{4}$")
 FLAT_LEAF = re.compile(r"^L\d{10}$")
 #: A name shaped like a ledger's (L and digits), whatever the count of digits.
 LEDGER_SHAPED = re.compile(r"^L\d+$")
+#: The top directories of the hierarchical trees (2-4-4, 3-4-4-4-4).
+TREE_TOP = re.compile(r"^\d{2,3}$")
+WRONG_LAYOUT_FLAT = (
+    "a hierarchical ledger directory, but LAYOUT names the flat ledger manager: "
+    "no ledger under it is read"
+)
+WRONG_LAYOUT_HIERARCHICAL = (
+    "a flat ledger znode, but LAYOUT names the hierarchical ledger manager: it is not read"
+)
 #: Unexpected znodes kept by path (all are counted): enough for an operator to go and look.
 UNEXPECTED_KEPT = 100
 #: The most ledgers one batch of the walk reads (one multiRead). A smaller `concurrency`
@@ -312,7 +321,20 @@ class LedgerWalker:
                 if self.id_range is None or self.id_range.contains_prefix(name[1:], 0):
                     yield f"{self.root}/{name}"
             elif self._owns("", 10):
-                self._misnamed(f"{self.root}/{name}", name, 10)
+                path = f"{self.root}/{name}"
+                if not self._misnamed(path, name, 10) and TREE_TOP.match(name):
+                    # Ledgers the layout cannot read: a silent "0 ledgers, all clear" else.
+                    self._invalid(path, WRONG_LAYOUT_FLAT)
+
+    async def _flat_strays(self) -> AsyncIterator[str]:
+        """Flat ledger znodes at the root of a hierarchical layout: named, never read
+        (the layout says where ledgers are; these are not there). Yields nothing."""
+        if self._owns("", 10):
+            for name in await self._children(self.root):
+                if LEDGER_SHAPED.match(name):
+                    self._invalid(f"{self.root}/{name}", WRONG_LAYOUT_HIERARCHICAL)
+        return
+        yield
 
     async def ledger_paths(self) -> AsyncGenerator[tuple[int, str], None]:
         """(ledger id, znode path) in ascending id order."""
@@ -327,6 +349,8 @@ class LedgerWalker:
             # Hierarchical: ids below INT_MAX live in the 2-4-4 tree, the rest in
             # the 3-4-4-4-4 tree, so the two walks in turn are in id order.
             sources = [self._tree(t) for t in trees_of(self.manager)]
+            if self.manager is LedgerManager.HIERARCHICAL:
+                sources.append(self._flat_strays())
         for source in sources:
             async for path in source:
                 found = self._ledger_id(path)

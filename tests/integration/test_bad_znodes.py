@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from auditor.checks.replicas_run import ReplicasRun, run_replicas_check
-from auditor.metadata.layout import LedgerManager
+from auditor.metadata.layout import Layout, LedgerManager
 from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.registry import READONLY, register_bookie, service_info_bytes
 from auditor.metadata.serde import encode_ledger_metadata
@@ -27,6 +27,7 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
+from auditor.metadata.walk import WRONG_LAYOUT_FLAT, WRONG_LAYOUT_HIERARCHICAL
 from auditor.testing.cli import bk, one_json
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.harness import test_cluster
@@ -563,3 +564,40 @@ async def test_a_garbage_auditor_vote_is_one_line_naming_it(zk: ZkClient) -> Non
     assert (code, out) == (1, "")
     [line] = err.splitlines()
     assert line.startswith(f"bk-auditor: error: auditor vote: {vote}: ")
+
+
+async def test_a_layout_that_cannot_read_the_ledgers_present_is_never_clean(
+    zk: ZkClient,
+) -> None:
+    """A hierarchical cluster whose LAYOUT names the flat manager: before, every check
+    read 0 ledgers and `check all` said all clear (exit 0). The hierarchical directories
+    are named as invalid znodes and every walking check fails; and the other way round, a
+    flat ledger znode at a hierarchical root is named too."""
+    async with test_cluster(zk, 3) as tc:
+        for i in (1, 2):
+            await tc.writer.write_ledger(i, tc.ids, write_quorum=2, num_entries=4)
+        await zk.set(f"{tc.root}/LAYOUT", Layout.current(LedgerManager.FLAT).encode())
+        code, out, err = await bk("check", "all", "--zk", zk.hosts, "--json", *CLEAN)
+        assert code == 1, err
+        reports = one_json(out)["reports"]
+        for name in WALKING:
+            assert reports[name]["ledgers_checked"] == 0, name
+            assert reports[name]["invalid_znodes"] == {
+                "total": 1,
+                "listed": [{"path": f"{tc.root}/00", "reason": WRONG_LAYOUT_FLAT}],
+            }, name
+        code, out, err = await bk("ledgers", "--zk", zk.hosts)
+        assert code == 1
+        assert f"invalid ledger znode {tc.root}/00: {WRONG_LAYOUT_FLAT}" in err
+        # Hierarchical again, with a flat ledger's znode at the root.
+        await zk.set(f"{tc.root}/LAYOUT", Layout.current(LedgerManager.HIERARCHICAL).encode())
+        stray = f"{tc.root}/L0000000007"
+        await zk.create(stray, encode_ledger_metadata(make_metadata(7, E)))
+        code, out, err = await bk("check", "all", "--zk", zk.hosts, "--json", *CLEAN)
+        assert code == 1, err
+        reports = one_json(out)["reports"]
+        for name in WALKING:
+            assert reports[name]["ledgers_checked"] == 2, name
+            assert reports[name]["invalid_znodes"]["listed"] == [
+                {"path": stray, "reason": WRONG_LAYOUT_HIERARCHICAL}
+            ], name
