@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from auditor.api import TARGET_ENV, TOKEN_ENV
 from auditor.checks.findings import Check
+from auditor.cli.argtypes import MAX_TIMEOUT, seconds
 from auditor.cli.cluster import NO_ADDRESS, ZK_ENV, address_of, target_of_args
 from auditor.config import read_text
 from auditor.errors import AuditorError, ConfigError
@@ -541,7 +542,9 @@ def _api_args(p: argparse.ArgumentParser, *, with_common: bool) -> None:
         else "a daemon's gRPC API; without it, BookKeeper's trigger through ZooKeeper",
     )
     if with_common:
-        p.add_argument("--timeout", type=float, default=10.0, help="seconds for each call")
+        p.add_argument(
+            "--timeout", type=seconds(MAX_TIMEOUT), default=10.0, help="seconds for each call"
+        )
         p.add_argument("--json", action="store_true", help="one JSON object")
 
 

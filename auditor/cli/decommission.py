@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from auditor.checks.context import CheckContext, open_context
+from auditor.cli.argtypes import MAX_DURATION, seconds
 from auditor.cli.recover import (
     LedgerMover,
     followed,
@@ -379,16 +380,6 @@ def _finish(out: TextIO, as_json: bool, summary: dict[str, Any], text: str) -> N
     out.write((json.dumps(summary) if as_json else text) + "\n")
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def add_parser(
     sub: Any,
     cluster_args: Callable[[argparse.ArgumentParser], None],
@@ -407,7 +398,7 @@ def add_parser(
     )
     p.add_argument(
         "--wait-timeout",
-        type=_positive,
+        type=seconds(MAX_DURATION),
         default=None,
         metavar="SECONDS",
         help="give up waiting after this long (exit 1); default: wait until done",

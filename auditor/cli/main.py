@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from auditor.cli import admin
 from auditor.cli import explain as explain_cli
+from auditor.cli.argtypes import MAX_DURATION, MAX_TIMEOUT, seconds
 from auditor.cli.cluster import ZK_ENV, target_of_args
 from auditor.errors import AuditorError, ConfigError, shown_name
 from auditor.metadata.cluster import ClusterTarget
@@ -78,7 +79,10 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ledgers-root", metavar="PATH", help="ledgers root (default /ledgers)")
     p.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds for connecting and for each call"
+        "--timeout",
+        type=seconds(MAX_TIMEOUT),
+        default=10.0,
+        help="seconds for connecting and for each call",
     )
     p.add_argument(
         "--zk-auth-file",
@@ -227,7 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     emu.add_argument("--storage", choices=["sorted", "interleaved", "dbledger"], default="sorted")
     emu.add_argument("--readonly", action="store_true")
     demo = sub.add_parser("demo", help="the whole product on an embedded cluster")
-    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    demo.add_argument(
+        "--duration",
+        type=seconds(MAX_DURATION),
+        default=None,
+        help="stop after this many seconds",
+    )
     demo.add_argument(
         "--store",
         choices=("zookeeper", "etcd"),
