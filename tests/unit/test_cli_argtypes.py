@@ -6,6 +6,9 @@ OverflowError") and `--timeout nan` printed "within nans".
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from auditor.cli.argtypes import MAX_TIMEOUT
@@ -25,3 +28,21 @@ def test_a_timeout_that_is_no_bounded_number_of_seconds_is_refused(
     assert repr(value) in line
     if value != "ten":
         assert f"above 0 and at most {MAX_TIMEOUT:g}" in line
+
+
+def test_the_cli_leaves_no_core_dump_behind() -> None:
+    """Every command (the daemon is `run`) sets its core limit, soft and hard, to 0 before
+    anything else: its memory holds tokens and ZooKeeper passwords."""
+    code = (
+        "import resource\n"
+        "from auditor.cli.main import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(resource.getrlimit(resource.RLIMIT_CORE))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.splitlines()[-1] == "(0, 0)", done.stderr

@@ -43,3 +43,8 @@ def test_notify_and_watchdog() -> None:
     assert s["NotifyAccess"] == ["main"]  # READY, STATUS and WATCHDOG come from the main PID
     assert "WatchdogSec" in s
     assert "AF_UNIX" in s["RestrictAddressFamilies"][0].split()
+
+
+def test_no_core_dumps() -> None:
+    """Its memory holds the API token and ZooKeeper's password."""
+    assert _service()["LimitCORE"] == ["0"]
