@@ -33,6 +33,7 @@ from auditor.metadata.elections import (
 from auditor.metadata.records import RecordFormatError
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.secretfiles import refuse_if_public
 from auditor.store import BadVersionError, MetadataStore, NoNodeError
 
 if TYPE_CHECKING:
@@ -267,6 +268,7 @@ def api_token(
     if args.token is not None and token_file is not None:
         raise ConfigError("give --token or --token-file, not both")
     if token_file is not None:
+        refuse_if_public(token_file, "--token-file")
         text = read_text(token_file, "--token-file")
         token = text.removesuffix("\n").removesuffix("\r")
         if not token.strip():

@@ -35,6 +35,7 @@ from typing import Any
 from kazoo.security import CREATOR_ALL_ACL, make_digest_acl_credential
 
 from auditor.errors import ConfigError
+from auditor.secretfiles import refuse_if_public
 from auditor.zk.tls import ZkTls
 
 SASL_MECHANISMS = ("GSSAPI", "DIGEST-MD5")
@@ -222,6 +223,7 @@ def parse_zk_auth(text: str, origin: str = "") -> ZkCredentials:
 def read_zk_auth_file(path: str | Path, origin: str = "") -> ZkCredentials:
     p = Path(path)
     where = origin or str(p)
+    refuse_if_public(p, "ZooKeeper credentials file")
     try:
         text = p.read_text()
     except FileNotFoundError as exc:

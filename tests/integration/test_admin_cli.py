@@ -366,10 +366,20 @@ async def test_token_file(daemon: Api, tmp_path: Path) -> None:
     t = ("trigger", "replicas", "--target", daemon.target)
     good = tmp_path / "token"
     good.write_text(TOKEN + "\n")
+    # Readable by every user: refused, as SSH refuses such a key; private, it is used.
+    good.chmod(0o644)
+    one_line_error(
+        await bk(*t, "--token-file", str(good)),
+        f"--token-file {good} is open to every user (mode 0644): chmod o-rwx {good}",
+        2,
+    )
+    assert daemon.control.triggered == []
+    good.chmod(0o600)
     run = await bk(*t, "--token-file", str(good))
     assert (run.returncode, run.stdout) == (0, f"triggered replicas on {ME}\n"), run.stderr
     wrong = tmp_path / "wrong"
     wrong.write_text("nope")
+    wrong.chmod(0o640)
     # the file wins over the environment
     run = await bk(*t, "--token-file", str(wrong), BK_AUDITOR_API_TOKEN=TOKEN)
     one_line_error(run, "not valid", 1)
@@ -384,6 +394,7 @@ async def test_token_file(daemon: Api, tmp_path: Path) -> None:
     )
     empty = tmp_path / "empty"
     empty.write_text("\n")
+    empty.chmod(0o600)
     one_line_error(await bk(*t, "--token-file", str(empty)), f"--token-file {empty} is empty", 2)
     one_line_error(await bk(*t, "--token", ""), "--token is empty", 2)
     one_line_error(
@@ -393,6 +404,7 @@ async def test_token_file(daemon: Api, tmp_path: Path) -> None:
     )
     blanks = tmp_path / "blanks"
     blanks.write_text(f" {TOKEN}\n")
+    blanks.chmod(0o600)
     one_line_error(
         await bk(*t, "--token-file", str(blanks)),
         f"the API token in --token-file {blanks} must be printable ASCII",

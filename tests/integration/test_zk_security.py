@@ -152,6 +152,17 @@ async def test_authenticated_cli_reads(hosts: str, alice: ZkClient, tmp_path: Pa
     assert (rc, err) == (0, "1 ledgers, 0 corrupt, 0 deleted during the walk\n")
     assert [line.split('"ledger_id": ')[1].split(",")[0] for line in out.splitlines()] == ["7"]
 
+    # A credentials file every user can read is refused, one line, nothing read.
+    shared = auth_file(tmp_path, ALICE)
+    Path(shared).chmod(0o644)
+    rc, out, err = await run_cli("ledgers", "--zk", hosts, "--zk-auth-file", shared)
+    assert (rc, out) == (2, "")
+    assert err == (
+        f"bk-auditor: error: ZooKeeper credentials file {shared} is open to every user "
+        f"(mode 0644): chmod o-rwx {shared} (600 or 640), as SSH refuses a private key "
+        "others can read\n"
+    )
+
     # ... or from the environment.
     rc, out, err = await run_cli("list-underreplicated", "--zk", hosts, zk_auth=ALICE)
     assert (rc, out, err) == (0, "", "0 under-replicated ledgers; auto-recovery enabled\n")

@@ -665,6 +665,12 @@ def test_tls_and_token_file(tmp_path: Path) -> None:
     key = write(tmp_path, "key.pem", "k")
     ca = write(tmp_path, "ca.pem", "a")
     token = write(tmp_path, "token", "  s3cret\n")
+    Path(token).chmod(0o644)
+    with pytest.raises(
+        ConfigError, match=r"api\.token_file .* is open to every user \(mode 0644\)"
+    ):
+        load_daemon_config(None, [f"api.token_file={token}"], env=ZK)
+    Path(token).chmod(0o640)
     cfg = load_daemon_config(
         None,
         [
@@ -686,6 +692,7 @@ def test_tls_and_token_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"api\.token and api\.token_file are both set"):
         load_daemon_config(None, [f"api.token_file={token}", "api.token=x"], env=ZK)
     empty = write(tmp_path, "empty", "\n")
+    Path(empty).chmod(0o600)
     with pytest.raises(ConfigError, match=r"api\.token_file .* is empty"):
         load_daemon_config(None, [f"api.token_file={empty}"], env=ZK)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from auditor.config import BookKeeperConfig, from_origin
 from auditor.daemon.config.sections import ApiConfig, DaemonSection
 from auditor.errors import ConfigError
+from auditor.secretfiles import refuse_if_public
 from auditor.zk.security import ZkCredentials, ZkSecurity, parse_zk_auth, read_zk_auth_file
 
 DAEMON_ZK_HINT = (
@@ -51,6 +52,7 @@ def resolve_api(api: ApiConfig, origins: Mapping[str, str]) -> ApiConfig:
     if api.token:
         raise ConfigError("api.token and api.token_file are both set; set one")
     check_file("api.token_file", api.token_file, at("token_file"))
+    refuse_if_public(api.token_file, "api.token_file")
     try:
         token = Path(api.token_file).read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
