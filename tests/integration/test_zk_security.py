@@ -154,7 +154,7 @@ async def test_authenticated_cli_reads(hosts: str, alice: ZkClient, tmp_path: Pa
 
     # A credentials file every user can read is refused, one line, nothing read.
     shared = auth_file(tmp_path, ALICE)
-    Path(shared).chmod(0o644)
+    os.chmod(shared, 0o644)
     rc, out, err = await run_cli("ledgers", "--zk", hosts, "--zk-auth-file", shared)
     assert (rc, out) == (2, "")
     assert err == (
