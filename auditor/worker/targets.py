@@ -6,7 +6,7 @@ bookies, the placement policy with bookie locations, and a random source.
 
 Candidates are writable bookies outside the segment's ensemble (spec §3.2:
 never read-only, never lost, never a member, never one target for two
-positions). With the rack-aware policy and `enforceMinNumRacksPerWriteQuorum`,
+positions), registered under a valid bookie id (the rule the checks apply). With the rack-aware policy and `enforceMinNumRacksPerWriteQuorum`,
 bookies of the default rack are no candidates either (upstream's step 1).
 
 Upstream's rack-aware `replaceBookie` (spec §3.3) takes the first bookie it
@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence, Set
 from auditor.checks.placement import Adherence, PlacementPolicy, PolicyKind
 from auditor.errors import AuditorError
 from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.serde import is_valid_bookie_id
 from auditor.topology.locations import DEFAULT_RACK
 
 #: Most joint location assignments tried at once (locations ** bad positions).
@@ -115,7 +116,10 @@ def choose_targets(
         return locations.get(bookie) or default
 
     members = set(ensemble)
-    pool = sorted(b for b in writable if b not in members)
+    # A registration is untrusted input: one whose name no bookie id can be (created under
+    # an open `available/` by anyone) is never a copy target.
+    invalid = sorted(b for b in writable if not is_valid_bookie_id(b))
+    pool = sorted(b for b in writable if b not in members and is_valid_bookie_id(b))
     enforce = policy.kind is PolicyKind.RACKAWARE and policy.enforce_min_racks_per_write_quorum
     excluded_default = 0
     if enforce:
@@ -126,6 +130,8 @@ def choose_targets(
         reason = (
             f"{len(pool)} writable bookie(s) outside the ensemble for {len(positions)} position(s)"
         )
+        if invalid:
+            reason += f" ({len(invalid)} more registered under names no bookie id can be)"
         if excluded_default:
             reason += (
                 f" ({excluded_default} more in {DEFAULT_RACK}, refused with "

@@ -150,6 +150,21 @@ def test_read_only_and_members_never_targets() -> None:
     )
 
 
+def test_a_registration_no_bookie_id_can_be_is_never_a_target() -> None:
+    """Names under `available/` are untrusted: `evil host!`, `a/b` and the reserved
+    `readonly` are passed over (default policy: any valid one would do), and when only
+    such names are left, the reason counts them."""
+    md = ledger(["a1", "b1", "c1"])
+    bad = {"evil host!", "readonly", "dé1"}
+    assert choices(md, [0], {"d1", *bad}, policy=DEFAULT) == {"d1"}
+    with pytest.raises(NoTargetError) as err:
+        choose(md, [0], {"b1", *bad}, policy=DEFAULT, locations={})
+    assert str(err.value).endswith(
+        "0 writable bookie(s) outside the ensemble for 1 position(s) "
+        "(3 more registered under names no bookie id can be)"
+    )
+
+
 def test_not_enough_candidates_for_two_positions() -> None:
     md = ledger(["a1", "b1", "c1"], segments=2)
     with pytest.raises(NoTargetError, match=r"segment 1 \(from entry 10\).* 1 writable bookie"):
