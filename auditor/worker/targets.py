@@ -6,8 +6,9 @@ bookies, the placement policy with bookie locations, and a random source.
 
 Candidates are writable bookies outside the segment's ensemble (spec §3.2:
 never read-only, never lost, never a member, never one target for two
-positions), registered under a valid bookie id (the rule the checks apply). With the rack-aware policy and `enforceMinNumRacksPerWriteQuorum`,
-bookies of the default rack are no candidates either (upstream's step 1).
+positions), registered under a valid bookie id (the rule the checks apply).
+With the rack-aware policy and `enforceMinNumRacksPerWriteQuorum`, bookies of
+the default rack are no candidates either (upstream's step 1).
 
 Upstream's rack-aware `replaceBookie` (spec §3.3) takes the first bookie it
 finds in the order *same rack as the replaced bookie*, *a rack no other member
