@@ -48,3 +48,14 @@ def test_notify_and_watchdog() -> None:
 def test_no_core_dumps() -> None:
     """Its memory holds the API token and ZooKeeper's password."""
     assert _service()["LimitCORE"] == ["0"]
+
+
+def test_the_images_configuration_keeps_the_http_views_off_as_the_default_does() -> None:
+    """One default, stated once: the README says the HTTP views are off unless asked for;
+    the image's `deploy/auditor.toml` served them on 0.0.0.0:9878 without protect_reads."""
+    import tomllib
+
+    from auditor.daemon.config.sections import ApiConfig
+
+    doc = tomllib.loads((UNIT.parents[1] / "auditor.toml").read_text(encoding="utf-8"))
+    assert doc["api"]["http_port"] == ApiConfig().http_port == -1
