@@ -22,9 +22,16 @@ the handshake refuses a peer without one the CA signed). With TLS configured for
 the API the views are served over HTTPS with the same certificate.
 
 The request parser is strict and small: one request line and at most
-`MAX_HEADERS` headers within `MAX_HEAD_BYTES`, read within `HEAD_TIMEOUT`
-seconds; no request body; at most `MAX_CONNECTIONS` connections at once; errors
-answer with a JSON body `{"error": ...}`.
+`MAX_HEADERS` headers within `MAX_HEAD_BYTES`, read within the header timeout
+(`api.http_header_timeout`, which is also how long a kept-alive connection may sit
+idle); no request body; errors answer with a JSON body `{"error": ...}`.
+
+Connections: at most `api.http_max_connections` open at once. A connection waiting
+for a request head is *idle*; one whose request is being answered is *busy*. When
+the limit is reached, a new connection takes the place of the oldest idle one
+(closed at once), so clients that open connections and send nothing (or trickle a
+head) can never lock real requests out; only when every connection is busy is the
+newcomer answered 503.
 """
 
 from __future__ import annotations
@@ -54,11 +61,11 @@ from auditor.store import NoNodeError
 #: Bounds of one request's head (request line and headers).
 MAX_HEAD_BYTES = 16 * 1024
 MAX_HEADERS = 64
-#: Seconds a client has to send a whole request head; also how long a kept-alive
-#: connection may sit idle.
-HEAD_TIMEOUT = 10.0
-#: Connections served at once; one more is answered 503 and closed.
-MAX_CONNECTIONS = 64
+#: Default seconds a client has to send a whole request head; also how long a
+#: kept-alive connection may sit idle (`api.http_header_timeout`).
+HEAD_TIMEOUT = 5.0
+#: Default connections open at once (`api.http_max_connections`).
+MAX_CONNECTIONS = 256
 
 BK_WHO_IS_AUDITOR = "/api/v1/autorecovery/who_is_auditor"
 BK_LIST_UNDER_REPLICATED = "/api/v1/autorecovery/list_under_replicated_ledger"
@@ -189,19 +196,31 @@ class HttpViews:
         token: str | None,
         mtls: bool,
         protect_reads: bool,
+        max_connections: int = MAX_CONNECTIONS,
+        header_timeout: float = HEAD_TIMEOUT,
     ) -> None:
         self._control = control
         self._token = token.encode() if token else None
         self._mtls = mtls
         self._protect_reads = protect_reads
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
+        #: The idle connections (waiting for a request head), oldest first.
+        self._idle: dict[asyncio.StreamWriter, None] = {}
         self.port = 0
         self.tls = False
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
         self._server = await asyncio.start_server(
-            self._serve, host, port, ssl=tls, limit=MAX_HEAD_BYTES
+            self._serve,
+            host,
+            port,
+            ssl=tls,
+            limit=MAX_HEAD_BYTES,
+            # A TLS client that never finishes its handshake is cut as an idle one is.
+            ssl_handshake_timeout=self.header_timeout if tls is not None else None,
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         self.tls = tls is not None
@@ -217,9 +236,24 @@ class HttpViews:
 
     # --- connections ------------------------------------------------------------------
 
+    def _make_room(self) -> bool:
+        """Room for one more connection: True when there is (an idle one closed if need
+        be), False when every connection is busy answering a request."""
+        if len(self._connections) < self.max_connections:
+            return True
+        if not self._idle:
+            return False
+        oldest = next(iter(self._idle))
+        self._idle.pop(oldest)
+        self._connections.discard(oldest)
+        oldest.transport.abort()
+        return True
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._connections) >= MAX_CONNECTIONS:
-            busy = _error(503, f"too many connections (at most {MAX_CONNECTIONS})")
+        if not self._make_room():
+            busy = _error(
+                503, f"too many requests at once (at most {self.max_connections} connections)"
+            )
             with contextlib.suppress(ConnectionError, ssl.SSLError):
                 await self._send(writer, busy, keep=False, head=False)
             writer.close()
@@ -227,15 +261,18 @@ class HttpViews:
         self._connections.add(writer)
         try:
             while True:
+                self._idle[writer] = None
                 try:
-                    async with asyncio.timeout(HEAD_TIMEOUT):
+                    async with asyncio.timeout(self.header_timeout):
                         request = await read_request(reader)
                 except _BadRequest as exc:
+                    self._idle.pop(writer, None)
                     await self._send(writer, _error(400, str(exc)), keep=False, head=False)
                     await _discard(reader)
                     return
                 if request is None:
                     return
+                self._idle.pop(writer, None)
                 keep = request.version == "HTTP/1.1" and (
                     request.headers.get("connection", "").lower() != "close"
                 )
@@ -247,6 +284,7 @@ class HttpViews:
         except (TimeoutError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
             pass  # a client that went away, idled or failed the handshake: nothing to answer
         finally:
+            self._idle.pop(writer, None)
             self._connections.discard(writer)
             writer.close()
 
@@ -425,6 +463,8 @@ async def start_http_views(
     tls_key: str | None = None,
     tls_client_ca: str | None = None,
     protect_reads: bool = False,
+    max_connections: int = MAX_CONNECTIONS,
+    header_timeout: float = HEAD_TIMEOUT,
 ) -> HttpViews:
     """Binds and serves; `port=0` picks a free port (see `.port`)."""
     if not 0 <= port < 65536:
@@ -432,7 +472,12 @@ async def start_http_views(
     check_api_token(token or "")
     tls = _server_tls(tls_cert, tls_key, tls_client_ca)
     views = HttpViews(
-        control, token=token or None, mtls=bool(tls_client_ca), protect_reads=protect_reads
+        control,
+        token=token or None,
+        mtls=bool(tls_client_ca),
+        protect_reads=protect_reads,
+        max_connections=max_connections,
+        header_timeout=header_timeout,
     )
     try:
         await views.start(host, port, tls)

@@ -48,7 +48,13 @@ async def cmd_run(
     async def views_factory(control: Daemon) -> Any:
         from auditor.api.http import start_http_views
 
-        return await start_http_views(control, port=cfg.api.http_port, **api_settings())
+        return await start_http_views(
+            control,
+            port=cfg.api.http_port,
+            max_connections=cfg.api.http_max_connections,
+            header_timeout=cfg.api.http_header_timeout,
+            **api_settings(),
+        )
 
     notifier = Notifier()
     try:

@@ -166,6 +166,8 @@ async def serving(
             tls_key=api.tls_key or None,
             tls_client_ca=api.tls_client_ca or None,
             protect_reads=api.protect_reads,
+            max_connections=api.http_max_connections,
+            header_timeout=api.http_header_timeout,
         )
 
     run = asyncio.ensure_future(daemon.run(views_factory=views_factory, signals=False))
@@ -329,6 +331,38 @@ async def test_protected_reads_need_the_token(zk: ZkClient) -> None:
         assert (await request(port, "/", headers=good)).status == 200
         who = await request(port, BK_WHO_IS_AUDITOR, headers=good)
         assert who.status in (200, 404)
+
+
+async def test_idle_connections_never_lock_requests_out(zk: ZkClient) -> None:
+    """300 connections held open with nothing sent, or a request head trickled a byte at a
+    time, against `api.http_max_connections=64` (the old hard-coded limit, which 64 such
+    connections held shut): `/status` answers every time, each new request taking the
+    place of the oldest idle connection; an idle connection is cut after the header
+    timeout without an answer."""
+    await ClusterWriter(zk, ROOT).init_cluster()
+    extra = ["api.http_max_connections=64", "api.http_header_timeout=2"]
+    async with serving(zk, "crowded:1", extra, first_round=False) as (_daemon, views):
+        port = views.port
+        held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            for i in range(300):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                if i % 2:
+                    writer.write(b"GET /status HT")  # a head that never ends
+                    await writer.drain()
+                held.append((reader, writer))
+            for _ in range(5):
+                reply = await request(port, "/status")
+                assert reply.status == 200
+                assert reply.json()["identity"] == "crowded:1"
+            assert views.max_connections == 64
+            # The oldest were closed to make room; the newest are cut by the header
+            # timeout: every held connection ends, none with an answer.
+            for reader, _ in held:
+                assert await asyncio.wait_for(reader.read(), 10) == b""
+        finally:
+            for _, writer in held:
+                writer.close()
 
 
 async def test_client_certificates_open_protected_reads_over_https(

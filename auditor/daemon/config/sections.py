@@ -11,6 +11,7 @@ naming `section.key` and where it came from.
 from __future__ import annotations
 
 import logging as stdlib_logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -82,6 +83,11 @@ class ApiConfig:
     #: The read-only HTTP views (`auditor.api.http`), protected and TLS'd as the API's
     #: reads are; -1: off, 0: any free port.
     http_port: int = -1
+    #: Open connections the HTTP views keep at once. Idle ones (waiting for a request)
+    #: never crowd out a request: the oldest idle one is closed to make room.
+    http_max_connections: int = 256
+    #: Seconds a connection may wait for (or take to send) a whole request head.
+    http_header_timeout: float = 5.0
 
     @property
     def tls(self) -> bool:
@@ -220,6 +226,11 @@ _METRICS_RULES: Rules = {
 _API_RULES: Rules = {
     **_METRICS_RULES,
     "http_port": (lambda v: v == -1 or _port(v), "a port 0..65535 (0: any free port), -1: off"),
+    "http_max_connections": (lambda v: 1 <= v <= 65536, "a count 1..65536"),
+    "http_header_timeout": (
+        lambda v: math.isfinite(v) and 0 < v <= 300,
+        "seconds above 0 and at most 300",
+    ),
 }
 _LOGGING_RULES: Rules = {
     "format": (lambda v: v.lower() in LOG_FORMATS, " | ".join(LOG_FORMATS)),
