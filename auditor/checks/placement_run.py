@@ -168,6 +168,8 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
     bk = ctx.config.bookkeeper
     kind = policy_kind(bk.ensemblePlacementPolicy)
     resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    for path, reason in resolver.problems:
+        recorder.invalid_znode(path, reason, what="rack entry names no rack")
     # The known bookies in one go: one script batch up front, not one per ledger.
     known = await _known_bookies(ctx)
     policy = placement_policy(bk, known, await resolver.locations(sorted(known)))

@@ -46,7 +46,9 @@ and a bookie none of them knows gets the policy's default location:
 
 Locations from the file and the znode are normalised as BookKeeper's
 `NodeBase.normalize` expects them: a leading `/` is added when missing and
-trailing `/` are stripped; an empty location or `/` means "unknown". Sources
+trailing `/` are stripped; an empty location or `/` means "unknown" (in the
+znode such an entry is named by the placement check as invalid input: the
+default rack it falls to can hide a violation). Sources
 are loaded once per run and every bookie is resolved at most once (results
 are cached per bookie id, script answers per host).
 
@@ -107,6 +109,10 @@ class StaticMapping:
     name: str
     by_key: Mapping[str, str]
     by_host: Mapping[str, str]
+    #: Entries read and not used, each (the source's path, why): a rack that names no
+    #: rack. Its bookie falls to the policy's default location, which can hide a
+    #: placement violation, so the placement check names each one.
+    problems: tuple[tuple[str, str], ...] = ()
 
     async def locate(self, bookies: Sequence[str], address_of: AddressOf) -> dict[str, str]:
         found = {b: loc for b in bookies if (loc := self.by_key.get(b)) is not None}
@@ -191,6 +197,7 @@ def parse_pulsar_racks(data: bytes, source: str) -> StaticMapping:
         raise RackSourceError(f"rack znode {source} must hold a JSON object of groups")
     by_key: dict[str, str] = {}
     by_host: dict[str, str | None] = {}
+    problems: list[tuple[str, str]] = []
 
     def index_host(host: str | None, loc: str) -> None:
         if not host:
@@ -223,12 +230,20 @@ def parse_pulsar_racks(data: bytes, source: str) -> StaticMapping:
                 )
             loc = normalize_location(rack) if rack is not None else None
             if loc is None:
+                if rack is not None:
+                    problems.append(
+                        (
+                            source,
+                            f"{group}/{bookie}: rack {rack!r} names no rack; the bookie "
+                            "takes the placement policy's default rack",
+                        )
+                    )
                 continue
             by_key.setdefault(bookie, loc)
             index_host(hostname, loc)
             index_host(_split_address(bookie), loc)
     hosts = {h: loc for h, loc in by_host.items() if loc is not None}
-    return StaticMapping(f"znode:{source}", by_key, hosts)
+    return StaticMapping(f"znode:{source}", by_key, hosts, tuple(problems))
 
 
 async def load_rack_znode(zk: MetadataStore, path: str) -> StaticMapping | None:
@@ -255,6 +270,11 @@ class RackResolver:
     @property
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]
+
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        """Every source's entries read and not used: (path, why)."""
+        return [p for s in self.sources if isinstance(s, StaticMapping) for p in s.problems]
 
     async def _address(self, bookie: str) -> Address | None:
         if bookie not in self._addresses:

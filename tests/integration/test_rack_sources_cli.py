@@ -116,3 +116,32 @@ async def test_yaml_racks_file_stops_placement_only(zk: ZkClient, tmp_path: Path
         code, out, err = await bk("what-if", "--zk", zk.hosts, "--racks", str(racks), "--json")
         assert (code, out) == (2, "")
         assert _error_lines(err) == [f"bk-auditor: error: --racks {racks}: {refusal}"]
+
+
+async def test_a_rack_that_names_no_rack_is_named_not_defaulted_silently(zk: ZkClient) -> None:
+    """Pulsar's `/bookies` with a rack of `"/"` for one bookie and `""` for another: both
+    fall to the default rack (as before), and the placement report names each entry as
+    invalid input, with a warning, so the violation that default may hide is not silent:
+    exit 1 where the same cluster without those entries is clean."""
+    async with test_cluster(zk, 3) as tc:
+        b = tc.ids
+        await tc.writer.write_ledger(1, b[0:3], write_quorum=2, num_entries=10)
+        good = {"default": {b[0]: {"rack": "/r1"}, b[1]: {"rack": "/r2"}, b[2]: {"rack": "/r3"}}}
+        await zk.create("/bookies", json.dumps(good).encode())
+        clean = ["--set", "ensemblePlacementPolicy=RackawareEnsemblePlacementPolicy"]
+        code, out, err = await bk("check", "placement", "--zk", zk.hosts, "--json", *clean)
+        assert code == 0, err
+        assert one_json(out)["invalid_znodes"] == {"total": 0, "listed": []}
+        bad = {"default": {b[0]: {"rack": "/r1"}, b[1]: {"rack": "/"}, b[2]: {"rack": ""}}}
+        await zk.set("/bookies", json.dumps(bad).encode())
+        code, out, err = await bk("check", "placement", "--zk", zk.hosts, "--json", *clean)
+        assert code == 1, err
+        why = "names no rack; the bookie takes the placement policy's default rack"
+        assert one_json(out)["invalid_znodes"] == {
+            "total": 2,
+            "listed": [
+                {"path": "/bookies", "reason": f"default/{b[1]}: rack '/' {why}"},
+                {"path": "/bookies", "reason": f"default/{b[2]}: rack '' {why}"},
+            ],
+        }
+        assert "rack entry names no rack" in err
