@@ -326,15 +326,13 @@ class LedgerWalker:
                     # Ledgers the layout cannot read: a silent "0 ledgers, all clear" else.
                     self._invalid(path, WRONG_LAYOUT_FLAT)
 
-    async def _flat_strays(self) -> AsyncIterator[str]:
+    async def _name_flat_strays(self) -> None:
         """Flat ledger znodes at the root of a hierarchical layout: named, never read
-        (the layout says where ledgers are; these are not there). Yields nothing."""
+        (the layout says where ledgers are; these are not there)."""
         if self._owns("", 10):
             for name in await self._children(self.root):
                 if LEDGER_SHAPED.match(name):
                     self._invalid(f"{self.root}/{name}", WRONG_LAYOUT_HIERARCHICAL)
-        return
-        yield
 
     async def ledger_paths(self) -> AsyncGenerator[tuple[int, str], None]:
         """(ledger id, znode path) in ascending id order."""
@@ -350,7 +348,7 @@ class LedgerWalker:
             # the 3-4-4-4-4 tree, so the two walks in turn are in id order.
             sources = [self._tree(t) for t in trees_of(self.manager)]
             if self.manager is LedgerManager.HIERARCHICAL:
-                sources.append(self._flat_strays())
+                await self._name_flat_strays()
         for source in sources:
             async for path in source:
                 found = self._ledger_id(path)

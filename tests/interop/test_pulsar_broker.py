@@ -316,6 +316,16 @@ class Row:
     #: `storageSize`, not in BookKeeper's metadata until those ledgers close.
     current: int = 0
 
+    @classmethod
+    def of(cls, sizes: dict[int, int | None], current: int) -> Row:
+        """A row of ledgers and their sizes (None: open, sized by nothing)."""
+        return cls(
+            set(sizes),
+            sum(size or 0 for size in sizes.values()),
+            sum(size is None for size in sizes.values()),
+            current,
+        )
+
 
 def brokers_rows(broker: PulsarBroker) -> tuple[dict[str, Row], dict[str, Row]]:
     """Per topic and per namespace, the ledgers and bytes the broker's admin API reports
@@ -326,10 +336,9 @@ def brokers_rows(broker: PulsarBroker) -> tuple[dict[str, Row], dict[str, Row]]:
     sizes plus its current ledger's, so the rows tie to the figure operators see."""
     topics: dict[str, Row] = {}
     namespaces: dict[str, Row] = {}
-    sized: dict[str, dict[int, int | None]] = {}
     for namespace in (f"{TENANT}/orders", f"{TENANT}/billing"):
         listed = broker.admin("GET", f"/admin/v2/persistent/{namespace}?includeSystemTopic=true")
-        per_ledger = sized.setdefault(namespace, {})
+        per_ledger: dict[int, int | None] = {}
         for topic in listed:
             stats = broker.admin("GET", f"/admin/v2{topic_path(topic)}/internalStats")
             storage = broker.admin("GET", f"/admin/v2{topic_path(topic)}/stats")["storageSize"]
@@ -348,19 +357,9 @@ def brokers_rows(broker: PulsarBroker) -> tuple[dict[str, Row], dict[str, Row]]:
             for info in (stats["compactedLedger"], *stats.get("schemaLedgers", [])):
                 if info["ledgerId"] >= 0:
                     own[info["ledgerId"]] = info["size"]
-            topics[topic] = Row(
-                set(own),
-                sum(size or 0 for size in own.values()),
-                sum(size is None for size in own.values()),
-                stats["currentLedgerSize"],
-            )
+            topics[topic] = Row.of(own, stats["currentLedgerSize"])
             per_ledger.update(own)  # a schema shared by partitions counts once
-        namespaces[namespace] = Row(
-            set(per_ledger),
-            sum(size or 0 for size in per_ledger.values()),
-            sum(size is None for size in per_ledger.values()),
-            sum(topics[t].current for t in listed),
-        )
+        namespaces[namespace] = Row.of(per_ledger, sum(topics[t].current for t in listed))
     return topics, namespaces
 
 
