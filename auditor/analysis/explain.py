@@ -89,10 +89,15 @@ class ExplainInputs:
     grace_period_s: int
     now_ms: int
     ledgers: LedgerCheckResult
+    #: Why the rack sources could not be read (no bookie located; placement not judged).
+    racks_unreadable: str | None = None
 
 
 #: The grace check's outcome for a corrupt mark: named in its report's invalid znodes.
 INVALID_ZNODE = "invalid_znode"
+#: A check that could not judge the ledger (the placement check without its rack sources),
+#: as `check all` reports that check failed while the others run.
+FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +105,7 @@ class CheckVerdict:
     """One check's conclusion about the ledger: ok, violation(s), or skipped with why."""
 
     check: Check
-    outcome: str  # "ok" | "violation" | "skipped" | INVALID_ZNODE
+    outcome: str  # "ok" | "violation" | "skipped" | INVALID_ZNODE | FAILED
     reason: str
     violations: tuple[Violation, ...] = ()
 
@@ -369,6 +374,10 @@ def placement_verdict(inputs: ExplainInputs) -> CheckVerdict:
     skip = placement_skip(md)
     if skip is not None:
         return _skipped(c, skip, "only closed ledgers are judged")
+    if inputs.racks_unreadable is not None:
+        return CheckVerdict(
+            c, FAILED, f"not judged: the rack sources cannot be read ({inputs.racks_unreadable})"
+        )
     found = analyse_ledger(md, inputs.policy, inputs.locations)
     category = found.category
     if category is None:

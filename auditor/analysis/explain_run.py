@@ -29,7 +29,7 @@ from auditor.metadata.paths import check_ledger_id as check_ledger_id
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerWalker
 from auditor.store import MetadataStore
-from auditor.topology.racks import open_rack_resolver
+from auditor.topology.racks import open_rack_resolver_or_blind
 
 
 class LedgerNotFoundError(NotFoundError):
@@ -53,7 +53,9 @@ async def explain_ledger(
         reason = rec.error.reason if rec.error is not None else "metadata missing"
         return explain_invalid(ledger_id, rec.path, rec.znode_version, reason, mark, grace, now_ms)
     registered = await ctx.registered()
-    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    resolver, racks_unreadable = await open_rack_resolver_or_blind(
+        ctx.zk, ctx.root, ctx.config, log=ctx.log
+    )
     known = registered.available | await all_known_bookies(ctx.zk, ctx.root)
     mine = md.bookies()
     located = await resolver.locations(sorted(known | mine))
@@ -78,6 +80,7 @@ async def explain_ledger(
             grace_period_s=grace,
             now_ms=now_ms,
             ledgers=ledgers,
+            racks_unreadable=racks_unreadable,
         )
     )
 

@@ -250,6 +250,9 @@ class RiskReport:
     #: Ledgers some single loss would hurt, at the worst severity any would bring.
     at_risk: Tally = field(default_factory=Tally)
     domains: dict[DomainKey, Tally] = field(default_factory=dict)
+    #: Why the rack sources could not be read: every bookie counts as unlocated (its own
+    #: domain only), so rack losses are not judged; the run says so and exits non-zero.
+    racks_unreadable: str | None = None
 
     def add(self, lr: LedgerRisk) -> None:
         self.ledgers_checked += 1
@@ -286,6 +289,7 @@ class RiskReport:
             "metadata_invalid": self.metadata_invalid,
             "lost_bookies": sorted(self.lost_bookies),
             "unlocated_bookies": sorted(self.unlocated_bookies),
+            "racks_unreadable": self.racks_unreadable,
             "already": self.already.to_json(),
             "at_risk": self.at_risk.to_json(),
             "domains_at_risk": self.domains_at_risk(),

@@ -28,7 +28,7 @@ from auditor.checks.placement import skip_reason
 from auditor.checks.placement_run import Locate
 from auditor.metadata.registry import all_known_bookies
 from auditor.metadata.walk import LedgerRecord
-from auditor.topology.racks import open_rack_resolver
+from auditor.topology.racks import open_rack_resolver_or_blind
 
 #: Memoised answers kept at most (a few MB): enough for the ensembles in use at once.
 MEMO = 16384
@@ -81,7 +81,13 @@ async def judge_risk(
 async def run_risk(ctx: CheckContext) -> RiskReport:
     """The risk of every closed ledger of the cluster of `ctx`, given today's bookies."""
     report = RiskReport(started_at=ctx.clock())
-    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    resolver, report.racks_unreadable = await open_rack_resolver_or_blind(
+        ctx.zk, ctx.root, ctx.config, log=ctx.log
+    )
+    if report.racks_unreadable is not None:
+        ctx.log.warning(
+            "rack sources unreadable: every bookie unlocated", why=report.racks_unreadable
+        )
     available = (await ctx.registered()).available
     known = available | await all_known_bookies(ctx.zk, ctx.root)
     # The known bookies in one go (one script batch), as the placement check does.

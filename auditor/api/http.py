@@ -51,11 +51,11 @@ from auditor.api import AUTH_SCHEME, convert
 from auditor.api.page import render_page
 from auditor.api.server import tls_wanted
 from auditor.checks.findings import Check
-from auditor.daemon.preflight import check_api_token
 from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
 from auditor.logs import get_logger
 from auditor.metadata.underreplication import CorruptMark
+from auditor.secretfiles import check_api_token
 from auditor.store import NoNodeError
 
 #: Bounds of one request's head (request line and headers).

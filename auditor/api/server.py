@@ -32,12 +32,12 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from auditor.api import AUTH_METADATA_KEY, AUTH_SCHEME, LIVENESS, READINESS, convert
 from auditor.checks.findings import Check, CheckReport
-from auditor.daemon.preflight import check_api_token
 from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
 from auditor.logs import get_logger
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
+from auditor.secretfiles import check_api_token
 from auditor.store import NoNodeError
 
 T = TypeVar("T")

@@ -15,13 +15,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from auditor.api import TARGET_ENV, TOKEN_ENV
 from auditor.checks.findings import Check
 from auditor.cli.argtypes import MAX_TIMEOUT, seconds
 from auditor.cli.cluster import NO_ADDRESS, ZK_ENV, address_of, target_of_args
-from auditor.config import read_text
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.elections import (
@@ -33,7 +33,7 @@ from auditor.metadata.elections import (
 from auditor.metadata.records import RecordFormatError
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.secretfiles import refuse_if_public
+from auditor.secretfiles import read_token_file
 from auditor.store import BadVersionError, MetadataStore, NoNodeError
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ def _api_client(args: argparse.Namespace, target: str) -> ApiClient:
     # grpc's core logs connection failures on stderr by itself; the CLI says it in one line.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from auditor.api.client import ApiClient
-    from auditor.daemon.preflight import check_api_token
+    from auditor.secretfiles import check_api_token
 
     token, what = api_token(args)
     if token is not None:
@@ -259,7 +259,7 @@ def api_token(
 ) -> tuple[str | None, str]:
     """(the API token or None, what to call it in messages).
 
-    `--token-file FILE` (one line; its line break is not part of the token) or `--token`
+    `--token-file FILE` (read as the daemon reads `api.token_file`) or `--token`
     (visible to every user of the machine in `ps`), else BK_AUDITOR_API_TOKEN (an empty
     value is unset, as the daemon reads it). A missing, unreadable or empty file, an empty
     `--token` and both flags at once are ConfigErrors (exit 2).
@@ -268,11 +268,9 @@ def api_token(
     if args.token is not None and token_file is not None:
         raise ConfigError("give --token or --token-file, not both")
     if token_file is not None:
-        refuse_if_public(token_file, "--token-file")
-        text = read_text(token_file, "--token-file")
-        token = text.removesuffix("\n").removesuffix("\r")
-        if not token.strip():
-            raise ConfigError(f"--token-file {token_file} is empty")
+        if not Path(token_file).exists():
+            raise ConfigError(f"--token-file {token_file} does not exist")
+        token = read_token_file(token_file, "--token-file")
         return token, f"the API token in --token-file {token_file}"
     if args.token is not None:
         if not args.token:

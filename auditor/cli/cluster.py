@@ -35,7 +35,11 @@ from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget
 from auditor.metadata.etcd_config import read_etcd_config
 from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT
-from auditor.metadata.service_uri import describe_ignored, parse_metadata_service_uri
+from auditor.metadata.service_uri import (
+    check_connect_string,
+    describe_ignored,
+    parse_metadata_service_uri,
+)
 from auditor.zk import ZkCredentials, ZkSecurity
 from auditor.zk.security import parse_zk_auth, read_zk_auth_file
 
@@ -104,6 +108,7 @@ def target_from_args(
         )
     if not zk:
         raise ConfigError(NO_ADDRESS)
+    zk = check_connect_string(zk, "--zk")
     return ClusterTarget(zk, _root(ledgers_root or DEFAULT_LEDGERS_ROOT), None, timeout, sec)
 
 

@@ -115,8 +115,11 @@ def render_text(doc: dict[str, Any], out: TextIO) -> None:
 
 
 def _exit_code(doc: dict[str, Any]) -> int:
-    """1 when some check flags the ledger: a violation, or its mark is corrupt (the grace
-    check names it as an invalid znode), as `check` exits."""
+    """As `check all` exits: 2 when a check could not judge the ledger (`failed`: the
+    placement check without its rack sources), else 1 when some check flags it (a
+    violation, or its mark is corrupt: the grace check names it as an invalid znode)."""
+    if any(v["outcome"] == "failed" for v in doc["checks"].values()):
+        return 2
     named = any(v["outcome"] == "invalid_znode" for v in doc["checks"].values())
     return 1 if doc["categories"] or named else 0
 
@@ -145,6 +148,9 @@ async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
         out.write(text + "\n")
     else:
         render_text(doc, out)
+    for name, verdict in doc["checks"].items():
+        if verdict["outcome"] == "failed":
+            print(f"bk-auditor: error: check {name}: {verdict['reason']}", file=sys.stderr)
     return _exit_code(doc)
 
 

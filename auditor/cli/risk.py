@@ -137,6 +137,13 @@ async def cmd_risk(
         out.write(json.dumps(report.to_json(top)) + "\n")
     else:
         render_risk(report, top, out)
+    if report.racks_unreadable is not None:
+        print(
+            "bk-auditor: error: rack sources unreadable, rack losses not judged: "
+            f"{report.racks_unreadable}",
+            file=sys.stderr,
+        )
+        return 2  # as `check all` when a check could not run
     return 1 if report.has_risk else 0
 
 
@@ -176,6 +183,8 @@ def render_risk(report: RiskReport, top: int, out: TextIO) -> None:
     out.write("\n")
     if doc["lost_bookies"]:
         out.write(f"  already lost bookies: {', '.join(doc['lost_bookies'])}\n")
+    if doc["racks_unreadable"]:
+        out.write(f"  RACKS UNREADABLE, rack losses not judged: {doc['racks_unreadable']}\n")
     if doc["unlocated_bookies"]:
         out.write(f"  bookies without a known rack: {', '.join(doc['unlocated_bookies'])}\n")
     for s in SEVERITIES:

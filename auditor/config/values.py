@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import reprlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -85,10 +86,25 @@ def _coerce(name: str, value: Any, target: type) -> Any:
         raise ConfigError(f"{name} must be a finite number, got {brief_repr(value)}")
     if not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, got {brief_repr(value)}")
+    if len(value) > MAX_SETTING_CHARS:
+        raise ConfigError(
+            f"{name} is {len(value)} characters long; a setting holds at most {MAX_SETTING_CHARS}"
+        )
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        # Not repeated: the value may be a secret (api.token).
+        raise ConfigError(f"{name} holds a control character ({bad.group()!r} at {bad.start()})")
     return value
 
 
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+#: The longest string setting: a path's limit on Linux (PATH_MAX). Names, addresses,
+#: paths and tokens are all far shorter; a longer value is a mistake (a file pasted into
+#: a variable), and would be repeated in messages and logs.
+MAX_SETTING_CHARS = 4096
+#: C0 controls and DEL: no setting holds one, and in a log line or a terminal they mislead.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def from_origin(origin: str) -> str:

@@ -94,7 +94,6 @@ from auditor.daemon.leadership import (
     WorkFailed,
 )
 from auditor.daemon.metrics import Metrics
-from auditor.daemon.preflight import check_api_token
 from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
 from auditor.daemon.sdnotify import Notifier
@@ -120,6 +119,7 @@ from auditor.metadata.underreplication import (
     UnderreplicationManager,
 )
 from auditor.schedule.bookie_sightings import BookieSightings
+from auditor.secretfiles import check_api_token
 from auditor.selftest.harness import SelfTestResult
 from auditor.store import FencedOutError, MetadataStore, SessionState, StoreUnavailableError
 from auditor.waits import until_any

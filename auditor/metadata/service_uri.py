@@ -156,6 +156,21 @@ def parse_metadata_service_uri(
     return _parse_bookkeeper(text, where)
 
 
+def check_connect_string(connect: str, label: str) -> str:
+    """A ZooKeeper connect string (`HOST[:PORT][,HOST[:PORT]...][/CHROOT]`) as kazoo takes
+    it, or a ConfigError naming `label`: the hosts as `metadata-store:zk:` takes them, the
+    chroot by ZooKeeper's path rule. Checked at load, because kazoo meets a bad host only
+    in its connection thread, as a traceback, after the connect timeout."""
+    text = connect.strip()
+    where = f"{label} {shown_name(text)}"
+    hosts, slash, chroot = text.partition("/")
+    checked = _hosts(hosts, where)
+    if slash and chroot:
+        _check_path("/" + chroot, "chroot", where)
+        checked += "/" + chroot
+    return checked
+
+
 def describe_ignored(names: tuple[str, ...]) -> str:
     """One line naming the ignored query parameters, each bounded, at most IGNORED_SHOWN."""
     shown = ", ".join(shown_name(n) for n in names[:IGNORED_SHOWN])
@@ -388,7 +403,32 @@ def _hosts(connect: str, where: str, *, store: str = "ZooKeeper") -> str:
             raise ConfigError(
                 f"{where}: {store} host {shown_name(name)} is not HOST[:PORT] with a port 1..65535"
             )
+        problem = _host_name_problem(m["host"])
+        if problem:
+            raise ConfigError(f"{where}: {store} host {shown_name(m['host'])} {problem}")
     return ",".join(names)
+
+
+#: DNS's limits (RFC 1035): a name of at most 253 characters, each label at most 63.
+MAX_HOST_NAME = 253
+MAX_HOST_LABEL = 63
+
+
+def _host_name_problem(host: str) -> str:
+    """What DNS would refuse in `host` ("" when nothing): checked here, because kazoo's
+    connection thread meets it in `getaddrinfo` as a UnicodeError traceback, retried until
+    the connect timeout, and the long name is then repeated in every message."""
+    if host.startswith("["):
+        return ""
+    if len(host) > MAX_HOST_NAME:
+        return f"is longer than DNS allows ({MAX_HOST_NAME} characters)"
+    if any(len(label) > MAX_HOST_LABEL for label in host.split(".")):
+        return f"has a label longer than DNS allows ({MAX_HOST_LABEL} characters)"
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        return f"is not a host name DNS can carry ({exc})"
+    return ""
 
 
 def _check_path(path: str, what: str, where: str) -> None:

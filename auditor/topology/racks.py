@@ -93,6 +93,7 @@ __all__ = [
     "load_rack_znode",
     "load_racks_file",
     "open_rack_resolver",
+    "open_rack_resolver_or_blind",
     "parse_json_racks",
     "parse_pulsar_racks",
     "parse_script_output",
@@ -129,8 +130,16 @@ class StaticMapping:
         return found
 
 
-def parse_json_racks(text: str, source: str) -> dict[str, str]:
-    """`{"<key>": "<location>", ...}`; null or empty locations mean unknown."""
+def parse_json_racks(
+    text: str, source: str, problems: list[tuple[str, str]] | None = None
+) -> dict[str, str]:
+    """`{"<key>": "<location>", ...}`; a null location means unknown.
+
+    A string that names no rack (`""`, `"/"`) is unknown too, as BookKeeper's default
+    rack would take it, but it is no way to say so: each one goes to `problems` (the
+    source, why), so that the placement check names it rather than let a violation
+    disappear into the default rack.
+    """
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -153,6 +162,14 @@ def parse_json_racks(text: str, source: str) -> dict[str, str]:
         loc = normalize_location(value)
         if loc is not None:
             out[key.strip()] = loc
+        elif problems is not None:
+            problems.append(
+                (
+                    source,
+                    f"{key!r}: rack {value!r} names no rack; the bookie takes the placement "
+                    "policy's default rack (write null for a bookie whose rack is unknown)",
+                )
+            )
     return out
 
 
@@ -176,8 +193,9 @@ def load_racks_file(path: str | Path) -> StaticMapping:
         raise RackSourceError(f"racks file {p} is not UTF-8 text: {exc}") from exc
     except OSError as exc:
         raise ConfigError(f"checks.racks_file {p} cannot be read: {exc}") from exc
-    mapping = parse_json_racks(text, f"racks file {p}")
-    return StaticMapping(f"file:{p}", mapping, mapping)
+    problems: list[tuple[str, str]] = []
+    mapping = parse_json_racks(text, f"racks file {p}", problems)
+    return StaticMapping(f"file:{p}", mapping, mapping, tuple(problems))
 
 
 def _split_address(key: str) -> str | None:
@@ -350,3 +368,24 @@ async def open_rack_resolver(
         return await resolve_bookie(zk, root, bookie)
 
     return RackResolver(sources, address_of)
+
+
+async def open_rack_resolver_or_blind(
+    zk: MetadataStore, root: str, config: AuditorConfig, *, log: Any = None
+) -> tuple[RackResolver, str | None]:
+    """`open_rack_resolver`, or, when a configured source cannot be read (an invalid
+    `/bookies`, a YAML racks file), a resolver that locates no bookie and why.
+
+    For the commands that judge more than racks (`explain`, `risk`, `bookies`): they
+    degrade as `check all` does (the placement check fails, the others run) instead of
+    refusing to run at all, and say what they could not see; the caller makes that
+    failure visible (a failed verdict, a warning, a non-zero exit).
+    """
+    try:
+        return await open_rack_resolver(zk, root, config, log=log), None
+    except (ConfigError, RackSourceError) as exc:
+
+        async def address_of(bookie: str) -> Address | None:
+            return await resolve_bookie(zk, root, bookie)
+
+        return RackResolver([], address_of), str(exc)

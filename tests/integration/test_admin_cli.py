@@ -402,16 +402,22 @@ async def test_token_file(daemon: Api, tmp_path: Path) -> None:
         "argument --token-file: not allowed with argument --token",
         2,
     )
+    # Blanks around the token are no part of it, as the daemon reads api.token_file.
     blanks = tmp_path / "blanks"
-    blanks.write_text(f" {TOKEN}\n")
+    blanks.write_text(f" {TOKEN} \r\n")
     blanks.chmod(0o600)
+    run = await bk(*t, "--token-file", str(blanks))
+    assert (run.returncode, run.stdout) == (0, f"triggered replicas on {ME}\n"), run.stderr
+    assert daemon.control.triggered == [Check.REPLICAS, Check.REPLICAS]
+    inner = tmp_path / "inner"
+    inner.write_text("s3cr\x7fet\n")
+    inner.chmod(0o600)
     one_line_error(
-        await bk(*t, "--token-file", str(blanks)),
-        f"the API token in --token-file {blanks} must be printable ASCII",
+        await bk(*t, "--token-file", str(inner)),
+        f"the token in --token-file {inner} must be printable ASCII",
         2,
     )
-    assert TOKEN not in (await bk(*t, "--token-file", str(blanks))).stderr
-    assert daemon.control.triggered == [Check.REPLICAS]
+    assert "s3cr" not in (await bk(*t, "--token-file", str(inner))).stderr
     # every command that dials a daemon takes it
     for args in (("status",), ("report", "replicas"), ("health",), ("explain", "1")):
         run = await bk(*args, "--target", daemon.target, "--token-file", str(missing))

@@ -40,6 +40,7 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.underreplication import UnderreplicatedLedger, UnderreplicationManager
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.proto import auditor_service_pb2_grpc as pb_grpc
+from auditor.secretfiles import MAX_TOKEN_CHARS
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.pki import issue, new_ca
 from auditor.zk import ZkClient
@@ -813,6 +814,27 @@ async def test_every_client_call_sends_the_token_to_a_daemon_protecting_reads(
         async with ApiClient(f"127.0.0.1:{server.port}", timeout=5) as bare:
             with pytest.raises(ApiUnauthenticatedError):
                 await bare.status()
+    finally:
+        await server.stop(0)
+
+
+async def test_the_longest_token_the_config_accepts_is_one_a_client_can_send(
+    zk: ZkClient,
+) -> None:
+    """A token of `MAX_TOKEN_CHARS` (the most a setting holds) is sent and checked on a
+    read and on a mutating call: the bound at load is one every client can meet."""
+    longest = "T" * MAX_TOKEN_CHARS
+    control = MinimalControl(sample_state(), await cluster_urm(zk))
+    server = await start_api_server(
+        control, host="127.0.0.1", port=0, token=longest, protect_reads=True
+    )
+    try:
+        async with ApiClient(f"127.0.0.1:{server.port}", timeout=5, token=longest) as api:
+            assert (await api.status()).identity == ME
+            assert await api.set_lost_bookie_recovery_delay(45) == 45
+        async with ApiClient(f"127.0.0.1:{server.port}", timeout=5, token=longest[:-1]) as off:
+            with pytest.raises(ApiUnauthenticatedError):
+                await off.status()
     finally:
         await server.stop(0)
 

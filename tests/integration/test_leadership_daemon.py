@@ -464,7 +464,7 @@ async def test_a_token_no_client_can_send_is_refused_at_start(
     )  # fmt: skip
     assert (code, out) == (2, "")
     [line] = err.strip().splitlines()
-    assert line.startswith("bk-auditor: error: api.token must be printable ASCII"), line
+    assert line.startswith("bk-auditor: error: api.token "), line
     assert why in line
     assert token not in line  # a secret is never echoed
 

@@ -145,3 +145,75 @@ async def test_a_rack_that_names_no_rack_is_named_not_defaulted_silently(zk: ZkC
             ],
         }
         assert "rack entry names no rack" in err
+
+
+async def test_a_racks_file_rack_that_names_no_rack_is_named(zk: ZkClient, tmp_path: Path) -> None:
+    """The racks file's rule is Pulsar's: a rack of `"/"` or `""` is named as invalid input
+    (null stays the way to say "unknown"), where before it fell silently to the default."""
+    async with test_cluster(zk, 3) as tc:
+        b = tc.ids
+        await tc.writer.write_ledger(1, b[0:3], write_quorum=2, num_entries=10)
+        racks = tmp_path / "racks.json"
+        racks.write_text(json.dumps({b[0]: "/r1", b[1]: "/", b[2]: None}))
+        code, out, err = await bk(
+            "check", "placement", "--zk", zk.hosts, "--json",
+            "--set", f"checks.racks_file={racks}",
+            "--set", "ensemblePlacementPolicy=RackawareEnsemblePlacementPolicy",
+        )  # fmt: skip
+        assert code == 1, err
+        why = (
+            "names no rack; the bookie takes the placement policy's default rack "
+            "(write null for a bookie whose rack is unknown)"
+        )
+        assert one_json(out)["invalid_znodes"] == {
+            "total": 1,
+            "listed": [{"path": f"racks file {racks}", "reason": f"{b[1]!r}: rack '/' {why}"}],
+        }
+
+
+async def test_explain_risk_and_bookies_degrade_as_check_all_does(zk: ZkClient) -> None:
+    """On a malformed `/bookies`, `explain`, `risk` and `bookies` no longer refuse to run:
+    each answers what needs no racks (explain's replicas and ledgers verdicts, risk's
+    bookie losses, every bookie's state), says in one error line that racks could not be
+    read, and exits 2, as `check all` runs the other checks when placement cannot."""
+    async with test_cluster(zk, 4) as tc:
+        await _cluster_with_a_lost_bookie(tc)
+        await zk.create("/bookies", BROKEN)
+        b = tc.ids
+
+        code, out, err = await bk("explain", "2", "--zk", zk.hosts, "--json", *FAST)
+        assert code == 2, err
+        doc = one_json(out)
+        assert doc["checks"]["placement"] == {
+            "outcome": "failed",
+            "reason": f"not judged: the rack sources cannot be read ({ZNODE_ERROR})",
+            "violations": [],
+        }
+        assert doc["checks"]["ledgers"]["outcome"] == "violation"
+        assert doc["categories"] == ["ledgers_on_lost_bookies", "unreadable_fragments"]
+        assert _error_lines(err) == [
+            f"bk-auditor: error: check placement: not judged: the rack sources cannot be "
+            f"read ({ZNODE_ERROR})"
+        ]
+
+        code, out, err = await bk("risk", "--zk", zk.hosts, "--json", *FAST)
+        assert code == 2, err
+        doc = one_json(out)
+        assert doc["racks_unreadable"] == ZNODE_ERROR
+        assert doc["ledgers_checked"] == 2
+        assert doc["lost_bookies"] == [b[3]]
+        assert doc["unlocated_bookies"] == sorted(b)
+        assert _error_lines(err) == [
+            f"bk-auditor: error: rack sources unreadable, rack losses not judged: {ZNODE_ERROR}"
+        ]
+
+        code, out, err = await bk("bookies", "--zk", zk.hosts, "--json")
+        assert code == 2, err
+        rows = [json.loads(line) for line in out.splitlines()]
+        assert [(r["bookie_id"], r["rack"], r["rack_source"]) for r in rows] == [
+            (bookie, "/default-rack", None) for bookie in sorted(b)
+        ]
+        assert _error_lines(err) == [
+            "bk-auditor: error: rack sources unreadable, every bookie shown at the default "
+            f"rack: {ZNODE_ERROR}"
+        ]

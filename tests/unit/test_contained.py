@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from auditor.daemon.contained import MAX_DELAY, SHOWN, parse_delay, shown
-from auditor.daemon.preflight import check_api_token, token_problem
 from auditor.daemon.state import DaemonState
 from auditor.errors import ConfigError
+from auditor.secretfiles import check_api_token, token_problem
 
 
 @pytest.mark.parametrize(

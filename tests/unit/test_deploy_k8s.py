@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from auditor.daemon.config import load_daemon_config
-from auditor.daemon.preflight import check_api_token
+from auditor.secretfiles import check_api_token
 from auditor.zk.security import parse_zk_auth
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from pathlib import Path
 from auditor.config import BookKeeperConfig, from_origin
 from auditor.daemon.config.sections import ApiConfig, DaemonSection
 from auditor.errors import ConfigError
-from auditor.secretfiles import refuse_if_public
+from auditor.secretfiles import check_api_token, read_token_file
 from auditor.zk.security import ZkCredentials, ZkSecurity, parse_zk_auth, read_zk_auth_file
 
 DAEMON_ZK_HINT = (
@@ -48,18 +48,13 @@ def resolve_api(api: ApiConfig, origins: Mapping[str, str]) -> ApiConfig:
             "or api.tls_client_ca"
         )
     if not api.token_file:
+        if api.token:
+            check_api_token(api.token, f"api.token{from_origin(at('token'))}")
         return api
     if api.token:
         raise ConfigError("api.token and api.token_file are both set; set one")
     check_file("api.token_file", api.token_file, at("token_file"))
-    refuse_if_public(api.token_file, "api.token_file")
-    try:
-        token = Path(api.token_file).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"api.token_file {api.token_file} cannot be read: {exc}") from exc
-    if not token:
-        raise ConfigError(f"api.token_file {api.token_file} is empty")
-    return replace(api, token=token)
+    return replace(api, token=read_token_file(api.token_file, "api.token_file"))
 
 
 def resolve_zk_security(

@@ -41,7 +41,7 @@ from typing import Protocol
 
 from auditor.config import from_origin
 from auditor.daemon.config.layers import BookieHints
-from auditor.errors import ConfigError
+from auditor.errors import ConfigError, shown_name
 from auditor.metadata.registry import READONLY
 from auditor.metadata.serde import is_valid_bookie_id
 
@@ -165,15 +165,26 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
+#: The longest identity: a DNS name (253) and `:` and a port. BookKeeper sets no bound on
+#: a bookie id, but the identity is repeated in every log line, every vote and `status`.
+MAX_IDENTITY = 253 + 1 + 5
+
+
 def validate_identity(identity: str, origin: str = "") -> str:
-    """BookKeeper accepts this as a BookieId (the vote's `bookieId`), or ConfigError."""
+    """BookKeeper accepts this as a BookieId (the vote's `bookieId`), at most
+    `MAX_IDENTITY` characters long; else a ConfigError."""
     where = from_origin(origin)
+    if len(identity) > MAX_IDENTITY:
+        raise ConfigError(
+            f"daemon.identity {shown_name(identity)} is longer than {MAX_IDENTITY} characters "
+            f"(a host name and a port){where}"
+        )
     if is_valid_bookie_id(identity):
         return identity
     if identity.lower() == READONLY:
         raise ConfigError(f"daemon.identity cannot be 'readonly' (BookKeeper reserves it){where}")
     raise ConfigError(
-        f"daemon.identity {identity!r} is not a valid BookKeeper bookie id "
+        f"daemon.identity {shown_name(identity)} is not a valid BookKeeper bookie id "
         f"(letters, digits and .-:;<=>?@[]^_ only){where}"
     )
 

@@ -61,6 +61,7 @@ from auditor.metadata.etcd_config import EtcdOptions, read_etcd_config
 from auditor.metadata.service_uri import (
     MetadataDriver,
     MetadataServiceUri,
+    check_connect_string,
     parse_metadata_service_uri,
 )
 from auditor.scan.options import parse_spark_conf
@@ -134,6 +135,7 @@ def _resolve_cluster(
     ranks high enough; the parsed URI, if any."""
     changes: dict[str, Any] = {"zk": daemon.zk, "ledgers_root": daemon.ledgers_root}
     uri: MetadataServiceUri | None = None
+    from_uri = False  # the URI's hosts, already checked by its parser
     if daemon.metadata_service_uri:
         where = origins["daemon.metadata_service_uri"]
         try:
@@ -145,6 +147,7 @@ def _resolve_cluster(
         if uri_rank >= rank.get("daemon.zk", -1):
             changes["zk"] = uri.hosts
             origins["daemon.zk"] = where
+            from_uri = True
         if uri_rank >= rank.get("daemon.ledgers_root", -1):
             changes["ledgers_root"] = uri.ledgers_root
             origins["daemon.ledgers_root"] = where
@@ -158,6 +161,12 @@ def _resolve_cluster(
             "daemon.zk is not set: set daemon.zk or daemon.metadata_service_uri "
             "(BK_AUDITOR_DAEMON_ZK, or metadataServiceUri / zkServers in --bk-conf)"
         )
+    if not from_uri:
+        try:
+            changes["zk"] = check_connect_string(changes["zk"], "daemon.zk")
+        except ConfigError as exc:
+            where = origins.get("daemon.zk", "default")
+            raise ConfigError(f"{exc} (from {where})") from None
     changes["ledgers_root"] = str(changes["ledgers_root"]).rstrip("/") or "/"
     return changes, uri
 
