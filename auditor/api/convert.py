@@ -246,6 +246,7 @@ def _leadership(state: DaemonState, msg: pb.GetStatusResponse) -> None:
         msg.unreadable_vote_session = unreadable.session
         msg.unreadable_vote_error = unreadable.error
         _stamp(msg.unreadable_vote_since, unreadable.since)
+    msg.open_acl_znodes.extend(str(item) for item in state.open_acls)
     for name in sorted(state.invalid_znodes):
         z = state.invalid_znodes[name]
         entry_z = msg.invalid_znodes.add(znode=z.znode, value=z.value, using=z.using)
@@ -352,6 +353,7 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
             if msg.unreadable_vote_path
             else None
         ),
+        "open_acl_znodes": list(msg.open_acl_znodes),
         "invalid_znodes": {
             z.znode: {"value": z.value, "using": z.using, "since": stamp_iso(z, "since")}
             for z in msg.invalid_znodes

@@ -377,6 +377,11 @@ def _render_leadership(doc: dict[str, Any], out: TextIO) -> None:
             f"decode ({unreadable['error']}): no auditor runs, Java's nor ours, while that "
             "session lives\n"
         )
+    for item in doc.get("open_acl_znodes") or ():
+        out.write(
+            f"  OPEN ACL: {item}: unauthenticated clients can silence or mislead the "
+            "auditor here; setAcl it (docs/runbook.md)\n"
+        )
     dup = doc.get("duplicate_identity")
     if dup:
         out.write(

@@ -473,6 +473,13 @@ class _StateCollector(Collector):
             1 if state.unreadable_vote is not None else 0,
         )
         yield _gauge(
+            "zk_open_acl_znodes",
+            "How many znodes the auditor relies on (the ledgers root, LAYOUT, available, "
+            "the under-replication tree) let unauthenticated clients change them, as read at "
+            "the last connect with credentials; 0 without credentials.",
+            len(state.open_acls),
+        )
+        yield _gauge(
             "duplicate_identity",
             "1 while another ZooKeeper session holds a vote with this daemon's identity "
             "(this daemon then refuses to vote), else 0.",

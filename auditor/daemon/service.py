@@ -109,6 +109,7 @@ from auditor.daemon.state import (
 from auditor.index.store import MetadataIndex
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
+from auditor.metadata.acls import find_open_acls
 from auditor.metadata.elections import ElectionHolder
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.registry import watch_bookies
@@ -121,9 +122,16 @@ from auditor.metadata.underreplication import (
 from auditor.schedule.bookie_sightings import BookieSightings
 from auditor.secretfiles import check_api_token
 from auditor.selftest.harness import SelfTestResult
-from auditor.store import FencedOutError, MetadataStore, SessionState, StoreUnavailableError
+from auditor.store import (
+    FencedOutError,
+    MetadataStore,
+    SessionState,
+    StoreAuthError,
+    StoreUnavailableError,
+)
 from auditor.waits import until_any
 from auditor.worker.loop import ReplicationWorker, WorkerConnection, default_lock_holder
+from auditor.zk import ZkClient
 
 #: `run`'s exit code when a supervised task ended (EX_TEMPFAIL: a restart is the remedy).
 EXIT_ELECTION_ENDED = 75
@@ -239,6 +247,8 @@ class Daemon:
         self.leader_read = asyncio.Event()
         #: Set each time a check run ends, whatever its outcome (likewise).
         self.check_ended = asyncio.Event()
+        #: Set after each read of the relied-on znodes' ACLs (`_check_acls`).
+        self.acls_checked = asyncio.Event()
         #: Set each time the leader reads a ctime or the delay znode (likewise).
         self.znode_read = asyncio.Event()
         #: The last detector self-test and canary results, by check label.
@@ -413,6 +423,8 @@ class Daemon:
                 self._connected.set()
                 self._disarm_suspension_limit()
                 self._decide(Connected())
+                if isinstance(zk, ZkClient) and self.config.zk_security.credentials:
+                    self._spawn(self._check_acls(zk))
             elif st == SessionState.SUSPENDED:
                 self.state.zk_connected = False
                 self.state.tallies.zk_suspended()
@@ -428,6 +440,32 @@ class Daemon:
                 self._disarm_suspension_limit()
                 self._decide(SessionLost())
             self._readiness()
+
+    async def _check_acls(self, zk: ZkClient) -> None:
+        """At every connect with credentials: which relied-on znodes anyone may change
+        (`auditor.metadata.acls`), each logged, counted and shown in `status`. A read that
+        fails is logged and leaves the last finding; it never stops the daemon."""
+
+        async def acls_of(path: str) -> list[Any]:
+            return (await zk.get_acls(path))[0]
+
+        try:
+            found = await find_open_acls(acls_of, self.root)
+        except (StoreUnavailableError, StoreAuthError) as exc:
+            self.log.warning("znode ACLs not checked", error=str(exc))
+            return
+        finally:
+            self.acls_checked.set()
+        self.state.open_acls = tuple(found)
+        for item in found:
+            self.log.warning(
+                "relied-on znode is open to anyone",
+                path=item.path,
+                perms=list(item.perms),
+                fix="setAcl it to the auditor's and the bookies' credentials (docs/runbook.md)",
+            )
+        if not found:
+            self.log.info("relied-on znodes admit only authenticated changes", root=self.root)
 
     def _arm_suspension_limit(self) -> None:
         """Disconnected for a whole session timeout, the session may be gone on the

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from auditor.checks.findings import ALL_CHECKS, Check, CheckReport
 from auditor.daemon.leadership import Decision, Phase, Reason
 from auditor.daemon.tallies import Tallies
+from auditor.metadata.acls import OpenAcl
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.worker.state import WorkerState
 
@@ -198,6 +199,9 @@ class DaemonState:
     other_election: OtherElection | None = None
     #: While the election is held by a live vote that does not decode (nobody audits).
     unreadable_vote: UnreadableVote | None = None
+    #: Relied-on znodes anyone may change (`auditor.metadata.acls`), as last read at a
+    #: connect with credentials; empty without credentials or on etcd.
+    open_acls: tuple[OpenAcl, ...] = ()
     #: While backing off after a failure: when this daemon votes again (wall clock).
     backoff_until: float | None = None
     #: Znodes read and found unusable, by name, while they stay so.

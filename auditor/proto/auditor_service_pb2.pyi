@@ -310,6 +310,7 @@ class GetStatusResponse(_message.Message):
     UNREADABLE_VOTE_SESSION_FIELD_NUMBER: _builtins.int
     UNREADABLE_VOTE_ERROR_FIELD_NUMBER: _builtins.int
     UNREADABLE_VOTE_SINCE_FIELD_NUMBER: _builtins.int
+    OPEN_ACL_ZNODES_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     is_leader: _builtins.bool
     leader: _builtins.str
@@ -389,6 +390,13 @@ class GetStatusResponse(_message.Message):
 
     @_builtins.property
     def unreadable_vote_since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def open_acl_znodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Znodes the auditor relies on whose ACL lets anyone (world:anyone) change them, each
+        "PATH (anyone may PERMS)", as read at the last connect with ZooKeeper credentials.
+        Empty without credentials, on etcd, or when every one admits only authenticated changes.
+        """
+
     def __init__(
         self,
         *,
@@ -418,10 +426,11 @@ class GetStatusResponse(_message.Message):
         unreadable_vote_session: _builtins.int = ...,
         unreadable_vote_error: _builtins.str = ...,
         unreadable_vote_since: _timestamp_pb2.Timestamp | None = ...,
+        open_acl_znodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "started_at", b"started_at", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "unreadable_vote_error", b"unreadable_vote_error", "unreadable_vote_path", b"unreadable_vote_path", "unreadable_vote_session", b"unreadable_vote_session", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker", "zk_connected", b"zk_connected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "open_acl_znodes", b"open_acl_znodes", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "unreadable_vote_error", b"unreadable_vote_error", "unreadable_vote_path", b"unreadable_vote_path", "unreadable_vote_session", b"unreadable_vote_session", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker", "zk_connected", b"zk_connected"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

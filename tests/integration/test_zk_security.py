@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import sys
 import time
@@ -19,12 +20,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kazoo.security import ACL, Id
 
+from auditor.api.convert import status_json, status_response
+from auditor.cli.admin import render_status
 from auditor.daemon.config import load_daemon_config
 from auditor.daemon.election import current_auditor, election_path, ordered_votes
+from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.errors import ConfigError
 from auditor.logs import configure_logging
+from auditor.metadata.acls import OpenAcl, open_grants
 from auditor.metadata.records import CheckKind
 from auditor.metadata.underreplication import (
     MarkOutcome,
@@ -414,3 +420,64 @@ async def test_sasl_digest_md5_session_creates_creator_only_znodes(hosts: str) -
     assert str(info.value) == (
         f"ZooKeeper at {hosts} rejected this session's credentials (sasl DIGEST-MD5 as bk)"
     )
+
+
+async def test_relied_on_znodes_open_to_anyone_are_named(hosts: str, tmp_path: Path) -> None:
+    """A tree whose `/ledgers` and `underreplication` were created without credentials
+    (open ACLs) before BookKeeper's secured nodes created the rest: a daemon connecting
+    with credentials names exactly those two (status, the metric's state, its log), not
+    the creator-only znodes below them. Before, nothing warned while anyone could create
+    `disable` under them."""
+    async with ZkClient(hosts, security=security(BOB)) as careless:
+        await careless.ensure_path(f"{ROOT}/underreplication")
+    async with ZkClient(hosts, security=security(ALICE, enable=True)) as zk:
+        await ClusterWriter(zk, ROOT).init_cluster()
+        assert await acl_of(zk, f"{ROOT}/underreplication") == [(ALL, "world", "anyone")]
+        assert await acl_of(zk, f"{ROOT}/available") == creator_all(ALICE)
+    cfg = load_daemon_config(
+        None,
+        [
+            "daemon.identity=secure-auditor:9876",
+            "worker.enabled=false",
+            "daemon.metadata_index=false",
+            "auditorPeriodicCheckInterval=0",
+            "auditorReplicasCheckInterval=0",
+            "auditorPeriodicPlacementPolicyCheckInterval=0",
+            f"daemon.zk_auth_file={auth_file(tmp_path, ALICE)}",
+            "zkEnableSecurity=true",
+        ],
+        env={"BK_AUDITOR_DAEMON_ZK": hosts},
+    )
+    configure_logging("console", level="WARNING")
+    metrics = Metrics()
+    daemon = Daemon(cfg, metrics=metrics)
+    run = asyncio.ensure_future(daemon.run(signals=False))
+    try:
+        await asyncio.wait_for(daemon.acls_checked.wait(), 15)
+        gauge = "bookkeeper_auditor_zk_open_acl_znodes"
+        assert metrics.registry.get_sample_value(gauge, {}) == 2
+        everything = ("write", "create", "delete", "admin")
+        assert daemon.state.open_acls == (
+            OpenAcl(ROOT, everything),
+            OpenAcl(f"{ROOT}/underreplication", everything),
+        )
+        doc = status_json(status_response(daemon.state))
+        assert doc["open_acl_znodes"] == [
+            f"{ROOT} (anyone may write, create, delete, admin)",
+            f"{ROOT}/underreplication (anyone may write, create, delete, admin)",
+        ]
+        text = io.StringIO()
+        render_status(doc, text)
+        assert (
+            f"  OPEN ACL: {ROOT}/underreplication (anyone may write, create, delete, admin): "
+            "unauthenticated clients can silence or mislead the auditor here; setAcl it "
+            "(docs/runbook.md)\n"
+        ) in text.getvalue()
+    finally:
+        daemon.stop()
+        assert await asyncio.wait_for(run, 8) == 0
+    # The pure judgement: READ alone is no finding; any other grant to anyone is.
+    read_only = [ACL(1, Id("world", "anyone")), ACL(ALL, Id("digest", "alice:x"))]
+    assert open_grants(read_only) == ()
+    assert open_grants([ACL(1 | 4, Id("world", "anyone"))]) == ("create",)
+    assert open_grants([ACL(ALL, Id("ip", "10.0.0.1"))]) == ()
