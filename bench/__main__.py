@@ -4,7 +4,7 @@
 
 Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
 naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
-rereplication, etcd-floor, etcd-replicas, spark. BENCH_ONLY picks some (by
+rereplication, etcd-floor, etcd-replicas, spark, marks. BENCH_ONLY picks some (by
 figure name, or by benchmark name for all its figures: scrutiny, big, etcd); a
 benchmark whose figures are all left out does not run. The first line
 describes the machine.
@@ -15,7 +15,9 @@ status is then 1. Knobs: BENCH_N (ledgers, default 100,000), BENCH_REPEAT
 BENCH_LATENCY_MS (bookie-load, default 5), BENCH_SESSION_TIMEOUT (failover,
 default 6), BENCH_BIG_N (memory-1m and failover-1m, default 1,000,000),
 BENCH_ETCD_N (etcd-floor and etcd-replicas, default BENCH_N), BENCH_ETCD_PAGE
-(keys a range read of the etcd floor asks for, default 1,000).
+(keys a range read of the etcd floor asks for, default 1,000), BENCH_MARKS_N
+(under-replication marks of `marks`, default 100,000), BENCH_MARKS_SRC (`marks`: the
+source tree whose CLI is timed, default this one).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from bench import (
     bench_codec,
     bench_etcd,
     bench_failover,
+    bench_marks,
     bench_memory,
     bench_rereplication,
     bench_scrutiny,
@@ -80,6 +83,10 @@ def _spark(n: int) -> Figures:
     return bench_spark.measure(n)
 
 
+def _marks(n: int) -> Figures:
+    return [asyncio.run(bench_marks.measure(bench_marks.bench_marks_n()))]
+
+
 #: Benchmarks in the order they run, each with the figures it produces.
 BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("codec", ("codec",), _codec),
@@ -95,6 +102,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("rereplication", ("rereplication",), _rereplication),
     ("etcd", ("etcd-floor", "etcd-replicas"), _etcd),
     ("spark", ("spark",), _spark),
+    ("marks", ("marks",), _marks),
 ]
 FIGURES = [f for _, figures, _ in BENCHMARKS for f in figures]
 

@@ -57,6 +57,6 @@ async def audit_pulsar(
     reports = [await driver(Check.PLACEMENT)(ctx)]
     if replicas:
         reports.append(await driver(Check.REPLICAS)(ctx))
-    marks = (await ctx.urm.read_marks()).marked_ids()
+    marks = await ctx.urm.marked_ids()
     risk_of = await ledger_domains(ctx)
     return await run_pulsar_audit(ctx, verdicts=verdicts_of(reports, marks), risk_of=risk_of)

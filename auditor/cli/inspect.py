@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -30,7 +31,7 @@ from auditor.metadata.underreplication import (
 from auditor.metadata.walk import LedgerWalker
 from auditor.timefmt import iso_datetime
 from auditor.topology.locations import normalize_location
-from auditor.topology.racks import open_rack_resolver
+from auditor.topology.racks import open_rack_resolver_or_blind
 
 
 def ledger_json(md: LedgerMetadata, path: str) -> dict[str, Any]:
@@ -149,27 +150,43 @@ async def cmd_list_underreplicated(
 ) -> int:
     """Every mark `only` wants; each corrupt one on a line of its own (stderr, or a JSON line
     with `corrupt`: a corrupt mark names no replicas, so no filter can judge it), and then
-    exit status 1. `count_only`: the number of marks listed, and nothing else on stdout."""
+    exit status 1. `count_only`: the number of marks listed, and nothing else on stdout.
+
+    `count_only` without a filter reads no mark's data, only the listings (as BookKeeper's
+    `listunderreplicated -c` without a filter): a hundred thousand marks are counted in
+    the time their directories take to list. The count is then of the znodes named and
+    placed as BookKeeper's marks, and `corrupt` of the other znodes among them (a name
+    that is no mark's, a mark out of place, a stray); a mark whose data does not decode
+    is counted as a mark, since only reading it tells (the listing without `count_only`,
+    or a filter, reads it and names it corrupt)."""
+    listing_only = count_only and only == MarkFilter()
     async with connect(target) as (zk, _):
         urm = UnderreplicationManager(zk, target.root)
         count = corrupt = 0
-        async for item in urm.list_marks():
-            if isinstance(item, CorruptMark):
-                corrupt += 1
-                if as_json and not count_only:
-                    out.write(json.dumps(mark_json(item)) + "\n")
+        items: AsyncGenerator[int | UnderreplicatedLedger | CorruptMark, None] = (
+            urm.list_mark_names() if listing_only else urm.list_marks()
+        )
+        async with aclosing(items):
+            async for item in items:
+                if isinstance(item, CorruptMark):
+                    corrupt += 1
+                    if as_json and not count_only:
+                        out.write(json.dumps(mark_json(item)) + "\n")
+                    else:
+                        print(f"bk-auditor: error: corrupt under-replication mark {item}", file=err)
+                    continue
+                if isinstance(item, int):
+                    count += 1  # a mark's name, listed only (its data is not read)
+                    continue
+                if not only.wants(item):
+                    continue
+                count += 1
+                if count_only:
+                    continue
+                if as_json:
+                    out.write(json.dumps(mark_json(item, iso_time)) + "\n")
                 else:
-                    print(f"bk-auditor: error: corrupt under-replication mark {item}", file=err)
-                continue
-            if not only.wants(item):
-                continue
-            count += 1
-            if count_only:
-                continue
-            if as_json:
-                out.write(json.dumps(mark_json(item, iso_time)) + "\n")
-            else:
-                out.write(_mark_line(item, iso_time))
+                    out.write(_mark_line(item, iso_time))
         enabled = await urm.is_replication_enabled()
     if count_only:
         out.write(
@@ -223,11 +240,14 @@ async def cmd_bookies(
     config: AuditorConfig | None = None,
     only: BookieFilter = BookieFilter(),
     out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
 ) -> int:
     """Every bookie the cluster knows (registered, or with a cookie), with its state and its
     rack: from the rack sources the placement check reads (`checks.racks_file`, the
     topology script, Pulsar's `/bookies` znode), else the placement policy's default
-    location (`rack_source` null)."""
+    location (`rack_source` null). Rack sources that cannot be read (an invalid
+    `/bookies`) still list every bookie, at the default rack, with an error line and
+    exit status 2, as `check all` runs the other checks when placement cannot run."""
     config = config if config is not None else AuditorConfig()
     default_rack = PlacementPolicy(
         kind=policy_kind(config.bookkeeper.ensemblePlacementPolicy)
@@ -236,7 +256,13 @@ async def cmd_bookies(
         current = await read_bookies(zk, target.root)
         known = await all_known_bookies(zk, target.root)
         bookies = sorted(known | current.available)
-        resolver = await open_rack_resolver(zk, target.root, config)
+        resolver, racks_unreadable = await open_rack_resolver_or_blind(zk, target.root, config)
+        if racks_unreadable is not None:
+            print(
+                "bk-auditor: error: rack sources unreadable, every bookie shown at the "
+                f"default rack: {racks_unreadable}",
+                file=err,
+            )
         racks = await resolver.locations(bookies)
         for bookie in bookies:
             state = (
@@ -258,4 +284,4 @@ async def cmd_bookies(
             if not only.wants(row):
                 continue
             out.write(json.dumps(row) + "\n" if as_json else bookie_line(row))
-    return 0
+    return 2 if racks_unreadable is not None else 0  # 2: as `check all` when a check cannot run

@@ -176,7 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave out marks whose missing replicas name this bookie",
     )
     lur.add_argument(
-        "--count-only", action="store_true", help="print only the number of marks listed"
+        "--count-only",
+        action="store_true",
+        help="print only the number of marks listed (without a filter: from the listings, "
+        "no mark's data read, so a mark whose data is corrupt counts as a mark)",
     )
     lur.add_argument(
         "--iso-time",

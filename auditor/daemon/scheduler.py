@@ -200,7 +200,7 @@ class LeaderWork:
         from auditor.checks.pulsar_audit_run import run_pulsar_audit, verdicts_of
 
         reports = self.last_reports() if self.last_reports is not None else ()
-        marks = (await self.ctx.urm.read_marks()).marked_ids()
+        marks = await self.ctx.urm.marked_ids()
         verdicts = verdicts_of(reports, marks)
         risk_of = await ledger_domains(self.ctx)
         # Its walk reads ZooKeeper, not the index (which keeps no custom metadata).

@@ -808,6 +808,18 @@ class EtcdStore:
         are none and `path` has no key either (as ZooKeeper for a missing node)."""
         return (await self._children(path))[0]
 
+    async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        """Each path's children as `get_children` lists them (None for a missing node),
+        the requests sent together."""
+
+        async def one(path: str) -> list[str] | None:
+            try:
+                return (await self._children(path))[0]
+            except NoNodeError:
+                return None
+
+        return list(await asyncio.gather(*(one(p) for p in paths)))
+
     async def sync(self, path: str) -> None:
         """Nothing: etcd's reads are linearizable already."""
 

@@ -171,6 +171,13 @@ class BookKeeperEtcdView:
     async def get_children(self, path: str) -> list[str]:
         return self._children_of(path, await self.store.get_children(self.to_store(path)))
 
+    async def get_children_many(self, paths: Sequence[str]) -> Sequence[list[str] | None]:
+        found = await self.store.get_children_many([self.to_store(p) for p in paths])
+        return [
+            None if names is None else self._children_of(path, names)
+            for path, names in zip(paths, found, strict=True)
+        ]
+
     async def exists(self, path: str) -> Stat | None:
         return await self.store.exists(self.to_store(path))
 

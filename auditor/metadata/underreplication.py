@@ -17,17 +17,30 @@ where BookKeeper keeps that ledger's mark. A corrupt mark whose name spells a
 ledger id still marks that ledger (`MarkListing.marked_ids`): the checks that
 skip marked ledgers skip it too, as a replication worker would not copy a
 ledger twice.
+
+A hundred thousand marks are a hundred thousand directories (each leaf directory holds the
+mark of one ledger id), so listing and reading them one request at a time costs a round
+trip each (issue #30: 69 s for 100,000). Directories are listed in batches
+(`get_children_many`: one ZooKeeper multiRead of `LIST_BATCH` listings), a few batches in
+flight, cut from the breadth-first queue in the order BookKeeper's listing visits them and
+consumed in that order, so the items come out exactly as a serial listing yields them;
+the marks' data is read in `get_many` batches (one ZooKeeper multiRead, one etcd
+transaction) of `READ_BATCH`, `READS_IN_FLIGHT` batches at once, as the ledger walk reads
+ledgers. What needs no data (a count, the ids marked) reads none.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from auditor.errors import FormatError
 from auditor.metadata.paths import LONG_MAX, check_ledger_id, is_valid_ledger_id
@@ -56,6 +69,23 @@ _MAX_CAS_ATTEMPTS = 100
 _JAVA_INT = re.compile(r"[+-]?[0-9]+")
 #: Java's `Integer.MAX_VALUE`: the largest `lostBookieRecoveryDelay` BookKeeper can read.
 MAX_DELAY_SECONDS = 2**31 - 1
+#: Directories listed per `get_children_many` (one multiRead), and such batches in flight.
+#: Every leaf directory holds one mark, so a listing a request would be a request a mark
+#: (kazoo spends about 150 us of CPU on each: 15 s for 100,000).
+LIST_BATCH = 250
+LISTINGS_IN_FLIGHT = 4
+#: Marks read per `get_many` (one multiRead), and such batches in flight: the walk's
+#: shape (`walk.BATCH_MAX`, two or more batches so one is read while another is decoded).
+READ_BATCH = 250
+READS_IN_FLIGHT = 4
+#: A mark exactly as BookKeeper's TextFormat writes one whose replicas are printable ASCII
+#: without quote or backslash (every bookie id): its replicas, then its ctime, if any, in
+#: decimal (a leading zero would be octal to TextFormat, so none). Such bytes decode here
+#: without the general parser, which took 70% of `check all` over 100,000 marks; any
+#: other bytes go to the general parser, which gives the same record for these.
+_PLAIN_MARK = re.compile(rb'((?:replica: "[ !#-\[\]-~]*"\n)*)(?:ctime: (0|-?[1-9][0-9]{0,18})\n)?')
+_PLAIN_REPLICA = re.compile(rb'replica: "([ !#-\[\]-~]*)"\n')
+_INT64 = range(-(2**63), 2**63)
 
 
 def parse_lost_bookie_recovery_delay(data: bytes) -> int | None:
@@ -184,8 +214,35 @@ def decode_mark(ledger_id: int, data: bytes, version: int = 0) -> Underreplicate
     return UnderreplicatedLedger(ledger_id, rec.replicas, rec.ctime_or_unassigned, version)
 
 
+def decode_plain_mark(ledger_id: int, data: bytes, version: int) -> UnderreplicatedLedger | None:
+    """The mark in `data` if it is laid out exactly as BookKeeper writes a plain one
+    (`_PLAIN_MARK`), else None: the general parser decides (and names what is wrong)."""
+    m = _PLAIN_MARK.fullmatch(data)
+    if m is None:
+        return None
+    ctime = UNASSIGNED_CTIME
+    if m.group(2) is not None:
+        ctime = int(m.group(2))
+        if ctime not in _INT64:
+            return None
+    replicas = tuple(r.decode("ascii") for r in _PLAIN_REPLICA.findall(m.group(1)))
+    return UnderreplicatedLedger(ledger_id, replicas, ctime, version)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _abandon(futures: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancels what is still in flight when a listing ends early (the caller stopped, or a
+    read failed), and retrieves what already failed, so nothing is left running and no
+    failure is logged as never retrieved."""
+    for future in futures:
+        if future.done():
+            if not future.cancelled():
+                future.exception()
+        else:
+            future.cancel()
 
 
 class UnderreplicationManager:
@@ -296,70 +353,150 @@ class UnderreplicationManager:
     def _decoded(
         path: str, ledger_id: int, data: bytes, version: int
     ) -> UnderreplicatedLedger | CorruptMark:
+        plain = decode_plain_mark(ledger_id, data, version)
+        if plain is not None:
+            return plain
         try:
             rec = decode_underreplicated_ledger(data)
         except RecordFormatError as exc:
             return CorruptMark(path, ledger_id, f"does not decode: {exc.reason}")
         return UnderreplicatedLedger(ledger_id, rec.replicas, rec.ctime_or_unassigned, version)
 
-    async def _mark_znodes(self) -> AsyncIterator[tuple[str, int | None, str | None]]:
+    async def _mark_znodes(self) -> AsyncGenerator[tuple[str, int | None, str | None], None]:
         """(path, ledger id or None, what is wrong or None) of every mark and of every other
-        znode among them, breadth-first as BookKeeper lists them; listings only."""
+        znode among them, breadth-first as BookKeeper lists them; listings only.
+
+        Directories are listed in batches (`get_children_many`: one multiRead of up to
+        `LIST_BATCH` listings), cut from the breadth-first queue in its order, up to
+        `LISTINGS_IN_FLIGHT` batches at once, and consumed in that same order: the order
+        is a serial listing's. A directory removed while we list is passed over."""
         top = f"{self.base}/ledgers"
         queue: deque[tuple[str, int]] = deque([(top, 0)])
-        while queue:
-            path, depth = queue.popleft()
-            try:
-                children = sorted(await self.zk.get_children(path))
-            except NoNodeError:
-                continue
-            if not children and path != top and not self._hex_dir(path, depth):
-                yield path, None, "neither an under-replication mark nor a directory of marks"
-            for child in children:
-                if child.startswith(_MARK_PREFIX):
-                    child_path = f"{path}/{child}"
-                    ledger_id, problem = _mark_name_problem(self.base, child_path, child)
-                    yield child_path, ledger_id, problem
-                else:
-                    queue.append((f"{path}/{child}", depth + 1))
+        window: deque[tuple[list[tuple[str, int]], asyncio.Future[Sequence[list[str] | None]]]]
+        window = deque()
+        try:
+            while queue or window:
+                # A batch goes out full, or at once when nothing else is in flight.
+                while queue and len(window) < LISTINGS_IN_FLIGHT:
+                    if window and len(queue) < LIST_BATCH:
+                        break
+                    dirs = [queue.popleft() for _ in range(min(LIST_BATCH, len(queue)))]
+                    listed = self.zk.get_children_many([path for path, _ in dirs])
+                    window.append((dirs, asyncio.ensure_future(listed)))
+                dirs, pending = window.popleft()
+                for (path, depth), found in zip(dirs, await pending, strict=True):
+                    if found is None:
+                        continue
+                    children = sorted(found)
+                    if not children and path != top and not self._hex_dir(path, depth):
+                        yield (
+                            path,
+                            None,
+                            "neither an under-replication mark nor a directory of marks",
+                        )
+                    for child in children:
+                        if child.startswith(_MARK_PREFIX):
+                            child_path = f"{path}/{child}"
+                            ledger_id, problem = _mark_name_problem(self.base, child_path, child)
+                            yield child_path, ledger_id, problem
+                        else:
+                            queue.append((f"{path}/{child}", depth + 1))
+        finally:
+            _abandon(pending for _, pending in window)
 
     @staticmethod
     def _hex_dir(path: str, depth: int) -> bool:
         return 1 <= depth <= _HEX_LEVELS and _HEX_DIR.match(path.rsplit("/", 1)[1]) is not None
 
-    async def list_marks(self) -> AsyncIterator[UnderreplicatedLedger | CorruptMark]:
-        """Every valid mark with its data and every corrupt one, each an item of its own;
-        a mark removed while we list it is skipped."""
-        async for path, ledger_id, problem in self._mark_znodes():
-            if problem is not None or ledger_id is None:
-                yield CorruptMark(path, ledger_id, problem or "not a mark")
+    async def _read_batch(
+        self, batch: list[tuple[str, int] | CorruptMark]
+    ) -> list[UnderreplicatedLedger | CorruptMark]:
+        """A batch of the listing in its order: each mark read (one `get_many` for all of
+        them) and decoded, each corrupt one as it is, a mark removed meanwhile left out."""
+        found = iter(
+            await self.zk.get_many([e[0] for e in batch if not isinstance(e, CorruptMark)])
+        )
+        items: list[UnderreplicatedLedger | CorruptMark] = []
+        for entry in batch:
+            if isinstance(entry, CorruptMark):
+                items.append(entry)
                 continue
-            try:
-                data, stat = await self.zk.get(path)
-            except NoNodeError:
-                continue
-            yield self._decoded(path, ledger_id, data, int(stat.version))
+            got = next(found)
+            if got is not None:
+                path, ledger_id = entry
+                items.append(self._decoded(path, ledger_id, got[0], int(got[1].version)))
+        return items
+
+    async def list_marks(self) -> AsyncGenerator[UnderreplicatedLedger | CorruptMark, None]:
+        """Every valid mark with its data and every corrupt one, each an item of its own,
+        in the listing's order; a mark removed while we list it is skipped. Data is read
+        in batches of `READ_BATCH` marks, `READS_IN_FLIGHT` batches ahead of the caller."""
+        window: deque[asyncio.Future[list[UnderreplicatedLedger | CorruptMark]]] = deque()
+        batch: list[tuple[str, int] | CorruptMark] = []
+        try:
+            async with aclosing(self._mark_znodes()) as names:
+                async for path, ledger_id, problem in names:
+                    if problem is not None or ledger_id is None:
+                        batch.append(CorruptMark(path, ledger_id, problem or "not a mark"))
+                    else:
+                        batch.append((path, ledger_id))
+                    if len(batch) < READ_BATCH:
+                        continue
+                    window.append(asyncio.ensure_future(self._read_batch(batch)))
+                    batch = []
+                    if len(window) >= READS_IN_FLIGHT:
+                        for item in await window.popleft():
+                            yield item
+            if batch:
+                window.append(asyncio.ensure_future(self._read_batch(batch)))
+            while window:
+                for item in await window.popleft():
+                    yield item
+        finally:
+            _abandon(window)
 
     async def read_marks(self) -> MarkListing:
         """`list_marks`, gathered: the valid marks and the corrupt ones apart."""
         listing = MarkListing([], [])
-        async for item in self.list_marks():
-            if isinstance(item, CorruptMark):
-                listing.corrupt.append(item)
-            else:
-                listing.marks.append(item)
+        async with aclosing(self.list_marks()) as items:
+            async for item in items:
+                if isinstance(item, CorruptMark):
+                    listing.corrupt.append(item)
+                else:
+                    listing.marks.append(item)
         return listing
 
     async def list_underreplicated(self) -> AsyncIterator[UnderreplicatedLedger]:
         """The valid marks with their data (corrupt ones are in `list_marks` only)."""
-        async for item in self.list_marks():
-            if not isinstance(item, CorruptMark):
-                yield item
+        async with aclosing(self.list_marks()) as items:
+            async for item in items:
+                if not isinstance(item, CorruptMark):
+                    yield item
+
+    async def list_mark_names(self) -> AsyncGenerator[int | CorruptMark, None]:
+        """From listings only, no data read, in `list_marks`' order: the ledger id of each
+        znode named and placed as BookKeeper names and places a mark, and a CorruptMark for
+        every other znode among them (a name that is no mark's, a mark out of place, a
+        stray). A mark whose data would not decode is its ledger id here: only reading
+        it (`list_marks`) tells."""
+        async with aclosing(self._mark_znodes()) as names:
+            async for path, ledger_id, problem in names:
+                if problem is None and ledger_id is not None:
+                    yield ledger_id
+                else:
+                    yield CorruptMark(path, ledger_id, problem or "not a mark")
+
+    async def marked_ids(self) -> set[int]:
+        """Every ledger marked, by a valid mark or a corrupt one that names it
+        (`MarkListing.marked_ids`), from listings only: no data read."""
+        async with aclosing(self._mark_znodes()) as names:
+            return {ledger_id async for _, ledger_id, _ in names if ledger_id is not None}
 
     async def count_underreplicated(self) -> int:
         """How many ledgers are marked, corrupt marks that name one included: listings only,
         no data reads."""
-        return sum([1 async for _, ledger_id, _ in self._mark_znodes() if ledger_id is not None])
+        async with aclosing(self._mark_znodes()) as names:
+            return sum([1 async for _, ledger_id, _ in names if ledger_id is not None])
 
     async def is_being_replicated(self, ledger_id: int) -> bool:
         return await self.zk.exists(ur_lock_path(self.base, ledger_id)) is not None

@@ -190,7 +190,7 @@ async def _read_pulsar(ctx: CheckContext, spec: ScanSpec) -> PulsarPass:
     counts them), read once here for every partition."""
     async with pulsar_source(ctx) as source:
         refs = await read_refs(source)
-    marked = frozenset((await ctx.urm.read_marks()).marked_ids())
+    marked = frozenset(await ctx.urm.marked_ids())
     grace_ms = int(spec.config.checks.pulsar_orphan_grace * 1000)
     ctx.log.info(
         "pulsar references read",

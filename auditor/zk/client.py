@@ -93,6 +93,7 @@ from auditor.store import (
     StoreUnavailableError,
 )
 from auditor.zk.multiread import (
+    GET_CHILDREN,
     GET_DATA,
     MalformedMultiReadError,
     MultiRead,
@@ -638,58 +639,65 @@ class ZkClient:
         beyond `multiread.MAX_OPS`), one future and one `timeout` for the batch, everything
         included (waiting for the first batch to find out whether the server takes
         multiRead, and an old server's refusal followed by the batch read the old way)."""
+        return await self._many(GET_DATA, "get", paths)
+
+    async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        """Many nodes' children, in the order of `paths`; None for a node that does not
+        exist. As `get_many`: getChildren ops in one multiRead, one future, one timeout."""
+        return await self._many(GET_CHILDREN, "get_children", paths)
+
+    async def _many(self, op: int, what: str, paths: Sequence[str]) -> list[Any]:
         if not paths:
             return []
         where = paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more)"
 
-        async def within() -> list[tuple[bytes, ZnodeStat] | None]:
+        async def within() -> list[Any]:
             async with asyncio.timeout(self.timeout):
-                return await self._get_many(paths)
+                return await self._read_many(op, what, paths)
 
-        return await self._mapped("get", where, within())
+        return await self._mapped(what, where, within())
 
-    async def _get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+    async def _read_many(self, op: int, what: str, paths: Sequence[str]) -> list[Any]:
         support = self._multi_read
         if support.supported is None:
             async with support.probe:
                 if support.supported is None:
-                    return await self._get_many_probing(paths)
+                    return await self._read_many_probing(op, what, paths)
         if support.supported is False:
-            return await self._get_pipelined(paths)
+            return await self._read_pipelined(op, what, paths)
         try:
-            return await self._get_multi(paths)
+            return await self._read_multi(op, what, paths)
         except UnimplementedError:
             # A server that took multiRead before: another (older) one of the ensemble.
             support.supported = False
-            return await self._get_after_refusal(paths)
+            return await self._read_after_refusal(op, what, paths)
 
-    async def _get_many_probing(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+    async def _read_many_probing(self, op: int, what: str, paths: Sequence[str]) -> list[Any]:
         support = self._multi_read
         try:
-            found = await self._get_multi(paths)
+            found = await self._read_multi(op, what, paths)
         except UnimplementedError:
             support.supported = False
-            return await self._get_after_refusal(paths)
+            return await self._read_after_refusal(op, what, paths)
         support.supported = True
         return found
 
-    async def _get_after_refusal(
-        self, paths: Sequence[str]
-    ) -> list[tuple[bytes, ZnodeStat] | None]:
+    async def _read_after_refusal(self, op: int, what: str, paths: Sequence[str]) -> list[Any]:
         """The batch an old server refused, read again the old way. That server also
         closes the connection after its refusal; reads that went out on it before kazoo
         saw the close fail with ConnectionLoss, so they are sent once more."""
         try:
-            return await self._get_pipelined(paths)
+            return await self._read_pipelined(op, what, paths)
         except ConnectionLoss:
-            return await self._get_pipelined(paths)
+            return await self._read_pipelined(op, what, paths)
 
-    async def _get_multi(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+    async def _read_multi(self, op: int, what: str, paths: Sequence[str]) -> list[Any]:
         chroot = self._kazoo.chroot
-        ops = [(GET_DATA, chrooted(chroot, p)) for p in paths]
+        ops = [(op, chrooted(chroot, p)) for p in paths]
         pending = [submit(self._kazoo, MultiRead(batch)) for batch in batches(ops)]
         replies = await self._settled_all(pending, self.timeout)
-        found: list[tuple[bytes, ZnodeStat] | None] = []
+        wanted = tuple if op == GET_DATA else list
+        found: list[Any] = []
         for reply in replies:
             if isinstance(reply, MalformedMultiReadError):
                 raise ZkResponseError(
@@ -699,29 +707,31 @@ class ZkClient:
                 raise reply
             for result in reply:
                 i = len(found)
-                if isinstance(result, tuple):
+                if isinstance(result, wanted):
                     found.append(result)
                 elif isinstance(result, KazooNoNode):
                     found.append(None)
                 elif isinstance(result, BaseException):
-                    self._raise_outcome(result, "get", paths[i])
-                else:  # children for a getData: deserialize checks types, never here
-                    raise ZkResponseError(f"ZooKeeper answered get {paths[i]} with children")
+                    self._raise_outcome(result, what, paths[i])
+                else:  # another op's result: deserialize checks types, never here
+                    raise ZkResponseError(f"ZooKeeper answered {what} {paths[i]} with {result!r}")
         return found
 
-    async def _get_pipelined(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
-        """The reads as single getData requests, all sent at once, settled together."""
-        get = self._kazoo.get_async
-        outcomes = await self._settled_all([get(p) for p in paths], self.timeout)
-        found: list[tuple[bytes, ZnodeStat] | None] = []
+    async def _read_pipelined(self, op: int, what: str, paths: Sequence[str]) -> list[Any]:
+        """The reads as single requests, all sent at once, settled together."""
+        start = self._kazoo.get_async if op == GET_DATA else self._kazoo.get_children_async
+        outcomes = await self._settled_all([start(p) for p in paths], self.timeout)
+        found: list[Any] = []
         for path, outcome in zip(paths, outcomes, strict=True):
             if isinstance(outcome, KazooNoNode):
                 found.append(None)
             elif isinstance(outcome, BaseException):
-                self._raise_outcome(outcome, "get", path)
-            else:
+                self._raise_outcome(outcome, what, path)
+            elif op == GET_DATA:
                 data, stat = outcome
                 found.append((bytes(data or b""), stat))
+            else:
+                found.append(list(outcome))
         return found
 
     async def get_children(self, path: str) -> list[str]:
