@@ -34,7 +34,6 @@ import os
 import resource
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,8 +46,8 @@ from typing import Any
 from kazoo.protocol.serialization import multiheader_struct
 
 from bench.cluster import BenchZooKeeper
-from bench.common import emit, env_int, rate, say
-from bench.floor import MultiGet
+from bench.common import emit, env_int, rate, run_timed, say
+from bench.floor import MultiGet, multi_read_body
 
 ROOT = "/ledgers"
 BASE = f"{ROOT}/underreplication"
@@ -165,12 +164,7 @@ class MultiList:
         self.paths = paths
 
     def serialize(self) -> bytes:
-        parts = []
-        for path in self.paths:
-            raw = path.encode()
-            parts.append(_LIST_HEAD + _I32.pack(len(raw)) + raw + b"\x00")
-        parts.append(_MH.pack(-1, True, -1))
-        return b"".join(parts)
+        return multi_read_body(_LIST_HEAD, self.paths)
 
     def deserialize(self, buffer: bytes, offset: int) -> list[list[str] | None]:
         out: list[list[str] | None] = []
@@ -259,18 +253,7 @@ def _run(args: list[str], work: Path, tag: str, cwd: Path | None = None) -> Run:
     if cwd is not None:
         env["PYTHONPATH"] = str(cwd)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env
-        )
-        try:
-            _, status, ru = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        seconds = time.monotonic() - started
-    code = os.waitstatus_to_exitcode(status)
+        code, seconds, ru = run_timed(args, out, err, cwd=cwd, env=env)
     text = out_path.read_text()
     if code not in (0, 1):
         tail = err_path.read_text(errors="replace")[-3000:]

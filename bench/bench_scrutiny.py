@@ -28,16 +28,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bench.cluster import BenchCluster, Measured
-from bench.common import bench_n, emit, env_int, rate, say
+from bench.common import bench_n, emit, env_int, rate, run_timed, say
 
 #: The floor's phases and the phase each one's CPU is counted from.
 FLOOR_PHASES = {
@@ -83,21 +81,12 @@ def run_check_cli(args: list[str], work: Path, check: str, tag: str) -> CliRun:
     out_path = work / f"cli-{check}-{tag}.out"
     err_path = work / f"cli-{check}-{tag}.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        started = time.monotonic()
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        try:
-            _, status, ru = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        seconds = time.monotonic() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        code, seconds, ru = run_timed(args, out, err)
     reports = [json.loads(line) for line in out_path.read_text().splitlines() if line.strip()]
     report = next((r for r in reports if r.get("check") == check), None)
-    if proc.returncode != 0 or report is None:
+    if code != 0 or report is None:
         tail = err_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"bk-auditor check {check} exited {proc.returncode}:\n{tail}")
+        raise RuntimeError(f"bk-auditor check {check} exited {code}:\n{tail}")
     return CliRun(seconds, ru.ru_utime + ru.ru_stime, ru.ru_maxrss, report)
 
 

@@ -118,3 +118,27 @@ async def stop_processes(procs: list[asyncio.subprocess.Process]) -> None:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+def run_timed(
+    args: list[str],
+    out: Any,
+    err: Any,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int, float, Any]:
+    """Runs `args` to its end, stdout and stderr to the open files `out` and `err`:
+    (exit code, wall seconds, the child's `resource.struct_rusage` from `os.wait4`, so its
+    CPU is its own). Interrupted, the child is killed and reaped."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env
+    )
+    try:
+        _, status, ru = os.wait4(proc.pid, 0)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return os.waitstatus_to_exitcode(status), time.monotonic() - started, ru

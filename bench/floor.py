@@ -137,6 +137,14 @@ _I32 = struct.Struct(">i")
 _STAT_SIZE = 68
 
 
+def multi_read_body(op_head: bytes, paths: list[str]) -> bytes:
+    """A multiRead's body: one op (`op_head`: its multi-header) per path, not watched,
+    then the end marker."""
+    parts = [op_head + _I32.pack(len(raw)) + raw + b"\x00" for raw in map(str.encode, paths)]
+    parts.append(_MULTI_END)
+    return b"".join(parts)
+
+
 class MultiGet:
     """One multiRead of getData ops, sent by kazoo's connection as it sends its own requests
     (`type`, `serialize`, `deserialize`); the reply is parsed to each znode's data only
@@ -149,12 +157,7 @@ class MultiGet:
         self.paths = paths
 
     def serialize(self) -> bytes:
-        parts = []
-        for path in self.paths:
-            raw = path.encode()
-            parts.append(_GET_HEAD + _I32.pack(len(raw)) + raw + b"\x00")
-        parts.append(_MULTI_END)
-        return b"".join(parts)
+        return multi_read_body(_GET_HEAD, self.paths)
 
     def deserialize(self, buffer: bytes, offset: int) -> list[bytes | None]:
         out: list[bytes | None] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from soak import alarms, leadership
+from soak import adversarial, alarms, leadership
 from soak.cluster import Incarnation, SoakCluster
 from soak.faults import Fault
 from soak.logs import Line, Span, read_log
@@ -109,6 +109,8 @@ def judge(
         "blinded": blinded,
         "failures_elsewhere": failures_elsewhere,
         "bad_znodes": bad,
+        "election_loops": adversarial.election_loops(faults, lines, run_end),
+        "http_lockouts": adversarial.http_lockouts(faults, run_end),
     }
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from auditor.daemon.election import election_path
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
@@ -73,6 +74,8 @@ class Daemon:
     api_port: int
     metrics_port: int
     proxy: TcpProxy
+    #: The HTTP views' port (`idle_http` holds idle connections against it).
+    http_port: int = 0
     proc: asyncio.subprocess.Process | None = None
     incarnations: list[Incarnation] = field(default_factory=list)
 
@@ -128,10 +131,16 @@ class SoakCluster:
         await self.zk.create("/bookies", json.dumps({"default": group}).encode())
         for _ in range(self.n_ledgers):
             await self.add_ledger()
+        # A cluster that has run a while: votes came and went, so the daemons' votes have
+        # sequences above 1 and a foreign `V_1` (`soak.adversarial`) ranks ahead of them.
+        votes = election_path(ROOT)
+        await self.zk.ensure_path(votes)
+        for _ in range(3):
+            await self.zk.delete(await self.zk.create(f"{votes}/V_", ephemeral=True, sequence=True))
         for i in range(daemons):
             proxy = TcpProxy("127.0.0.1", self.zk_server.port)
             await proxy.start()
-            d = Daemon(f"soak-{i}", free_port(), free_port(), proxy)
+            d = Daemon(f"soak-{i}", free_port(), free_port(), proxy, http_port=free_port())
             self.daemons.append(d)
             await self.launch(d)
 
@@ -167,6 +176,7 @@ class SoakCluster:
             "--set", f"daemon.zk_session_timeout={SESSION}",
             "--set", "api.host=127.0.0.1", "--set", f"api.port={d.api_port}",
             "--set", "metrics.host=127.0.0.1", "--set", f"metrics.port={d.metrics_port}",
+            "--set", f"api.http_port={d.http_port}",
             "--set", "logging.format=json",
         ]  # fmt: skip
         for s in DAEMON_SETTINGS:

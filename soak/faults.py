@@ -85,6 +85,9 @@ class Fault:
     roll: int | None = None
     #: Set by the analysis for faults that must be reported.
     reported: bool | None = None
+    #: `idle_http`: how many `/status` asks it made, and when one went unanswered.
+    asked: int = 0
+    unanswered: list[float] = field(default_factory=list)
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:

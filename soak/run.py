@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from soak.adversarial import AdversarialFaults
 from soak.analysis import analyse
 from soak.badznodes import ZnodeFaults
 from soak.cluster import DAEMON_SETTINGS, SoakCluster
@@ -33,8 +34,9 @@ from soak.faults import LONG, Fault, Injector
 from soak.seeds import SeedsError, combine, parse_seeds
 
 #: (kind, lane, weight). Lanes: one ZooKeeper/daemon fault at a time (host restarts
-#: included: they also take a bookie slot), up to two bookie faults, one ledger change
-#: at a time, one bad znode at a time.
+#: included: they also take a bookie slot; a held election takes them all), up to two
+#: bookie faults, one ledger change at a time, one bad znode at a time, one siege of the
+#: HTTP views at a time.
 KINDS: list[tuple[str, str, float]] = [
     ("zk_restart", "cluster", 1.0),
     ("zk_partition", "cluster", 1.0),
@@ -56,7 +58,12 @@ KINDS: list[tuple[str, str, float]] = [
     ("bad_mark", "znode", 0.5),
     ("bad_delay", "znode", 0.5),
     ("bad_ledger_znode", "znode", 0.5),
+    ("foreign_vote", "cluster", 0.5),
+    ("garbage_vote", "cluster", 0.5),
+    ("idle_http", "http", 0.5),
 ]
+#: Issue 30's cases (`soak.adversarial`).
+ADVERSARIAL = {"foreign_vote", "garbage_vote", "idle_http"}
 REPORTABLE = {"bookie_crash", "bookie_pause", "bookie_eio", "bookie_toomany", "bookie_empty"}
 #: Kinds that also take a bookie slot when they begin.
 NEEDS_BOOKIE = {"host_restart"}
@@ -93,6 +100,7 @@ async def soak(
     await c.start()
     inj = Injector(c, rng)
     znodes = ZnodeFaults(inj)
+    adversary = AdversarialFaults(inj)
     t_start = time.time()
     deadline = time.monotonic() + minutes * 60
     stop_sampling = asyncio.Event()
@@ -116,7 +124,7 @@ async def soak(
     sampling = asyncio.ensure_future(sampler())
     sweeping = asyncio.ensure_future(worker())
     tasks: set[asyncio.Task[None]] = set()
-    lanes_busy: dict[str, bool] = {"cluster": False, "ledger": False, "znode": False}
+    lanes_busy: dict[str, bool] = {"cluster": False, "ledger": False, "znode": False, "http": False}
     skipped = 0
 
     def spawn(kind: str, lane: str, run: Callable[[], Awaitable[Fault | None]]) -> None:
@@ -150,7 +158,7 @@ async def soak(
             if busy or (kind in REPORTABLE and remaining < LONG[1]):
                 skipped += 1
                 continue
-            owner = znodes if lane == "znode" else inj
+            owner = znodes if lane == "znode" else adversary if kind in ADVERSARIAL else inj
             spawn(kind, lane, getattr(owner, kind))
         log("schedule over; waiting for faults under way")
         while tasks:
@@ -197,6 +205,10 @@ def failures(s: dict[str, Any]) -> list[str]:
         out.append(f"false alarms: {len(s['false_alarms'])}")
     if s["leader_flaps"]:
         out.append(f"leaderships that did not hold: {s['leader_flaps']}")
+    if s["election_loops"]:
+        out.append(f"elections in a loop behind a held election: {s['election_loops']}")
+    if s["http_lockouts"]:
+        out.append(f"HTTP views locked out by idle connections: {s['http_lockouts']}")
     if s["blinded"]:
         out.append(f"auditing stopped by a bad znode: {s['blinded']}")
     if s["resources_grew"]:

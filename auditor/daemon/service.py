@@ -125,6 +125,7 @@ from auditor.selftest.harness import SelfTestResult
 from auditor.store import (
     FencedOutError,
     MetadataStore,
+    NoNodeError,
     SessionState,
     StoreAuthError,
     StoreUnavailableError,
@@ -726,7 +727,14 @@ class Daemon:
                 self._index_reader.index = sync
 
     async def _watch_vote(self, elector: ElectorLike, leadership: Leadership) -> None:
-        """Returns when, after a reconnect (same session), our vote is gone or not first."""
+        """Returns when our vote is gone or no longer first in line.
+
+        Both are watched: our vote (gone after a reconnect of the same session, or
+        deleted by hand) and the election's votes. A vote that BookKeeper's order puts
+        ahead of ours (a foreign `V_1`, a hand-made name) makes its holder the auditor
+        for every Java node and for `whoisauditor`; leading on would be a second auditor,
+        so leadership ends by the same rule that won it (issue 30). Sequences only grow,
+        so a rival's ordinary vote never lands ahead of a leader's."""
         zk = self._zk()
         while True:
             # While disconnected nothing can be read; a session that survives the
@@ -734,13 +742,16 @@ class Daemon:
             await self._connected.wait()
             try:
                 stat, changed = await zk.exists_watched(leadership.vote_path)
+                _, votes_changed = await zk.get_children_watched(elector.path)
                 leading = stat is not None and await elector.still_leading(leadership)
             except StoreUnavailableError:
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 continue
+            except NoNodeError:
+                return  # the election's znode itself is gone: so is our vote
             if not leading:
                 return
-            await changed.wait()
+            await until_any(changed, votes_changed)
 
     async def _until(self, *events: asyncio.Event, within: float | None = None) -> None:
         """Until any of `events` (or `_stop`) is set, or `within` seconds pass."""

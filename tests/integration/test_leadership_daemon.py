@@ -506,6 +506,38 @@ async def test_a_foreign_v_1_leads_and_the_daemon_waits_behind_it_without_loopin
             assert reasons(daemon).count(Reason.ELECTED) == 1
 
 
+async def test_a_foreign_v_1_appearing_under_a_leader_ends_its_leadership_once(
+    zk: ZkClient, zk_hosts: str
+) -> None:
+    """A leader, then a live `V_1` in the election (BookKeeper's order puts it ahead of a
+    vote whose sequence is above 1): its holder is the auditor for every Java node and
+    `whoisauditor`, so the daemon steps down once by the rule that elected it (before, a
+    settled leader watched only its own vote and led on beside it: two auditors, found by
+    the soak's `foreign_vote`), votes again behind it without a loop, and leads again once
+    that session ends."""
+    await cluster(zk)
+    await zk.ensure_path(VOTES)
+    for _ in range(3):  # votes came and went before: ours will be V_...0003 or later
+        await zk.delete(await zk.create(f"{VOTES}/V_", b"", ephemeral=True, sequence=True))
+    daemon = Daemon(fast_config(zk_hosts, "first:1"), metrics=Metrics())
+    async with _started(daemon):
+        # A leader well into its term (a check has run): the vote appears under a settled
+        # leadership, not in the instant of its election.
+        replicas = daemon.state.checks[Check.REPLICAS]
+        await until(daemon.check_ended, lambda: replicas.last_finished is not None, "a check")
+        assert daemon.state.phase is Phase.LEADING
+        async with ZkClient(zk_hosts) as other:
+            await other.create(f"{VOTES}/V_1", encode_auditor_vote("java:3181"), ephemeral=True)
+            await until(daemon.decided, lambda: Reason.VOTE_LOST in reasons(daemon), "steps down")
+            await until(daemon.leader_read, lambda: daemon.state.leader == "java:3181", "follows")
+            await asyncio.sleep(QUIET)
+            assert daemon.state.phase is Phase.VOTING
+            assert reasons(daemon).count(Reason.ELECTED) == 1
+            assert reasons(daemon).count(Reason.VOTE_LOST) == 1
+        await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leads again")
+        assert reasons(daemon).count(Reason.ELECTED) == 2
+
+
 async def test_a_garbage_vote_first_in_line_is_said_loudly(
     zk: ZkClient, zk_hosts: str, info_logs: Logs
 ) -> None:

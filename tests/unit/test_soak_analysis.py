@@ -301,3 +301,30 @@ def test_each_bookie_must_hold_the_entries_of_its_write_sets() -> None:
     )
     # E=3, W=2: entry e goes to the bookies at (e, e+1) mod 3 of its segment's ensemble.
     assert expected_entries(md) == {B1: {0, 2, 3, 5}, B2: {0, 1, 3, 4}, B3: {1, 2}, B4: {4, 5}}
+
+
+def test_elections_behind_a_held_election_are_a_loop_past_two() -> None:
+    """Issue 30's hot loop as the soak sees it: a foreign vote held 100-130 s; a campaign
+    under way may end in one election, many are a loop. Elections after it are not."""
+    held = Fault("foreign_vote", "/ledgers/underreplication/auditorelection/V_1", 100.0)
+    held.end = held.repaired = 130.0
+    once = [line(101.0, "elected auditor"), line(131.0, "elected auditor", "soak-2")]
+    assert run(once, [held], [])["election_loops"] == []
+    loop = [line(100.0 + i / 10, "elected auditor") for i in range(30)]
+    assert run(loop, [held], [])["election_loops"] == [
+        {"kind": "foreign_vote", "start": 100.0, "elections": 30}
+    ]
+
+
+def test_an_unanswered_status_under_idle_connections_is_a_lockout_unless_a_kill_explains_it() -> (
+    None
+):
+    siege = Fault("idle_http", "soak-1", 100.0, end=140.0, repaired=140.0, asked=40)
+    siege.unanswered = [120.0]
+    assert run([], [siege], [])["http_lockouts"] == [
+        {"daemon": "soak-1", "asked": 40, "unanswered": [120.0]}
+    ]
+    killed = Fault("leader_kill", "soak-1", 118.0, end=122.0, repaired=122.0, daemon="soak-1")
+    assert run([], [siege, killed], [])["http_lockouts"] == []
+    answered = Fault("idle_http", "soak-1", 100.0, end=140.0, repaired=140.0, asked=40)
+    assert run([], [answered], [])["http_lockouts"] == []
