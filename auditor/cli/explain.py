@@ -118,14 +118,16 @@ def _exit_code(doc: dict[str, Any]) -> int:
     """As `check all` exits: 2 when a check could not judge the ledger (`failed`: the
     placement check without its rack sources), else 1 when some check flags it (a
     violation, or its mark is corrupt: the grace check names it as an invalid znode)."""
-    if any(v["outcome"] == "failed" for v in doc["checks"].values()):
+    from auditor.analysis.explain import FAILED, INVALID_ZNODE
+
+    if any(v["outcome"] == FAILED for v in doc["checks"].values()):
         return 2
-    named = any(v["outcome"] == "invalid_znode" for v in doc["checks"].values())
+    named = any(v["outcome"] == INVALID_ZNODE for v in doc["checks"].values())
     return 1 if doc["categories"] or named else 0
 
 
 async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from auditor.analysis.explain import document_text
+    from auditor.analysis.explain import FAILED, document_text
     from auditor.analysis.explain_run import check_ledger_id
 
     ledger_id = check_ledger_id(args.ledger_id)
@@ -149,7 +151,7 @@ async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
     else:
         render_text(doc, out)
     for name, verdict in doc["checks"].items():
-        if verdict["outcome"] == "failed":
+        if verdict["outcome"] == FAILED:
             print(f"bk-auditor: error: check {name}: {verdict['reason']}", file=sys.stderr)
     return _exit_code(doc)
 

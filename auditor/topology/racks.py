@@ -363,11 +363,16 @@ async def open_rack_resolver(
         znode = await load_rack_znode(zk, checks.racks_znode.rstrip("/") or "/")
         if znode is not None:
             sources.append(znode)
+    return RackResolver(sources, _registered_address(zk, root))
+
+
+def _registered_address(zk: MetadataStore, root: str) -> AddressOf:
+    """A bookie's address as its registration (or cookie) gives it."""
 
     async def address_of(bookie: str) -> Address | None:
         return await resolve_bookie(zk, root, bookie)
 
-    return RackResolver(sources, address_of)
+    return address_of
 
 
 async def open_rack_resolver_or_blind(
@@ -384,8 +389,4 @@ async def open_rack_resolver_or_blind(
     try:
         return await open_rack_resolver(zk, root, config, log=log), None
     except (ConfigError, RackSourceError) as exc:
-
-        async def address_of(bookie: str) -> Address | None:
-            return await resolve_bookie(zk, root, bookie)
-
-        return RackResolver([], address_of), str(exc)
+        return RackResolver([], _registered_address(zk, root)), str(exc)
