@@ -36,7 +36,7 @@ from auditor.zk import ZkClient
 from soak.cluster import ROOT, Daemon
 from soak.faults import Fault, Injector
 from soak.leadership import cluster_explains, elections_during
-from soak.logs import Line
+from soak.logs import Line, Span
 
 #: How long a vote fault holds the election: long enough for several check intervals of
 #: a looping daemon to show, short enough not to starve the run.
@@ -55,6 +55,9 @@ ASK_TIMEOUT = 3.0
 #: Elections while a vote fault holds the election that still count as no loop: a
 #: campaign under way as the vote appeared may end in one.
 LOOP = 2
+#: How long after a vote appears the leader may take to step down (its watch fires at
+#: once; a decision and a log line later).
+STEP_DOWN = 5.0
 VOTE_FAULTS = frozenset({"foreign_vote", "garbage_vote"})
 
 
@@ -202,4 +205,18 @@ def http_lockouts(faults: list[Fault], run_end: float) -> list[dict[str, Any]]:
         ]
         if unexplained:
             out.append({"daemon": f.target, "asked": f.asked, "unanswered": unexplained})
+    return out
+
+
+def led_beside(faults: list[Fault], spans: list[Span], run_end: float) -> list[dict[str, Any]]:
+    """Leaderships that went on while a vote fault held the election (from STEP_DOWN s
+    after it appeared to its end): a second auditor beside the one BookKeeper names."""
+    out: list[dict[str, Any]] = []
+    for f in faults:
+        if f.kind not in VOTE_FAULTS:
+            continue
+        lo, hi = f.start + STEP_DOWN, f.end or run_end
+        for s in spans:
+            if s.start < hi and s.end > lo:
+                out.append({"kind": f.kind, "start": f.start, "daemon": s.daemon})
     return out

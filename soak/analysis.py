@@ -110,6 +110,7 @@ def judge(
         "failures_elsewhere": failures_elsewhere,
         "bad_znodes": bad,
         "election_loops": adversarial.election_loops(faults, lines, run_end),
+        "led_beside_held_votes": adversarial.led_beside(faults, spans, run_end),
         "http_lockouts": adversarial.http_lockouts(faults, run_end),
     }
 

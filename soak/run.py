@@ -207,6 +207,10 @@ def failures(s: dict[str, Any]) -> list[str]:
         out.append(f"leaderships that did not hold: {s['leader_flaps']}")
     if s["election_loops"]:
         out.append(f"elections in a loop behind a held election: {s['election_loops']}")
+    if s["led_beside_held_votes"]:
+        out.append(
+            f"a leader beside the vote that holds the election: {s['led_beside_held_votes']}"
+        )
     if s["http_lockouts"]:
         out.append(f"HTTP views locked out by idle connections: {s['http_lockouts']}")
     if s["blinded"]:

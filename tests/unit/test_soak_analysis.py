@@ -328,3 +328,16 @@ def test_an_unanswered_status_under_idle_connections_is_a_lockout_unless_a_kill_
     assert run([], [siege, killed], [])["http_lockouts"] == []
     answered = Fault("idle_http", "soak-1", 100.0, end=140.0, repaired=140.0, asked=40)
     assert run([], [answered], [])["http_lockouts"] == []
+
+
+def test_a_leadership_going_on_under_a_held_election_is_a_second_auditor() -> None:
+    """What seed 79 showed before the fix: the leader led on under a foreign `V_1` ahead of
+    it. A step-down within 5 s of the vote is none; a leadership after it ends is none."""
+    held = Fault("garbage_vote", "/ledgers/underreplication/auditorelection/V_1", 100.0)
+    held.end = held.repaired = 130.0
+    on = [Span("soak-1", 50.0, 400.0, "run end")]
+    assert run([], [held], on)["led_beside_held_votes"] == [
+        {"kind": "garbage_vote", "start": 100.0, "daemon": "soak-1"}
+    ]
+    stepped = [Span("soak-1", 50.0, 101.2, "stepped down"), Span("soak-2", 131.0, 400.0, "run end")]
+    assert run([], [held], stepped)["led_beside_held_votes"] == []
