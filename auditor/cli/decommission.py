@@ -78,6 +78,14 @@ class DecommissionIncompleteError(AuditorError):
     """The wait ended (timeout, the bookie came back, ledgers not moved): the cookie stays."""
 
 
+class UndecodableLedgersError(AuditorError):
+    """Ledgers whose metadata does not decode may name the bookie: it cannot be shown empty.
+
+    Upstream's `decommissionbookie` aborts there too. Going on would end with the cookie
+    deleted and the operator told the bookie is empty, when those ledgers may still need it.
+    """
+
+
 def _count(n: int) -> str:
     return f"{n} ledger{'s' * (n != 1)}"
 
@@ -237,6 +245,7 @@ async def cmd_decommission(
     wait: bool,
     wait_timeout: float | None,
     as_json: bool,
+    ignore_undecodable: bool = False,
     holder: str | None = None,
     safety: float = SAFETY_REREAD,
     out: TextIO = sys.stdout,
@@ -274,6 +283,13 @@ async def cmd_decommission(
             )
         found = await ledgers_naming(ctx, [bookie])
         await refuse_unknown(ctx, found)
+        if found.undecodable and not ignore_undecodable:
+            raise UndecodableLedgersError(
+                f"the metadata of {_count(len(found.undecodable))} does not decode "
+                f"({_ids(list(found.undecodable))}); any of them may name {bookie}, so it "
+                "cannot be shown empty; nothing was written. Repair or delete them, or pass "
+                "--ignore-undecodable to decommission without them"
+            )
         ledgers = list(found.ledgers)
         summary.update(
             state="read-only" if readonly else "not registered",
@@ -397,6 +413,12 @@ def add_parser(
         help="mark its ledgers and return (a stopped bookie only); the cookie stays",
     )
     p.add_argument(
+        "--ignore-undecodable",
+        action="store_true",
+        help="go on although some ledgers' metadata does not decode (they may name the "
+        "bookie and are not followed); without it, such ledgers stop the command",
+    )
+    p.add_argument(
         "--wait-timeout",
         type=seconds(MAX_DURATION),
         default=None,
@@ -419,4 +441,5 @@ async def dispatch(args: argparse.Namespace) -> int:
         wait=not args.no_wait,
         wait_timeout=args.wait_timeout,
         as_json=args.json,
+        ignore_undecodable=args.ignore_undecodable,
     )

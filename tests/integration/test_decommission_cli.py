@@ -76,6 +76,35 @@ async def test_a_stopped_bookie_no_wait_marks_exactly_its_ledgers(
         assert await zk.exists(f"{ROOT}/cookies/{b[0]}") is not None
 
 
+async def test_ledgers_whose_metadata_does_not_decode_stop_it_unless_overridden(
+    zk: ZkClient, zk_hosts: str, tmp_path: Path
+) -> None:
+    """A ledger whose metadata does not decode may name the bookie: the command refuses in
+    one line, exit 1, nothing written (before, it noted them, went on, deleted the cookie
+    and exited 0, as if the bookie were empty); `--ignore-undecodable` goes on, still
+    naming them."""
+    async with test_cluster(zk, 6) as tc:
+        b = tc.ids
+        racks = racks_file(tmp_path, tc)
+        await write_ledgers(tc)  # 0..3 name b0, 4 does not
+        await zk.create(ledger_path(tc.cluster.manager, ROOT, 7), b"\xffgarbage", makepath=True)
+        await tc.cluster.add_cookie(b[0])
+        await tc.by_id(b[0]).crash()
+        before = await dump_tree(zk)
+        code, out, err = await bk(*cli(zk_hosts, racks, b[0], "--no-wait"))
+        assert (code, out) == (1, "")
+        assert err == (
+            "bk-auditor: error: the metadata of 1 ledger does not decode (7); any of them may "
+            f"name {b[0]}, so it cannot be shown empty; nothing was written. Repair or delete "
+            "them, or pass --ignore-undecodable to decommission without them\n"
+        )
+        assert await dump_tree(zk) == before
+        code, out, err = await bk(*cli(zk_hosts, racks, b[0], "--no-wait", "--ignore-undecodable"))
+        assert code == 0, err
+        assert f"1 ledgers' metadata does not decode; they may name {b[0]}" in err
+        assert await marks(zk) == {lid: (b[0],) for lid in range(4)}
+
+
 async def test_the_wait_ends_when_the_workers_moved_every_ledger_and_the_cookie_goes(
     zk: ZkClient, zk_hosts: str, tmp_path: Path
 ) -> None:
