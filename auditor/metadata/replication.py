@@ -516,12 +516,23 @@ class ReplicationQueue:
 
     async def release(self, taken: TakenLedger) -> None:
         """Deletes our lock on `taken` if it is still ours; a lock gone, or now another
-        worker's, is left alone. StoreUnavailableError keeps it held (`close` tries again)."""
-        hold = self._held.get(taken.lock_path)
-        if hold is None or hold.taken != taken:
+        worker's, is left alone.
+
+        A delete the store did not answer (StoreUnavailableError, raised on) leaves the
+        lock with our session, which may live for days: no worker, ours or Java's, could
+        take that ledger meanwhile. So the lock becomes an orphan, deleted at the next take
+        (which every worker loop makes soon), retried until it is gone or the session is."""
+        hold = self._held.pop(taken.lock_path, None)
+        if hold is None:
             return
-        await self._delete_own_lock(taken.lock_path, hold.owner)
-        del self._held[taken.lock_path]
+        if hold.taken != taken:
+            self._held[taken.lock_path] = hold
+            return
+        try:
+            await self._delete_own_lock(taken.lock_path, hold.owner)
+        except BaseException:
+            self._orphans[taken.lock_path] = hold.owner
+            raise
 
     async def _delete_own_lock(self, lock_path: str, owner: int) -> None:
         """Deletes the lock at `lock_path` if `owner`, our live session, owns it. Within one

@@ -307,9 +307,11 @@ class ReplicationWorker:
         try:
             await self.queue.release(taken)
         except StoreUnavailableError as exc:
-            # The lock is ephemeral: it goes with the session if the delete could not.
+            # The queue deletes it at its next take (before, it stayed with our session).
             self.log.warning(
-                "could not release a replication lock", ledger=taken.ledger_id, error=str(exc)
+                "could not release a replication lock; deleting it at the next take",
+                ledger=taken.ledger_id,
+                error=str(exc),
             )
         self.state.released(self.clock() - start)
         self.released.set()

@@ -21,6 +21,7 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
+from auditor.testing.netproxy import TcpProxy
 from auditor.testing.zkserver import expire_session
 from auditor.zk import FencedOutError, SessionState, ZkClient, ZkUnavailableError
 
@@ -497,3 +498,43 @@ async def test_without_persistent_watches_a_walk_every_second(
         assert await queue.mark_replicated(taken) is True
     finally:
         await queue.close()
+
+
+async def test_a_release_the_store_did_not_answer_is_retried_at_the_next_take(
+    zk: ZkClient, zk_hosts: str
+) -> None:
+    """The delete of our lock goes unanswered (ZooKeeper unreachable for a moment, the
+    session alive): the release raises, and the next take deletes the lock and finds the
+    ledger free. Before, the lock stayed with our session (days, for a daemon), and no
+    worker, ours or Java's, could take the ledger."""
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    hosts, _, chroot = zk_hosts.partition("/")
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    await proxy.start()
+    worker = ZkClient(f"{proxy.address}/{chroot}", timeout=1.0, session_timeout=20.0)
+    await worker.start()
+    queue = ReplicationQueue(worker, ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id == 7
+        states = worker.states()  # subscribed before the cut: no change is missed
+        proxy.cut()
+        with pytest.raises(ZkUnavailableError):
+            await queue.release(taken)
+        proxy.mend()
+        async with asyncio.timeout(30):
+            async for state in states:
+                if state is SessionState.CONNECTED:
+                    break
+        assert queue.held() == []
+        again = await queue.take()
+        assert again is not None and again.ledger_id == 7
+        assert again.lock_path == taken.lock_path
+        await queue.release(again)
+        assert await zk.get_children(LOCKS) == []
+    finally:
+        await queue.close()
+        await worker.close()
+        await proxy.stop()
