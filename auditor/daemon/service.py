@@ -454,10 +454,10 @@ class Daemon:
             found = await find_open_acls(acls_of, self.root)
         except (StoreUnavailableError, StoreAuthError) as exc:
             self.log.warning("znode ACLs not checked", error=str(exc))
-            return
-        finally:
             self.acls_checked.set()
+            return
         self.state.open_acls = tuple(found)
+        self.acls_checked.set()  # after the state it announces
         for item in found:
             self.log.warning(
                 "relied-on znode is open to anyone",
