@@ -162,13 +162,18 @@ def check_connect_string(connect: str, label: str) -> str:
     chroot by ZooKeeper's path rule. Checked at load, because kazoo meets a bad host only
     in its connection thread, as a traceback, after the connect timeout."""
     text = connect.strip()
-    where = f"{label} {shown_name(text)}"
-    hosts, slash, chroot = text.partition("/")
-    checked = _hosts(hosts, where)
+    return _connect_string(text, f"{label} {shown_name(text)}")
+
+
+def _connect_string(text: str, where: str) -> str:
+    """HOSTS[/CHROOT] checked, as ZooKeeper's ConnectStringParser splits it: the chroot
+    starts at the first '/'; a lone '/' is no chroot."""
+    connect, slash, chroot = text.partition("/")
+    hosts = _hosts(connect, where)
     if slash and chroot:
         _check_path("/" + chroot, "chroot", where)
-        checked += "/" + chroot
-    return checked
+        hosts += "/" + chroot
+    return hosts
 
 
 def describe_ignored(names: tuple[str, ...]) -> str:
@@ -308,13 +313,7 @@ def _parse_metadata_store(body: str, where: str) -> MetadataServiceUri:
                 f"({NOT_ZOOKEEPER}: metadata-store:zk:HOST:PORT[,...][/CHROOT])"
             )
     session_timeout, ignored, _ = _pulsar_query(query, where)
-    # ZooKeeper's ConnectStringParser: the chroot starts at the first '/'; a lone '/'
-    # is no chroot.
-    connect, slash, chroot = url.partition("/")
-    hosts = _hosts(connect, where)
-    if slash and chroot:
-        _check_path("/" + chroot, "chroot", where)
-        hosts += "/" + chroot
+    hosts = _connect_string(url, where)
     return MetadataServiceUri(
         hosts, DEFAULT_LEDGERS_ROOT, None, MetadataDriver.PULSAR, session_timeout, ignored
     )
