@@ -333,14 +333,22 @@ def verdict_violations(
     verdict: ReplicasVerdict,
     version: int,
     registered: Set[str],
-    attempts: int,
+    attempts: int | Mapping[str, int],
 ) -> list[Violation]:
-    """What a final verdict reports: its category, then each silent registered bookie."""
+    """What a final verdict reports: its category, then each silent registered bookie.
+
+    `attempts`: how many looks in a row a silent bookie did not answer, one count for
+    all of them, or per bookie: the replicas run's re-checks are counted per (ledger,
+    bookie) (`replicas_retry`), and a silent bookie missing from the mapping has not
+    had its re-checks yet, so it is not reported.
+    """
     found: list[Violation] = []
     if verdict.category is not None:
         found.append(Violation(md.ledger_id, verdict.category, None, verdict.evidence(md, version)))
     for bookie in unanswered_registered(verdict, registered):
-        found.append(
-            unavailable_violation(md, bookie, verdict.unanswered[bookie], attempts, version)
-        )
+        looks = attempts if isinstance(attempts, int) else attempts.get(bookie)
+        if looks is not None:
+            found.append(
+                unavailable_violation(md, bookie, verdict.unanswered[bookie], looks, version)
+            )
     return found

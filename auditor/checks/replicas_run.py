@@ -6,10 +6,13 @@ distinct ensemble bookie once for what it holds (or probe by reads when it
 cannot list; `bookie_answers`, which `explain` asks through too), and analyse.
 Nothing is reported on a first impression:
 - a ledger with a bookie that did not answer is "potentially faulty" and is
-  checked again after `checks.retry_delay`, up to `checks.retry_attempts`
-  times; only then is a still-silent, still-registered bookie reported
-  (`bookie_unavailable_registered`); an unregistered one is the bookie
-  check's business;
+  checked again after `checks.retry_delay`; the re-checks are owed to each
+  (ledger, bookie) that falls silent, not to the ledger: a bookie is reported
+  (`bookie_unavailable_registered`, if still registered) only once it has
+  been silent on the look where it fell silent and on `checks.retry_attempts`
+  re-checks after it, and a ledger is re-checked at most twice
+  `checks.retry_attempts` times (`replicas_retry`: the rule, and why that
+  bound); an unregistered bookie is the bookie check's business;
 - before a violation is reported, the mark is looked up again and the
   metadata re-read (`reread.Reread`); if the ledger changed (ensemble
   replaced, re-replicated), it is analysed again instead.
@@ -21,20 +24,23 @@ An unanswering bookie that is not registered is not counted: it is not a
 false alarm but the bookie check's finding.
 
 Ledgers flow through the bounded pool (`checks.ledger_concurrency`); only the
-ids of ledgers waiting for a retry are kept, packed, so memory stays flat in
-the number of ledgers. A run is a first pass over the walk and retry passes
-over what did not answer: `run` does them in turn; a scan does each as a stage
-across its partitions (`begin`, `first_pass`, `retry_pass`, `finish`).
+ledgers waiting for a retry are kept, packed with their silent bookies'
+streaks (`replicas_retry.RetryQueue`), so memory stays flat in the number of
+ledgers. A run is a first pass over the walk and retry passes over what did
+not answer: `run` does them in turn, each ledger carrying its silences from
+pass to pass; a scan does each as a stage across its partitions (`begin`,
+`first_pass`, `retry_pass`, `finish`), handing on ledger ids only, so there
+the re-checks stay counted per ledger (`Silence.since_first`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from array import array
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, TypeVar
 
 from auditor.bookie.availability import EMPTY
 from auditor.bookie.protocol import Status
@@ -67,6 +73,7 @@ from auditor.checks.replicas import (
     unanswered_registered,
     verdict_violations,
 )
+from auditor.checks.replicas_retry import NO_SILENCE, RecheckRule, RetryQueue, Silence
 from auditor.checks.reread import Reread, Suspect
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.registry import BookieSet
@@ -76,6 +83,8 @@ from auditor.metadata.walk import LedgerRecord
 __all__ = ["ReplicasRun", "bookie_answers", "run_replicas_check"]
 
 _ABSENT = (Status.ENOENTRY, Status.ENOLEDGER)
+
+T = TypeVar("T")
 
 
 # --- asking the bookies about one ledger (the run and `explain`) ----------------------------
@@ -151,11 +160,13 @@ async def _probe(ctx: CheckContext, md: LedgerMetadata, bookie: str) -> BookieAn
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    """A would-be violation: the verdict on one version of the metadata."""
+    """A would-be violation: the verdict on one version of the metadata, and the silent
+    bookies' streaks that verdict ends."""
 
     md: LedgerMetadata
     version: int
     verdict: ReplicasVerdict
+    silence: Silence
 
 
 class ReplicasRun:
@@ -165,8 +176,9 @@ class ReplicasRun:
         self.recorder = RunRecorder.for_context(ctx, Check.REPLICAS, coverage=Coverage())
         self.log = self.recorder.log
         self.walker = ctx.walker()
-        #: Ids of the ledgers waiting for the next retry pass.
-        self.retry: array[int] = array("q")
+        self.rule = RecheckRule(self.cfg.checks.retry_attempts)
+        #: The ledgers waiting for the next retry pass (iterated: their ids).
+        self.retry = RetryQueue()
         self.registered = BookieSet(frozenset(), frozenset())
         self.marks: dict[int, UnderreplicatedLedger] = {}
         #: Ledgers marked by a corrupt mark only (its name spells them; its data cannot
@@ -182,20 +194,18 @@ class ReplicasRun:
 
     # --- one ledger ------------------------------------------------------------------------
 
-    async def judge(
-        self, rec: LedgerRecord, *, final: bool, retrying: bool = False
-    ) -> LedgerOutcome | None:
+    async def judge(self, rec: LedgerRecord, silence: Silence = NO_SILENCE) -> LedgerOutcome | None:
         """How the ledger came out (recorded); None when it waits for a retry pass.
 
-        `final`: a silent bookie is reported now rather than retried. `retrying`:
-        the ledger was set aside for a silent bookie, so ending with nothing
-        reported is a drop (`retry_succeeded`, unless a later cause names it better).
+        `silence`: the ledger's looks so far in this run; after its first, it was set
+        aside for a silent bookie, so ending with nothing reported is a drop
+        (`retry_succeeded`, unless a later cause names it better).
         """
-        doubt = DropCause.RETRY_SUCCEEDED if retrying else None
-        return await self.reread.judge(rec, partial(self._look, final=final), doubt=doubt)
+        doubt = DropCause.RETRY_SUCCEEDED if silence.looks else None
+        return await self.reread.judge(rec, partial(self._look, silence=silence), doubt=doubt)
 
     async def _look(
-        self, md: LedgerMetadata, rec: LedgerRecord, *, final: bool
+        self, md: LedgerMetadata, rec: LedgerRecord, *, silence: Silence
     ) -> LedgerOutcome | Suspect[_Found] | None:
         version = rec.znode_version
         skip = skip_reason(md)
@@ -206,12 +216,13 @@ class ReplicasRun:
             return marked
         expected = expectations(md)
         verdict = analyse(md, await bookie_answers(self.ctx, md, expected), expected)
-        if verdict.unanswered and not final:
-            self.retry.append(md.ledger_id)
+        now = silence.after(verdict.unanswered) if verdict.unanswered else NO_SILENCE
+        if self.rule.waits(now):
+            self.retry.add(md.ledger_id, now)
             return None
         if verdict.category is None and not verdict.unanswered:
             return self.recorder.ok(md.ledger_id, version, coverage=verdict.coverage())
-        return Suspect(_Found(md, version, verdict))
+        return Suspect(_Found(md, version, verdict, now))
 
     async def _marked(self, ledger_id: int, version: int, *, fresh: bool) -> LedgerOutcome | None:
         """Marked ledgers are skipped (or, past the grace period, reported as such).
@@ -242,16 +253,25 @@ class ReplicasRun:
     async def _report(self, found: _Found) -> LedgerOutcome:
         md, version, verdict = found.md, found.version, found.verdict
         available = self.registered.available
-        violations = verdict_violations(
-            md, verdict, version, available, self.cfg.checks.retry_attempts + 1
-        )
+        due = self.rule.due(found.silence)
+        violations = verdict_violations(md, verdict, version, available, due)
         silent_registered = unanswered_registered(verdict, available)
-        for bookie in sorted(verdict.unanswered):
+        for bookie, streak in found.silence.streaks:
             if bookie not in silent_registered:
                 self.log.info(
                     "unanswering bookie is not registered; left to the bookie check",
                     ledger_id=md.ledger_id,
                     bookie=bookie,
+                )
+            elif bookie not in due:
+                # Fell silent too late in the ledger's re-checks to have all of its own.
+                self.log.info(
+                    "unanswering bookie not re-checked enough before the bound; "
+                    "left to the next run",
+                    ledger_id=md.ledger_id,
+                    bookie=bookie,
+                    silent_looks=streak,
+                    rechecks=found.silence.looks - 1,
                 )
         coverage = verdict.coverage()
         if not violations:
@@ -275,25 +295,31 @@ class ReplicasRun:
             progress.tick(rec.ledger_id)
             yield rec
 
-    async def _pending(self, ids: Iterable[int]) -> AsyncIterator[LedgerRecord]:
+    async def _pending(
+        self, waiting: Iterable[tuple[int, Silence]]
+    ) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
         """The ledgers waiting for a retry, read again (one gone meanwhile is settled here)."""
-        for ledger_id in ids:
+        for ledger_id, silence in waiting:
             rec = await self.walker.read(ledger_id)
             if rec is None:
                 deleted = self.recorder.skipped(ledger_id, SkipReason.DELETED)
                 self.recorder.settle(deleted, DropCause.LEDGER_DELETED)
                 continue
-            yield rec
+            yield rec, silence
 
     async def _pass(
-        self, records: AsyncIterator[LedgerRecord], *, final: bool, retrying: bool
+        self, items: AsyncIterator[T], one: Callable[[T], Coroutine[Any, Any, object]]
     ) -> None:
-        async def one(rec: LedgerRecord) -> None:
-            await self.judge(rec, final=final, retrying=retrying)
-
-        await bounded(records, one, self.cfg.checks.ledger_concurrency)
+        await bounded(items, one, self.cfg.checks.ledger_concurrency)
         if self.ctx.on_retry_queue is not None:
             self.ctx.on_retry_queue(len(self.retry))
+
+    async def _recheck(self, waiting: Iterable[tuple[int, Silence]]) -> None:
+        async def one(item: tuple[LedgerRecord, Silence]) -> None:
+            await self.judge(*item)
+
+        self.registered = await self.ctx.registered()
+        await self._pass(self._pending(waiting), one)
 
     async def begin(self) -> None:
         self.registered = await self.ctx.registered()
@@ -309,13 +335,13 @@ class ReplicasRun:
             )
 
     async def first_pass(self) -> None:
-        await self._pass(self._walk(), final=self.cfg.checks.retry_attempts == 0, retrying=False)
+        await self._pass(self._walk(), self.judge)
 
     async def retry_pass(self, pending: Iterable[int], attempt: int) -> None:
-        """Checks `pending` ledger ids again; the caller has waited `checks.retry_delay`."""
-        self.registered = await self.ctx.registered()
-        final = attempt >= self.cfg.checks.retry_attempts
-        await self._pass(self._pending(pending), final=final, retrying=True)
+        """Checks `pending` ledger ids again at re-check `attempt`; the caller has waited
+        `checks.retry_delay`. Their silences were not kept (a scan's stage), so each
+        silent bookie is taken as silent since the first look: counted per ledger."""
+        await self._recheck((lid, Silence.since_first(attempt)) for lid in pending)
 
     def finish(self) -> CheckReport:
         report = self.recorder.finish(self.walker)
@@ -326,10 +352,10 @@ class ReplicasRun:
     async def run(self) -> CheckReport:
         await self.begin()
         await self.first_pass()
-        for attempt in range(1, self.cfg.checks.retry_attempts + 1):
+        for attempt in range(1, self.rule.bound + 1):
             if not self.retry:
                 break
-            pending, self.retry = self.retry, array("q")
+            pending, self.retry = self.retry, RetryQueue()
             self.log.info(
                 "re-checking potentially faulty ledgers after a delay",
                 ledgers=len(pending),
@@ -338,7 +364,7 @@ class ReplicasRun:
             )
             # The delay is the point (BP-34): give a slow or restarting bookie time.
             await asyncio.sleep(self.cfg.checks.retry_delay)
-            await self.retry_pass(pending, attempt)
+            await self._recheck(pending.waiting())
         return self.finish()
 
 

@@ -9,7 +9,8 @@ says so.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
 
 from auditor.bookie.protocol import Operation, Status
 from auditor.checks.findings import Category, CheckReport
@@ -20,6 +21,7 @@ from auditor.store import MetadataStore
 from auditor.testing.bookie import Storage
 from auditor.testing.cluster import make_metadata
 from auditor.testing.harness import TestCluster, test_cluster
+from auditor.zk import ZkClient
 
 FAST = ["checks.retry_delay=0.1", "checks.retry_attempts=1", "readEntryTimeout=1"]
 DURABILITY = (Category.NO_REPLICA, Category.BELOW_ACK_QUORUM, Category.BELOW_WRITE_QUORUM)
@@ -336,3 +338,125 @@ async def test_invalid_metadata_is_reported(store: MetadataStore) -> None:
         assert report.violations[0].detail["path"] == path
         assert report.ledgers_checked == 1
         assert report.to_json()["counts"]["metadata_invalid"] == 1
+
+
+#: The soak's retry setting: each bookie that falls silent is owed two delayed re-checks.
+TWICE = ["checks.retry_delay=0.1", "checks.retry_attempts=2", "readEntryTimeout=1"]
+BUR = Category.BOOKIE_UNAVAILABLE_REGISTERED
+
+
+async def run_between_passes(
+    tc: TestCluster, overrides: Sequence[str], between: Mapping[int, Callable[[], None]]
+) -> tuple[CheckReport, list[int]]:
+    """Runs the check; `between[n]` acts right after pass n (0: the first pass).
+
+    The retry queue's hook is called at the end of each pass, before the delay
+    to the next one starts, so a fault set there is in place for exactly the
+    next look, whatever the machine's load. Returns the report and the queue
+    lengths the hook saw (after each pass, then 0 at the end).
+    """
+    queue: list[int] = []
+    async with tc.context(overrides=overrides) as ctx:
+
+        def after_pass(waiting: int) -> None:
+            act = between.get(len(queue))
+            queue.append(waiting)
+            if act is not None:
+                act()
+
+        ctx.on_retry_queue = after_pass
+        report = await run_replicas_check(ctx)
+    return report, queue
+
+
+async def second_silence(zk: ZkClient, *, back_after_pass: int | None) -> None:
+    """Soak seed 5151's interleaving, on ledger 7 of bookies A, B, C (W=2).
+
+    A answers EIO on every look, so the ledger waits for its re-checks (looks 1
+    and 2). B stops answering (paused: registered, connections open) right
+    before look 2, A's last: before the fix, B was reported on that one look
+    (`bookie_unavailable_registered`, beside A), as the soak's short crash was.
+    B is owed its own two re-checks (looks 3 and 4). Back before look 4 (after
+    pass 3), nothing is reported for it; still silent there, it is reported.
+    """
+    async with test_cluster(zk, 3) as tc:
+        await tc.writer.write_ledger(7, tc.ids, write_quorum=2, num_entries=10)
+        a, b = tc.bookies[0], tc.bookies[1]
+        a.inject_status(Status.EIO)
+        between = {1: b.pause}
+        if back_after_pass is not None:
+            between[back_after_pass] = b.resume
+        try:
+            report, queue = await run_between_passes(tc, TWICE, between)
+        finally:
+            b.resume()
+        # Each reported bookie with how many looks in a row it did not answer.
+        expected = (
+            {a.bookie_id: 5} if back_after_pass is not None else {a.bookie_id: 5, b.bookie_id: 3}
+        )
+        assert {v.bookie: v.detail["attempts"] for v in report.violations} == expected
+        assert [(v.ledger_id, v.category) for v in report.violations] == [(7, BUR)] * len(expected)
+        # Looks 0-2 are A's own re-checks, 3 and 4 B's: the ledger waited after four passes.
+        assert queue == [1, 1, 1, 1, 0, 0]
+        assert report.ledgers_checked == 1 and report.ledgers_skipped == {}
+        assert not report.dropped  # a violation was reported: no drop
+        assert (a.list_requests[7], b.list_requests[7], tc.bookies[2].list_requests[7]) == (
+            5,
+            5,
+            5,
+        )
+
+
+async def test_a_bookie_silent_on_anothers_last_recheck_back_in_its_own_is_not_reported(
+    zk: ZkClient,
+) -> None:
+    await second_silence(zk, back_after_pass=3)
+
+
+async def test_a_bookie_silent_on_anothers_last_recheck_is_reported_after_its_own(
+    zk: ZkClient,
+) -> None:
+    await second_silence(zk, back_after_pass=None)
+
+
+async def test_bookies_taking_turns_at_silence_are_rechecked_within_the_bound(
+    zk: ZkClient, info_logs: list[MutableMapping[str, Any]]
+) -> None:
+    """The bound: a ledger is re-checked at most 2 * retry_attempts times.
+
+    With one re-check owed per silence (retry_attempts=1): A is silent on look
+    0, B on look 1, A again on look 2. Each new silence is owed a re-check, so
+    without a bound the ledger would be looked at for as long as they take
+    turns. Look 2 is the bound: the ledger is judged there, and A, silent on
+    that look only, is not reported (a late report, from the next run, never
+    an early one); nothing else is wrong with the ledger.
+    """
+    async with test_cluster(zk, 3) as tc:
+        await tc.writer.write_ledger(7, tc.ids, write_quorum=2, num_entries=10)
+        a, b = tc.bookies[0], tc.bookies[1]
+
+        def b_silent() -> None:
+            a.inject_status(None)
+            b.pause()
+
+        def a_silent() -> None:
+            b.resume()
+            a.inject_status(Status.EIO)
+
+        a.inject_status(Status.EIO)
+        try:
+            report, queue = await run_between_passes(
+                tc, [*FAST, "checks.retry_attempts=1"], {0: b_silent, 1: a_silent}
+            )
+        finally:
+            b.resume()
+        assert queue == [1, 1, 0, 0]
+        assert report.violations == []
+        assert report.ledgers_checked == 1 and not report.dropped
+        assert report.coverage is not None and report.coverage.unverified == 1
+        assert [
+            (e["ledger_id"], e["bookie"], e["silent_looks"], e["rechecks"])
+            for e in info_logs
+            if e["event"].startswith("unanswering bookie not re-checked enough")
+        ] == [(7, a.bookie_id, 1, 2)]
+        assert (a.list_requests[7], b.list_requests[7]) == (3, 3)
