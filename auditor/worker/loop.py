@@ -220,7 +220,14 @@ class ReplicationWorker:
         assert outcome.failure is not None
         hold = self._hold_for(lid, outcome)
         self.state.failures[outcome.failure] += 1
-        level = "error" if outcome.failure is Failure.UNRECOVERABLE else "warning"
+        # A failure reported before, word for word (a placement refusal), is logged quietly.
+        level = (
+            "debug"
+            if outcome.reported
+            else "error"
+            if outcome.failure is Failure.UNRECOVERABLE
+            else "warning"
+        )
         getattr(self.log, level)(
             "ledger not re-replicated",
             ledger=lid,

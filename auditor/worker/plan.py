@@ -38,6 +38,15 @@ ledger handle that refuses entries above the LAC it read from the bookies; our
 copier reads each entry straight from the bookies that hold it, so that limit
 does not apply and a lost bookie in an earlier segment is repaired at once.
 
+Placement (`not_adhering_segments`, `placement_repairs`). With BookKeeper's
+`repairedPlacementPolicyNotAdheringBookieEnabled`, a closed ledger whose data is
+whole may still have segments whose ensemble fails the placement policy; upstream's
+worker (`getNeedRepairedPlacementNotAdheringFragments`, spec §1.5 (b)) takes every
+such segment of a closed ledger, and none of a ledger that is not closed. The copies
+of the positions chosen to move (`worker/targets.choose_adhering_moves`) are
+planned like any other repair, with `why` `NOT_ADHERING`: the bookie there now is
+healthy and the first source.
+
 Entry ranges are computed per run of the round-robin schedule, never per entry.
 A position holds its runs of W consecutive entries every E entries, so for
 E == W a segment is one range, and for E > W only the entries the position
@@ -47,10 +56,11 @@ holds are listed (upstream copies the contiguous span, spec §6 item 4).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from auditor.checks.ledger_check import metadata_problem
+from auditor.checks.placement import Adherence, PlacementPolicy
 from auditor.checks.replicas import BookieAnswer, Verified, analyse
 from auditor.metadata.model import INVALID_ENTRY_ID, LedgerMetadata
 from auditor.metadata.schedule import first_stored, run_offset
@@ -61,6 +71,8 @@ LOST = "lost"
 REQUESTED = "requested"
 #: `Repair.why`: registered, but lacks entries of the segment it must hold.
 MISSING_ENTRIES = "missing_entries"
+#: `Repair.why`: healthy, moved so that the segment adheres to the placement policy.
+NOT_ADHERING = "not_adhering"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +99,7 @@ class Repair:
     #: hold part of their share (only they may hold an entry another bad position
     #: also lost). Lost bookies are never listed; a `REQUESTED` bookie comes last.
     sources: tuple[str, ...]
-    #: `LOST`, `REQUESTED` or `MISSING_ENTRIES`.
+    #: `LOST`, `REQUESTED`, `MISSING_ENTRIES` or `NOT_ADHERING`.
     why: str
 
     @property
@@ -218,3 +230,50 @@ def plan_ledger(
                 entries = stored_ranges(seg.first, seg.last, e, w, i)
                 repairs.append(Repair(k, seg.first, seg.last, i, old, entries, sources, why))
     return LedgerPlan(tuple(repairs), tuple(tail), None, tuple(sorted(unknown)))
+
+
+def not_adhering_segments(
+    md: LedgerMetadata, policy: PlacementPolicy, locations: Mapping[str, str]
+) -> tuple[int, ...]:
+    """Indexes of the segments whose ensemble fails `policy`: those a placement repair
+    moves copies of. Only a closed ledger has any: an open ledger's last ensemble may
+    still change, and upstream's worker skips it too."""
+    if not md.closed:
+        return ()
+    return tuple(
+        k
+        for k, seg in enumerate(md.segments)
+        if policy.check(seg.bookies, md.write_quorum, locations).adherence is Adherence.FAIL
+    )
+
+
+def placement_repairs(
+    md: LedgerMetadata, segment_index: int, positions: Iterable[int], registered: Set[str]
+) -> tuple[Repair, ...]:
+    """The copies that move `positions` of closed segment `segment_index`, in position
+    order. Each new bookie must hold what the position holds; the bookie there now holds
+    all of it and is read first, then the registered members that share entries with it.
+    """
+    e, w = md.ensemble_size, md.write_quorum
+    seg = list(md.segment_ranges())[segment_index]
+    out: list[Repair] = []
+    for i in sorted(positions):
+        old = seg.bookies[i]
+        others = [
+            b
+            for j, b in enumerate(seg.bookies)
+            if j != i and b in registered and _may_share(i, j, e, w)
+        ]
+        out.append(
+            Repair(
+                segment_index,
+                seg.first,
+                seg.last,
+                i,
+                old,
+                stored_ranges(seg.first, seg.last, e, w, i),
+                (old, *others),
+                NOT_ADHERING,
+            )
+        )
+    return tuple(out)

@@ -17,6 +17,16 @@ locks the ledgers of the bookies it is told to empty and moves them (`replace`).
   unreadable entry is never committed.
 * **Verify** by planning again from fresh metadata and fresh bookie answers; only an
   empty plan unmarks (versioned: a mark changed since the lock was taken stays).
+* **Placement** (`repairedPlacementPolicyNotAdheringBookieEnabled`, the worker only, not
+  `recover`): once a closed ledger's data is whole, each segment that fails the
+  placement policy has the fewest copies moved that make it adhere
+  (`worker/targets.choose_adhering_moves`), through the same copy, commit and
+  verification; the mark goes only when every segment adheres. Upstream repairs data
+  loss first and leaves placement to a later attempt; here both happen under one lock.
+  A segment that cannot be made to adhere (too few racks) is a `no_target` failure:
+  reported once (later attempts with the same reason are `Outcome.reported`), the
+  mark kept and the ledger retried after upstream's failed-ledger delay, as upstream
+  leaves it.
 * The under-replicated tail of a ledger that is not closed is never copied: its
   closed segments are repaired and the outcome says `open_ledger`. Once the caller has
   held the lock for `openLedgerRereplicationGracePeriod`, `recover_open_tail` fences
@@ -28,6 +38,7 @@ locks the ledgers of the bookies it is told to empty and moves them (`replace`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence, Set
@@ -53,10 +64,21 @@ from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_meta
 from auditor.store import NoNodeError
 from auditor.topology.racks import open_rack_resolver
 from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
-from auditor.worker.plan import LedgerPlan, Repair, plan_ledger
+from auditor.worker.plan import (
+    LedgerPlan,
+    Repair,
+    not_adhering_segments,
+    placement_repairs,
+    plan_ledger,
+)
 from auditor.worker.recovery import Recovered, recover_open_ledger
 from auditor.worker.state import Failure, InHand, WorkerState
-from auditor.worker.targets import NoTargetError, choose_targets
+from auditor.worker.targets import (
+    CannotAdhereError,
+    NoTargetError,
+    choose_adhering_moves,
+    choose_targets,
+)
 
 T = TypeVar("T")
 
@@ -98,6 +120,9 @@ class Outcome:
     unreadable: tuple[tuple[int, int], ...] = ()
     #: Whether the mark was removed (a done repair of a marked ledger).
     unmarked: bool = False
+    #: The same failure, word for word, was reported for this ledger before (a
+    #: placement refusal): the caller logs it quietly.
+    reported: bool = False
 
 
 def ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
@@ -112,6 +137,9 @@ def describe(r: Repair) -> str:
         f"{r.old} ({r.why})"
     )
 
+
+#: Placement refusals remembered (per ledger, the newest kept) to report each once.
+REFUSALS_KEPT = 10_000
 
 #: Seconds a rack resolver (its sources and the locations it learnt) is reused before the
 #: rack sources are read again: one read per ledger would run a topology script or read
@@ -203,6 +231,9 @@ class LedgerRepairer:
         self.clock = clock
         self.log = log
         self.placements = PlacementSource(ctx, log=log)
+        #: The last placement refusal per ledger (`_cannot_adhere`), so that each is
+        #: reported once; forgotten once the ledger is done.
+        self._refusals: dict[int, str] = {}
         bk = self.config.bookkeeper
         self.copier = FragmentCopier(
             ctx.bookies,
@@ -256,6 +287,12 @@ class LedgerRepairer:
 
     async def repair(self, taken: TakenLedger, replace: Set[str] = frozenset()) -> Outcome:
         """Plans, copies, commits and verifies one ledger; unmarks it when it is whole."""
+        outcome = await self._repair(taken, replace)
+        if outcome.done:
+            self._refusals.pop(taken.ledger_id, None)
+        return outcome
+
+    async def _repair(self, taken: TakenLedger, replace: Set[str]) -> Outcome:
         lid = taken.ledger_id
         try:
             md = await self.read(lid)
@@ -273,6 +310,10 @@ class LedgerRepairer:
                 return Outcome(
                     False, Failure.UNKNOWN_BOOKIES, f"no answer from {', '.join(plan.unknown)}"
                 )
+            placed = await self._place(taken, md, replace)
+            if placed is not None:
+                committed, failed = placed
+                return failed or await self.verify(taken, committed, replace, placed=True)
             unmarked = await self.queue.mark_replicated(taken)
             self.state.ledgers_found_healthy += 1
             self.log.info("ledger has every copy; nothing to copy", ledger=lid, unmarked=unmarked)
@@ -298,11 +339,22 @@ class LedgerRepairer:
         replace: Set[str] = frozenset(),
     ) -> tuple[int, Outcome | None]:
         """Copies and commits segment by segment; (fragments committed, a failure or None)."""
-        lid = taken.ledger_id
         placement = await self.placements.placement(md, await self.ctx.registered(), replace)
+        return await self._copy_and_commit(taken, md, placement.targets(md, repairs, self.rng))
+
+    async def _copy_and_commit(
+        self,
+        taken: TakenLedger,
+        md: LedgerMetadata,
+        work: Iterable[tuple[int, list[Repair], dict[int, str] | NoTargetError]],
+    ) -> tuple[int, Outcome | None]:
+        """Per segment: copies its repairs to their targets, then commits them in one
+        version-checked write fenced on the lock (never a segment with an unreadable
+        entry); (fragments committed, a failure or None)."""
+        lid = taken.ledger_id
         committed = 0
         unreadable: list[tuple[int, int]] = []
-        for seg_index, seg_repairs, targets in placement.targets(md, repairs, self.rng):
+        for seg_index, seg_repairs, targets in work:
             if isinstance(targets, NoTargetError):
                 return committed, Outcome(False, Failure.NO_TARGET, str(targets), committed)
             lines = tuple(f"{describe(r)} -> {targets[r.bookie_index]}" for r in seg_repairs)
@@ -456,10 +508,75 @@ class LedgerRepairer:
             raise Disconnected(f"ZooKeeper connection suspended: {what} stopped")
         return task.result()
 
+    async def _place(
+        self, taken: TakenLedger, md: LedgerMetadata, replace: Set[str]
+    ) -> tuple[int, Outcome | None] | None:
+        """Moves copies so that each failing segment of a closed ledger adheres to the
+        placement policy; (fragments committed, a failure or None), or None when nothing
+        is to move: `repairedPlacementPolicyNotAdheringBookieEnabled` is off, the caller
+        is `recover` (it empties bookies; upstream's does not look at placement either),
+        or every segment adheres. Segments are independent: those that can adhere are
+        moved even when another cannot (that one is the failure)."""
+        if replace or not self.config.bookkeeper.repairedPlacementPolicyNotAdheringBookieEnabled:
+            return None
+        failing, placement, registered = await self._not_adhering(md)
+        if not failing:
+            return None
+        work: list[tuple[int, list[Repair], dict[int, str] | NoTargetError]] = []
+        refusals: list[str] = []
+        for k in failing:
+            try:
+                moves = choose_adhering_moves(
+                    md,
+                    k,
+                    writable=placement.writable,
+                    policy=placement.policy,
+                    locations=placement.locations,
+                    rng=self.rng,
+                )
+            except CannotAdhereError as exc:
+                refusals.append(str(exc))
+                continue
+            work.append((k, list(placement_repairs(md, k, moves, registered.available)), moves))
+        committed, failed = await self._copy_and_commit(taken, md, work)
+        if failed is None and refusals:
+            failed = self._cannot_adhere(taken.ledger_id, refusals, committed)
+        return committed, failed
+
+    async def _not_adhering(
+        self, md: LedgerMetadata
+    ) -> tuple[tuple[int, ...], Placement, BookieSet]:
+        """The segments failing the placement policy, with the placement and registry
+        they were judged with."""
+        registered = await self.ctx.registered()
+        placement = await self.placements.placement(md, registered)
+        return (
+            not_adhering_segments(md, placement.policy, placement.locations),
+            placement,
+            registered,
+        )
+
+    def _cannot_adhere(self, lid: int, refusals: Sequence[str], committed: int) -> Outcome:
+        """A placement refusal, `reported` when this ledger's last one said the same."""
+        detail = "; ".join(refusals) + "; its mark stays"
+        reported = self._refusals.pop(lid, None) == detail
+        self._refusals[lid] = detail
+        while len(self._refusals) > REFUSALS_KEPT:
+            del self._refusals[next(iter(self._refusals))]
+        return Outcome(False, Failure.NO_TARGET, detail, committed, reported=reported)
+
     async def verify(
-        self, taken: TakenLedger, committed: int, replace: Set[str] = frozenset()
+        self,
+        taken: TakenLedger,
+        committed: int,
+        replace: Set[str] = frozenset(),
+        *,
+        placed: bool = False,
     ) -> Outcome:
-        """Plans again from fresh metadata and answers; unmarks only an empty plan."""
+        """Plans again from fresh metadata and answers; unmarks only an empty plan, and
+        (`repairedPlacementPolicyNotAdheringBookieEnabled`) a ledger whose segments all
+        adhere: copies not moved yet are moved now, then verified again; after the moves
+        (`placed`) a segment still failing is a failed verification."""
         lid = taken.ledger_id
         self.step(lid, "verifying")
         md = await self.read(lid)
@@ -473,6 +590,23 @@ class LedgerRepairer:
             return Outcome(
                 False, Failure.VERIFY_FAILED, f"still to repair: {left}{unknown}", committed
             )
+        if not placed:
+            moved = await self._place(taken, md, replace)
+            if moved is not None:
+                more, failed = moved
+                if failed is not None:
+                    return dataclasses.replace(failed, committed=committed + failed.committed)
+                return await self.verify(taken, committed + more, replace, placed=True)
+        elif self.config.bookkeeper.repairedPlacementPolicyNotAdheringBookieEnabled:
+            failing, _, _ = await self._not_adhering(md)
+            if failing:
+                where = ", ".join(str(k) for k in failing)
+                return Outcome(
+                    False,
+                    Failure.VERIFY_FAILED,
+                    f"segment(s) {where} still fail the placement policy",
+                    committed,
+                )
         unmarked = await self.queue.mark_replicated(taken)
         self.state.ledgers_replicated += 1
         self.log.info(
