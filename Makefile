@@ -176,7 +176,8 @@ bench: $(STAMP_PY) etcd
 # Three daemons, a ZooKeeper and six bookies under random faults; see docs/reliability.md.
 # SOAK_MINUTES=20 (duration), SOAK_SEED=1 (same seed, same schedule), SOAK_SEEDS=1,2,3 or
 # 1-5 (one full run per seed in SOAK_DIR/seed-N, a combined summary and one PASS/FAIL),
-# SOAK_ONLY=host_restart,... (draw only these fault kinds), SOAK_DIR (logs, summary).
+# SOAK_ONLY=host_restart,... (draw only these fault kinds), SOAK_WORKER=real|simulated
+# (the daemons' own replication workers repair, or the driver's stand-in), SOAK_DIR.
 soak: $(STAMP_PY)
 	@$(PY) -m soak
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from soak import adversarial, alarms, leadership
+from soak import adversarial, alarms, leadership, repairs
 from soak.cluster import Incarnation, SoakCluster
 from soak.faults import Fault
 from soak.logs import Line, Span, read_log
@@ -29,7 +29,12 @@ def analyse(c: SoakCluster, faults: list[Fault], run_end: float) -> dict[str, An
             lines = read_log(d.name, inc)
             logs.setdefault(d.name, []).extend(lines)
             spans += spans_of(d.name, lines, inc.ended, inc.killed, run_end)
-    result = judge(logs, spans, faults, c.ever_bookies, run_end)
+    every_line = [ln for ls in logs.values() for ln in ls]
+    ever = {lid: set(bookies) for lid, bookies in c.ever_bookies.items()}
+    for lid, given in repairs.bookies_given(every_line).items():
+        ever.setdefault(lid, set()).update(given)
+    result = judge(logs, spans, faults, ever, run_end)
+    result["real_worker"] = repairs.figures(sorted(every_line, key=lambda ln: ln.t))
     resources: dict[str, Any] = {}
     grew: list[str] = []
     for d in c.daemons:

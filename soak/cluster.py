@@ -21,8 +21,9 @@ from typing import BinaryIO
 
 from auditor.daemon.election import election_path
 from auditor.metadata.model import LedgerMetadata
-from auditor.metadata.serde import encode_ledger_metadata
+from auditor.metadata.serde import decode_ledger_metadata, encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager, ur_ledger_path
+from auditor.store import BadVersionError
 from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.netproxy import TcpProxy
@@ -50,10 +51,31 @@ DAEMON_SETTINGS = [
     "daemon.jitter=0",
     # The soak's accounting reads every violation line: none is summarised away.
     "checks.violation_log_limit=-1",
-    # The soak judges the auditor against its own simulated worker (whole ledgers
-    # unmarked on schedule); a real worker would race it.
-    "worker.enabled=false",
 ]
+#: Which replication worker repairs what the faults break (`SOAK_WORKER`).
+WORKER_MODES = ("real", "simulated")
+WORKER_SETTINGS = {
+    # Every daemon runs the product's worker (as every Java AutoRecovery process does).
+    # Its back-offs are shortened in the proportion of the soak's faults (a minute, not
+    # hours): a ledger whose bookie did not answer is taken again within seconds of the
+    # bookie's return, so the end of the run finds no mark that a worker would still
+    # clear; `worker.unrecoverable_retry` only matters if a ledger is ever found with no
+    # readable copy, which two bookie faults at once on E=W=3 can never cause.
+    "real": [
+        "worker.enabled=true",
+        "lockReleaseOfFailedLedgerGracePeriod=5000",
+        "rwRereplicateBackoffMs=1000",
+        "worker.unrecoverable_retry=30",
+    ],
+    # The driver's stand-in (`soak/worker.py`), kept for comparison: the daemons' own
+    # worker is off, it would race the stand-in.
+    "simulated": ["worker.enabled=false"],
+}
+
+
+def daemon_settings(worker: str) -> list[str]:
+    """Every daemon's `--set` settings for a run whose repairs are `worker`'s."""
+    return [*DAEMON_SETTINGS, *WORKER_SETTINGS[worker]]
 
 
 @dataclass
@@ -85,9 +107,14 @@ class Daemon:
 
 
 class SoakCluster:
-    def __init__(self, workdir: Path, ledgers: int) -> None:
+    def __init__(self, workdir: Path, ledgers: int, worker: str = "real") -> None:
+        if worker not in WORKER_MODES:
+            raise ValueError(f"worker: {worker!r} is not one of {', '.join(WORKER_MODES)}")
         self.workdir = workdir
         self.n_ledgers = ledgers
+        #: "real": the daemons' workers repair (they change ensembles: `refresh` reads
+        #: them back); "simulated": the driver's stand-in does, ensembles never change.
+        self.worker = worker
         self.zk_server = ZooKeeperServer(workdir / "zk")
         self.zk: ZkClient | None = None
         self.bookies: list[BookieEmulator] = []
@@ -179,8 +206,9 @@ class SoakCluster:
             "--set", f"api.http_port={d.http_port}",
             "--set", "logging.format=json",
         ]  # fmt: skip
-        for s in DAEMON_SETTINGS:
+        for s in daemon_settings(self.worker):
             args += ["--set", s]
+        args += ["--set", f"worker.lock_holder={d.name}"]
         log = self.workdir / f"{d.name}.{len(d.incarnations)}.log"
         with _open_log(log) as f:
             d.proc = await asyncio.create_subprocess_exec(
@@ -282,35 +310,68 @@ class SoakCluster:
 
     def ledgers_on(self, bookie_id: str) -> list[int]:
         return sorted(
-            lid for lid, md in self.ledgers.items() if bookie_id in md.segments[0].bookies
+            lid
+            for lid, md in self.ledgers.items()
+            if any(bookie_id in seg.bookies for seg in md.segments)
         )
+
+    async def refresh(self) -> dict[int, int]:
+        """Reads every live ledger's metadata back from ZooKeeper (the daemons' workers
+        change ensembles); returns each ledger's znode version. Every bookie a ledger's
+        metadata ever named stays in `ever_bookies` (the analysis explains a line about a
+        ledger by a fault of any bookie it had)."""
+        assert self.writer is not None
+        lids = sorted(self.ledgers)
+        read = await self.client.get_many([self.writer.path(lid) for lid in lids])
+        versions: dict[int, int] = {}
+        for lid, got in zip(lids, read, strict=True):
+            if got is None or lid not in self.ledgers:
+                continue  # deleted by the driver meanwhile
+            data, stat = got
+            md = decode_ledger_metadata(data, lid)
+            self.ledgers[lid] = md
+            versions[lid] = stat.version
+            for seg in md.segments:
+                self.ever_bookies.setdefault(lid, set()).update(seg.bookies)
+        return versions
 
     def by_id(self, bookie_id: str) -> BookieEmulator:
         return next(b for b in self.bookies if b.bookie_id == bookie_id)
 
     async def delete_ledger(self, lid: int) -> None:
-        """As BookKeeper deletes: metadata first, the bookies' data later (their GC)."""
+        """As BookKeeper deletes: metadata first, the bookies' data later (their GC, on
+        every bookie: a worker may have left an unreferenced copy anywhere)."""
         assert self.writer is not None
-        md = self.ledgers.pop(lid)
+        self.ledgers.pop(lid)
         await self.client.delete(self.writer.path(lid))
         self.deleted[lid] = time.time()
         await asyncio.sleep(1.0)
-        for bid in md.segments[0].bookies:
-            self.by_id(bid).drop_ledger(lid)
+        for b in self.bookies:
+            b.drop_ledger(lid)
 
-    async def rereplicate(self, lid: int, old: str, new: str) -> None:
-        """As the replication worker does: copy, swap the bookie in the metadata, GC later."""
+    async def rereplicate(self, lid: int, old: str, new: str) -> bool:
+        """As the replication worker does: copy, swap the bookie in the metadata, GC later.
+        The swap is conditional on the version read (a daemon's worker may have changed
+        the ensemble meanwhile): False, nothing changed in the metadata, when it did."""
         assert self.writer is not None
-        self.by_id(new).put_ledger(lid, range(ENTRIES))
-        md = self.ledgers[lid]
+        path = self.writer.path(lid)
+        data, stat = await self.client.get(path)
+        md = decode_ledger_metadata(data, lid)
         seg = md.segments[0]
+        if len(md.segments) != 1 or old not in seg.bookies or new in seg.bookies:
+            return False
+        self.by_id(new).put_ledger(lid, range(ENTRIES))
         bookies = tuple(new if b == old else b for b in seg.bookies)
         moved = replace(md, segments=(replace(seg, bookies=bookies),))
         self.ever_bookies[lid].add(new)
-        await self.client.set(self.writer.path(lid), encode_ledger_metadata(moved))
+        try:
+            await self.client.set(path, encode_ledger_metadata(moved), version=stat.version)
+        except BadVersionError:
+            return False
         self.ledgers[lid] = moved
         await asyncio.sleep(3.0)
         self.by_id(old).drop_ledger(lid)
+        return True
 
     async def marked(self, lids: list[int]) -> list[int]:
         base = self.ur_base

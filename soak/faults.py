@@ -48,6 +48,9 @@ LONG = (65.0, 90.0)
 HOST_DOWN = (5.0, 30.0)
 #: How long a rolling restart waits for a host's bookie to leave its other fault.
 ROLL_WAIT = 100.0
+#: How long an emptied bookie's fault waits, at its end, for the daemons' workers to move
+#: its ledgers elsewhere (real workers).
+MOVE_WAIT = 120.0
 
 
 @dataclass
@@ -152,22 +155,66 @@ class Injector:
         await b.start()
         f.down[-1][1] = time.time()
 
+    @property
+    def real_worker(self) -> bool:
+        return self.c.worker == "real"
+
     async def repair_ledgers(self, f: Fault, b: BookieEmulator) -> None:
-        """The replication worker after a bookie fault: what `b` lacks is copied into it
-        from surviving replicas, then the fault's ledgers that are whole are unmarked."""
+        """The replication worker after a bookie fault. Simulated: what `b` lacks is
+        copied into it from surviving replicas, then the fault's ledgers that are whole
+        are unmarked. Real: the daemons' workers repair; for a bookie that lost its data
+        the fault lasts until they have moved every one of its ledgers to other bookies
+        (a ledger still naming it is still short of a copy: a report after the repair
+        would be right, not a false alarm). A bookie back with its data needs nothing."""
+        if self.real_worker:
+            if f.kind == "bookie_empty":
+                await self._moved_off(f, b)
+            return
         _, kept = await self.worker.repair(f.ledgers, into=[b])
         if kept:
             f.note = f"{len(kept)} ledgers kept marked at the repair (not whole)"
 
+    async def _moved_off(self, f: Fault, b: BookieEmulator) -> None:
+        """Waits (up to MOVE_WAIT) until no live ledger of the fault names `b`."""
+        deadline = time.monotonic() + MOVE_WAIT
+        left: list[int] = []
+        while True:
+            await self.c.refresh()
+            left = [lid for lid in f.ledgers if lid in self.c.ledgers_on(b.bookie_id)]
+            if not left or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(1.0)
+        if left:
+            f.note = f"{len(left)} ledgers still on the emptied bookie after {MOVE_WAIT:g} s"
+
+    async def handled(self, f: Fault) -> int:
+        """How many of the fault's ledgers are marked under-replicated now, or (real
+        workers) were already moved off its bookie or deleted: a worker repairs only what
+        was marked, so a ledger moved off was marked before."""
+        marked = set(await self.c.marked(f.ledgers))
+        if not self.real_worker or f.bookie is None:
+            return len(marked)
+        await self.c.refresh()
+        on = set(self.c.ledgers_on(f.bookie))
+        return sum(1 for lid in f.ledgers if lid in marked or lid not in on)
+
     async def sweep(self) -> None:
         """The replication worker's loop: copies into idle bookies what they lack, unmarks
-        every marked ledger that is whole."""
+        every marked ledger that is whole (the simulated worker only)."""
+        if self.real_worker:
+            return
         async with self.zk_lock:
             await self.worker.sweep([b for b in self.free_bookies() if b.running])
 
-    def healthy_ledgers(self) -> list[int]:
+    async def healthy_ledgers(self) -> list[int]:
+        """Ledgers none of whose bookies is in a fault, from metadata read now when the
+        daemons' workers may have changed it."""
+        if self.real_worker:
+            await self.c.refresh()
         return [
-            lid for lid, md in self.c.ledgers.items() if not set(md.segments[0].bookies) & self.busy
+            lid
+            for lid, md in self.c.ledgers.items()
+            if not {b for seg in md.segments for b in seg.bookies} & self.busy
         ]
 
     # --- ZooKeeper and daemons --------------------------------------------------------
@@ -230,6 +277,8 @@ class Injector:
         """Daemon SIGKILLed and bookie crashed together; both back `seconds` later."""
         self.busy.add(b.bookie_id)
         try:
+            if self.real_worker:
+                await self.c.refresh()
             f = self.begin(
                 kind,
                 f"{d.name}+{b.bookie_id}",
@@ -306,14 +355,21 @@ class Injector:
         b = self.rng.choice(free)
         self.busy.add(b.bookie_id)
         try:
+            if self.real_worker:
+                await self.c.refresh()
+            ledgers = self.c.ledgers_on(b.bookie_id)
+            # Real workers may have moved every ledger off a bookie (an emptied one keeps
+            # none): a fault of a bookie that holds nothing has nothing to report. It still
+            # explains reports about ledgers given to it meanwhile.
             f = self.begin(
                 kind,
                 b.bookie_id,
                 bookie=b.bookie_id,
-                ledgers=self.c.ledgers_on(b.bookie_id),
-                expect=sorted(expect),
+                ledgers=ledgers,
+                expect=sorted(expect) if ledgers else [],
                 explains=sorted(DATA_CATEGORIES if expect else ()),
-                require_marks=require_marks,
+                require_marks=require_marks and bool(ledgers),
+                note="" if ledgers or not expect else "the bookie held no ledger",
             )
             async with self.zk_lock:
                 await inject(b, f)
@@ -321,7 +377,7 @@ class Injector:
             f.end = time.time()
             async with self.zk_lock:
                 if expect:
-                    f.marked = len(await self.c.marked(f.ledgers))
+                    f.marked = await self.handled(f)
                 await repair(b, f)
                 await self.repair_ledgers(f, b)
             f.repaired = time.time()
@@ -427,11 +483,11 @@ class Injector:
         """Deleted while a check runs (right after a 'check started' line)."""
         await self.c.wait_log_event("check started", 40.0)
         await asyncio.sleep(self.rng.uniform(0.0, 0.3))
-        candidates = self.healthy_ledgers()
+        candidates = await self.healthy_ledgers()
         if not candidates:
             return None
         lid = self.rng.choice(candidates)
-        bookies = set(self.c.ledgers[lid].segments[0].bookies)
+        bookies = {b for seg in self.c.ledgers[lid].segments for b in seg.bookies}
         self.busy |= bookies
         try:
             f = self.begin("ledger_delete", str(lid), ledgers=[lid])
@@ -445,8 +501,10 @@ class Injector:
 
     async def ledger_rereplicate(self) -> Fault | None:
         """The ensemble changes (a copy moves to the other bookie of the same rack)."""
-        healthy = self.healthy_ledgers()
+        healthy = await self.healthy_ledgers()
         for lid in self.rng.sample(healthy, k=min(20, len(healthy))):
+            if len(self.c.ledgers[lid].segments) != 1:
+                continue
             ensemble = list(self.c.ledgers[lid].segments[0].bookies)
             pos = self.rng.randrange(len(ensemble))
             i = next(i for i, b in enumerate(self.c.bookies) if b.bookie_id == ensemble[pos])
@@ -458,7 +516,8 @@ class Injector:
             try:
                 f = self.begin("ledger_rereplicate", f"{lid}:{ensemble[pos]}->{new}", ledgers=[lid])
                 async with self.zk_lock:
-                    await self.c.rereplicate(lid, ensemble[pos], new)
+                    if not await self.c.rereplicate(lid, ensemble[pos], new):
+                        f.note = "not moved: a daemon's worker changed the ledger first"
                 self._end(f)
                 return f
             finally:

@@ -4,11 +4,12 @@ Environment: SOAK_MINUTES (20), SOAK_SEED (1: the same seed gives the same
 fault schedule), SOAK_SEEDS (e.g. `1,2,3` or `1-5`: several full runs one
 after another, each in SOAK_DIR/seed-N, with a combined summary; overrides
 SOAK_SEED), SOAK_ONLY (e.g. `host_restart,bad_mark`: draw only these kinds, to
-reproduce one fault), SOAK_LEDGERS (120), SOAK_DIR (/tmp/bk-auditor-soak: daemon logs,
-faults.json, summary.json). Progress on stderr, the JSON summary on stdout
-(the combined one for SOAK_SEEDS), a PASS/FAIL line per seed and overall on
-stderr; exit 1 when an assertion fails (each failure named on stderr), 2 on
-a bad setting.
+reproduce one fault), SOAK_WORKER (`real`: the daemons' own replication workers
+repair; `simulated`: the driver's stand-in does, as before), SOAK_LEDGERS (120),
+SOAK_DIR (/tmp/bk-auditor-soak: daemon logs, faults.json, summary.json).
+Progress on stderr, the JSON summary on stdout (the combined one for
+SOAK_SEEDS), a PASS/FAIL line per seed and overall on stderr; exit 1 when an
+assertion fails (each failure named on stderr), 2 on a bad setting.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from typing import Any
 from soak.adversarial import AdversarialFaults
 from soak.analysis import analyse
 from soak.badznodes import ZnodeFaults
-from soak.cluster import DAEMON_SETTINGS, SoakCluster
+from soak.cluster import WORKER_MODES, SoakCluster, daemon_settings
 from soak.faults import LONG, Fault, Injector
 from soak.seeds import SeedsError, combine, parse_seeds
+from soak.verify import EndState, drain, end_state
 
 #: (kind, lane, weight). Lanes: one ZooKeeper/daemon fault at a time (host restarts
 #: included: they also take a bookie slot; a held election takes them all), up to two
@@ -70,10 +72,20 @@ NEEDS_BOOKIE = {"host_restart"}
 SETTLE = 30.0
 #: How often the replication worker looks at every mark.
 SWEEP = 10.0
+#: Real workers: how long the end of a run waits for them to clear every mark.
+DRAIN = 120.0
 
 
 def log(msg: str) -> None:
     print(f"[soak] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def parse_worker(text: str) -> str:
+    """SOAK_WORKER: `real` (the default) or `simulated`; ValueError naming another."""
+    name = text.strip() or "real"
+    if name not in WORKER_MODES:
+        raise ValueError(f"SOAK_WORKER: {name[:40]!r} is not one of {', '.join(WORKER_MODES)}")
+    return name
 
 
 def parse_only(text: str) -> list[tuple[str, str, float]]:
@@ -92,10 +104,11 @@ async def soak(
     ledgers: int,
     workdir: Path,
     kinds: list[tuple[str, str, float]] | None = None,
+    worker: str = "real",
 ) -> dict[str, Any]:
     kinds = kinds or KINDS
     rng = random.Random(seed)
-    c = SoakCluster(workdir, ledgers)
+    c = SoakCluster(workdir, ledgers, worker)
     errors: list[str] = []
     await c.start()
     inj = Injector(c, rng)
@@ -111,7 +124,7 @@ async def soak(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop_sampling.wait(), 10)
 
-    async def worker() -> None:
+    async def stand_in() -> None:
         while not stop_sampling.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop_sampling.wait(), SWEEP)
@@ -122,8 +135,9 @@ async def soak(
                 log(f"driver error in the worker's sweep: {exc!r}")
 
     sampling = asyncio.ensure_future(sampler())
-    sweeping = asyncio.ensure_future(worker())
+    sweeping = asyncio.ensure_future(stand_in())
     tasks: set[asyncio.Task[None]] = set()
+    ended = EndState()
     lanes_busy: dict[str, bool] = {"cluster": False, "ledger": False, "znode": False, "http": False}
     skipped = 0
 
@@ -166,6 +180,16 @@ async def soak(
         log(f"settling {SETTLE:g} s")
         await asyncio.sleep(SETTLE)
         final_leader = c.acting_leader()
+        if worker == "real":
+            log(f"waiting up to {DRAIN:g} s for the workers to clear every mark")
+            drained = await drain(c, DRAIN)
+            ended = await end_state(c)
+            ended.drained_s = drained
+            log(
+                f"end state: {ended.ledgers} ledgers, {ended.entries_read} copies read, "
+                f"{len(ended.unreadable)} unreadable, {len(ended.gone)} on gone bookies, "
+                f"marks left {ended.marks_on_whole + ended.marks_on_damaged}"
+            )
     finally:
         stop_sampling.set()
         await sampling
@@ -174,23 +198,29 @@ async def soak(
     run_end = time.time()
     (workdir / "faults.json").write_text(json.dumps([f.as_dict() for f in inj.faults], indent=1))
     result = analyse(c, inj.faults, run_end)
+    if worker == "real":
+        repairs: dict[str, Any] = {"end_state": ended.as_dict(), **result.pop("real_worker")}
+    else:
+        result.pop("real_worker")
+        repairs = {
+            "entries_copied": inj.worker.copied,
+            "marks_removed": inj.worker.unmarked,
+            "ledgers_kept_marked_not_whole": len(inj.worker.kept),
+        }
     return {
         "seed": seed,
         "minutes": round((run_end - t_start) / 60, 1),
         "ledgers": ledgers,
         "daemons": len(c.daemons),
         "bookies": len(c.bookies),
-        "daemon_settings": DAEMON_SETTINGS,
+        "worker_mode": worker,
+        "daemon_settings": daemon_settings(worker),
         "kinds_drawn": [k for k, _, _ in kinds] if kinds != KINDS else "all",
         "faults_injected": len(inj.faults),
         "schedule_skipped": skipped,
         "final_leader": final_leader.name if final_leader else None,
         "driver_errors": errors,
-        "worker": {
-            "entries_copied": inj.worker.copied,
-            "marks_removed": inj.worker.unmarked,
-            "ledgers_kept_marked_not_whole": len(inj.worker.kept),
-        },
+        "worker": repairs,
         **result,
     }
 
@@ -221,20 +251,50 @@ def failures(s: dict[str, Any]) -> list[str]:
         out.append(f"driver errors: {s['driver_errors']}")
     if s["final_leader"] is None:
         out.append("no leader at the end")
+    out += worker_failures(s)
     lost = [k for k, v in s["faults_by_kind"].items() if v["survived"] < v["injected"]]
     if lost:
         out.append(f"no leader within 30 s after: {lost}")
     return out
 
 
+def worker_failures(s: dict[str, Any]) -> list[str]:
+    """What the real workers must have achieved (nothing for the simulated one)."""
+    if s.get("worker_mode") != "real":
+        return []
+    w = s["worker"]
+    end = w["end_state"]
+    out = []
+    if end["unreadable_count"]:
+        out.append(f"copies that do not read back at the end: {end['unreadable_count']}")
+    if end["gone"]:
+        out.append(f"ledgers naming a bookie that is gone: {end['gone']}")
+    if end["marks_on_whole"]:
+        out.append(f"marks left on ledgers that read back whole: {end['marks_on_whole']}")
+    if end["marks_on_damaged"]:
+        out.append(f"marks left on ledgers not repaired: {end['marks_on_damaged']}")
+    if w["unrecoverable"]:
+        out.append(
+            f"ledgers found unrecoverable (two faults on E=W=3 leave a copy): {w['unrecoverable']}"
+        )
+    if w["risk_order_breaks"]:
+        out.append(f"ledgers taken ahead of riskier ones waiting: {w['risk_order_breaks']}")
+    return out
+
+
 def run_seed(
-    minutes: float, seed: int, ledgers: int, workdir: Path, kinds: list[tuple[str, str, float]]
+    minutes: float,
+    seed: int,
+    ledgers: int,
+    workdir: Path,
+    kinds: list[tuple[str, str, float]],
+    worker: str = "real",
 ) -> dict[str, Any]:
     """One full run in `workdir` (emptied first): its summary, failures included."""
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    log(f"{minutes:g} min, seed {seed}, {ledgers} ledgers, logs in {workdir}")
-    summary = asyncio.run(soak(minutes, seed, ledgers, workdir, kinds))
+    log(f"{minutes:g} min, seed {seed}, {ledgers} ledgers, {worker} workers, logs in {workdir}")
+    summary = asyncio.run(soak(minutes, seed, ledgers, workdir, kinds, worker))
     fails = failures(summary)
     summary["failures"] = fails
     summary["verdict"] = "FAIL" if fails else "PASS"
@@ -252,20 +312,21 @@ def main() -> int:
         seeds = parse_seeds(os.environ.get("SOAK_SEEDS", ""))
         seed = int(os.environ.get("SOAK_SEED", "1"))
         kinds = parse_only(os.environ.get("SOAK_ONLY", ""))
+        worker = parse_worker(os.environ.get("SOAK_WORKER", ""))
     except (ValueError, SeedsError) as exc:
         log(f"bad setting: {exc}")
         return 2
     workdir = Path(os.environ.get("SOAK_DIR", "/tmp/bk-auditor-soak"))
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     if not seeds:
-        summary = run_seed(minutes, seed, ledgers, workdir, kinds)
+        summary = run_seed(minutes, seed, ledgers, workdir, kinds, worker)
         print(json.dumps(summary, indent=1, default=str))
         return 1 if summary["failures"] else 0
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     summaries = []
     for n in seeds:
-        summaries.append(run_seed(minutes, n, ledgers, workdir / f"seed-{n}", kinds))
+        summaries.append(run_seed(minutes, n, ledgers, workdir / f"seed-{n}", kinds, worker))
     combined = combine(summaries, workdir)
     (workdir / "summary.json").write_text(json.dumps(combined, indent=1, default=str))
     print(json.dumps(combined, indent=1, default=str))

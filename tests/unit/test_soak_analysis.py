@@ -341,3 +341,80 @@ def test_a_leadership_going_on_under_a_held_election_is_a_second_auditor() -> No
     ]
     stepped = [Span("soak-1", 50.0, 101.2, "stepped down"), Span("soak-2", 131.0, 400.0, "run end")]
     assert run([], [held], stepped)["led_beside_held_votes"] == []
+
+
+# --- real workers (`soak.repairs`, `soak.run.parse_worker`) ------------------------------
+
+
+def test_a_take_ahead_of_a_riskier_waiting_ledger_is_a_break_of_the_risk_order() -> None:
+    from soak.repairs import figures
+
+    lines = [
+        line(10.0, "ledger taken for re-replication", ledger=7, copies_left=1,
+             fewest_copies_left_waiting=1),
+        line(11.0, "ledger taken for re-replication", "soak-1", ledger=8, copies_left=2,
+             fewest_copies_left_waiting=1),
+        line(12.0, "ledger taken for re-replication", ledger=9, copies_left=2,
+             fewest_copies_left_waiting=2),
+        line(13.0, "ledger taken for re-replication", ledger=10),  # a take with no ranking
+    ]  # fmt: skip
+    got = figures(lines)
+    assert got["ledgers_taken"] == 4
+    assert got["takes_with_others_waiting"] == 3
+    assert got["risk_order_breaks"] == [
+        {
+            "daemon": "soak-1",
+            "t": 11.0,
+            "ledger": 8,
+            "copies_left": 2,
+            "fewest_copies_left_waiting": 1,
+        }
+    ]
+
+
+def test_workers_figures_name_unrecoverable_ledgers_and_count_failures_by_reason() -> None:
+    from soak.repairs import figures
+
+    lines = [
+        line(1.0, "ledger not re-replicated", ledger=3, reason="unknown_bookies"),
+        line(2.0, "ledger not re-replicated", "soak-2", ledger=4, reason="unrecoverable"),
+        line(3.0, "ledger re-replicated", ledger=3),
+        line(4.0, "violation", ledger_id=3, category="no_replica"),
+    ]
+    got = figures(lines)
+    assert got["attempts_failed"] == {"unknown_bookies": 1, "unrecoverable": 1}
+    assert got["unrecoverable"] == [4]
+    assert got["ledgers_re_replicated"] == 1
+    assert got["by_daemon"] == {
+        "soak-0": {"ledger not re-replicated": 1, "ledger re-replicated": 1},
+        "soak-2": {"ledger not re-replicated": 1},
+    }
+
+
+def test_a_bookie_a_worker_committed_explains_lines_about_that_ledger() -> None:
+    """A worker moved ledger 1 to B4 (and on again): a later crash of B4 explains a
+    violation of ledger 1 naming B4, although the driver never read that ensemble."""
+    from soak.repairs import bookies_given
+
+    lines = [
+        line(50.0, "fragments committed", ledger=1, replaced={B1: B4}),
+        line(60.0, "fragments committed", ledger=1, replaced={B4: B1}),
+    ]
+    ever = {lid: set(bs) for lid, bs in EVER.items()}
+    for lid, given in bookies_given(lines).items():
+        ever.setdefault(lid, set()).update(given)
+    assert ever[1] == {B1, B2, B3, B4}
+    alarm = violation(130.0, 1, "ledgers_on_lost_bookies", bookie=B4)
+    without = judge({"soak-0": [alarm]}, [], [crash(B4, 100.0, 170.0)], EVER, END)
+    with_moves = judge({"soak-0": [alarm]}, [], [crash(B4, 100.0, 170.0)], ever, END)
+    assert len(without["false_alarms"]) == 1
+    assert with_moves["false_alarms"] == []
+
+
+def test_soak_worker_setting() -> None:
+    from soak.run import parse_worker
+
+    assert parse_worker("") == "real"
+    assert parse_worker(" simulated ") == "simulated"
+    with pytest.raises(ValueError, match="SOAK_WORKER: 'java'"):
+        parse_worker("java")
