@@ -297,17 +297,21 @@ class BookieClient:
         *,
         fence: bool = False,
         password: bytes = b"",
+        high_priority: bool = False,
         request_timeout: float | None = None,
     ) -> Outcome[EntryRead]:
         """Reads one entry as stored; entry_id -1 asks for the last one.
 
         Never fencing unless `fence`: then the read carries FENCE_LEDGER and the master
         key derived from `password` (ledger recovery's fencing and recovery reads only).
+        `high_priority`: recovery's reads past the LAC, as Java sends them
+        (`read_entry_request`).
         """
         key = master_key(password) if fence else None
-        resp = await self._exchange(
-            bookie_id, read_entry_request(0, ledger_id, entry_id, fence_key=key), request_timeout
+        request = read_entry_request(
+            0, ledger_id, entry_id, fence_key=key, high_priority=high_priority
         )
+        resp = await self._exchange(bookie_id, request, request_timeout)
         if isinstance(resp, NoAnswer | ErrorStatus):
             return resp
         r = resp.readResponse

@@ -258,11 +258,15 @@ def _check_i64(name: str, value: int) -> int:
 
 #: The header priority the Java client gives a request it flags FLAG_HIGH_PRIORITY
 #: (`PerChannelBookieClient`'s DEFAULT_HIGH_PRIORITY_VALUE). Of the requests the product
-#: sends, only ledger recovery's re-adds carry it (`PendingAddOp`: FLAG_RECOVERY_ADD |
-#: FLAG_HIGH_PRIORITY); the re-replicator's copies (`LedgerFragmentReplicator`:
-#: FLAG_RECOVERY_ADD alone) and the fencing read of the last entry (`ReadLastConfirmedOp`:
-#: FLAG_DO_FENCING alone) do not, as the 4.17.2 client's bytecode shows. It matters: a
-#: read-only bookie takes an add only with a priority above 0 (tests/interop).
+#: sends, ledger recovery's re-adds (`PendingAddOp`: FLAG_RECOVERY_ADD |
+#: FLAG_HIGH_PRIORITY) and its reads forward from the LAC (`PendingReadOp`:
+#: FLAG_DO_FENCING | FLAG_HIGH_PRIORITY) carry it; the re-replicator's copies
+#: (`LedgerFragmentReplicator`: FLAG_RECOVERY_ADD alone) and the fencing read of the last
+#: entry (`ReadLastConfirmedOp`: FLAG_DO_FENCING alone) do not, as the 4.17.2 client's
+#: bytecode shows. It matters for adds: a read-only bookie takes one only with a
+#: priority above 0. A read-only 4.17.2 bookie serves fencing and recovery reads
+#: whatever their priority (tests/interop/test_conformance.py); there the priority only
+#: picks the bookie's high-priority thread pool, which FENCE_LEDGER picks anyway.
 HIGH_PRIORITY: Final = 100
 
 
@@ -289,13 +293,19 @@ def response_header(operation: Operation | int, txn_id: int) -> pb.BKPacketHeade
 
 
 def read_entry_request(
-    txn_id: int, ledger_id: int, entry_id: int, *, fence_key: bytes | None = None
+    txn_id: int,
+    ledger_id: int,
+    entry_id: int,
+    *,
+    fence_key: bytes | None = None,
+    high_priority: bool = False,
 ) -> pb.Request:
     """A READ_ENTRY, never piggyback, never long-poll; fencing only with `fence_key`.
 
     With `fence_key` (the ledger's master key) it carries `flag = FENCE_LEDGER`, as
     ledger recovery sends it: the bookie fences the ledger (plain adds get EFENCED from
-    then on) before it answers.
+    then on) before it answers. `high_priority` adds the header's priority
+    (`HIGH_PRIORITY`), as Java's recovery reads past the LAC have it.
     """
     read = pb.ReadRequest(
         ledgerId=_check_i64("ledgerId", ledger_id),
@@ -304,7 +314,10 @@ def read_entry_request(
     if fence_key is not None:
         read.flag = pb.ReadRequest.FENCE_LEDGER
         read.masterKey = fence_key
-    return pb.Request(header=request_header(Operation.READ_ENTRY, txn_id), readRequest=read)
+    priority = HIGH_PRIORITY if high_priority else 0
+    return pb.Request(
+        header=request_header(Operation.READ_ENTRY, txn_id, priority), readRequest=read
+    )
 
 
 def read_lac_request(txn_id: int, ledger_id: int) -> pb.Request:

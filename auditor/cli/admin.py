@@ -429,8 +429,10 @@ def _render_worker(w: dict[str, Any] | None, out: TextIO) -> None:
             out.write(f"      {line}\n")
     for u in w["unrecoverable"]:
         ranges = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in u["ranges"])
+        # No ranges: an open ledger no recovery can close (its end is not known).
+        what = f"entries {ranges}" if ranges else "the open tail (its end cannot be learnt)"
         out.write(
-            f"    UNRECOVERABLE ledger {u['ledger_id']}: no readable copy of entries {ranges} "
+            f"    UNRECOVERABLE ledger {u['ledger_id']}: no readable copy of {what} "
             f"(since {u['since']}; tried again at {u['retry_at']}); kept marked\n"
         )
 

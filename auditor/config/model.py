@@ -19,9 +19,18 @@ from typing import Any
 
 from auditor.config.values import Rules
 from auditor.errors import ConfigError
+from auditor.metadata.model import DigestType
 
 #: BookKeeper's default placement policy (its `ensemblePlacementPolicy` default).
 RACKAWARE = "org.apache.bookkeeper.client.RackawareEnsemblePlacementPolicy"
+#: `digestType` as BookKeeper spells it (the client API's `DigestType.valueOf`, case
+#: and all), and the digest each names.
+DIGEST_TYPES = {
+    "CRC32": DigestType.CRC32,
+    "CRC32C": DigestType.CRC32C,
+    "MAC": DigestType.HMAC,
+    "DUMMY": DigestType.DUMMY,
+}
 
 
 def _nonneg(v: float) -> bool:
@@ -75,6 +84,13 @@ class BookKeeperConfig:
     rwRereplicateBackoffMs: int = 5000  # ms
     zkReplicationTaskRateLimit: float = 0.0  # ledgers taken per second; <= 0: no limit
     replicationRateByBytes: int = -1  # bytes/s read for copies; <= 0: no limit
+    # What upstream's admin (`getBookieRecoveryDigestType`, `getBookieRecoveryPasswd`)
+    # opens a ledger with when its metadata names no password (metadata format 1, or
+    # written without one): the worker reads and copies such ledgers with these, and a
+    # target that never saw the ledger gets the master key of `passwd`. Ledgers whose
+    # metadata has them always use their own. `passwd` is a secret: never shown.
+    digestType: str = "CRC32"
+    passwd: str = field(default="", repr=False)
     # Bookie TLS (`auditor.bookie.tls`): on when tlsProviderFactoryClass is set; PEM only.
     tlsProviderFactoryClass: str = ""
     tlsClientAuthentication: bool = False
@@ -94,6 +110,17 @@ class BookKeeperConfig:
     clientKeyStoreType: str = ""
     clientKeyStore: str = ""
     clientKeyStorePasswordPath: str = ""
+
+    @property
+    def recovery_digest_type(self) -> DigestType:
+        """`digestType` as a digest: for ledgers whose metadata names none."""
+        return DIGEST_TYPES[self.digestType]
+
+    @property
+    def recovery_password(self) -> bytes:
+        """`passwd` as bytes (UTF-8, as Java's `getBytes(UTF_8)`): for ledgers whose
+        metadata holds no password."""
+        return self.passwd.encode()
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
         return _by_name(self)
@@ -120,6 +147,7 @@ BK_RULES: Rules = {
     "openLedgerRereplicationGracePeriod": (_nonneg, "milliseconds >= 0"),
     "lockReleaseOfFailedLedgerGracePeriod": (_nonneg, "milliseconds >= 0"),
     "rwRereplicateBackoffMs": (_nonneg, "milliseconds >= 0"),
+    "digestType": (lambda v: v in DIGEST_TYPES, "one of " + ", ".join(DIGEST_TYPES)),
 }
 
 

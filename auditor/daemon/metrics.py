@@ -137,8 +137,8 @@ def _worker_series(state: DaemonState) -> Iterator[Metric]:
         CounterMetricFamily,
         "worker_failures",
         "Ledgers whose repair did not finish, by reason (no_target, target_failed, "
-        "unrecoverable, unknown_bookies, metadata_conflict, verify_failed, lock_lost, "
-        "open_ledger, error).",
+        "unrecoverable, source_failed, unknown_bookies, metadata_conflict, verify_failed, "
+        "lock_lost, open_ledger, error).",
         ["reason"],
         (((str(f),), w.failures[f]) for f in Failure),
     )

@@ -83,14 +83,22 @@ async def update_ledger(
     transform: Transform,
     *,
     attempts: int = DEFAULT_ATTEMPTS,
+    before_write: Callable[[], object] | None = None,
 ) -> UpdateResult:
     """Applies `transform` to the ledger's metadata at `path` and writes the result with a
     version check, reading with `zk` and writing with `zk_fenced`; on a concurrent write,
     reads again and re-applies, up to `attempts` times.
 
+    `before_write` is called after each read, right before its write, and stops the
+    write by raising: the caller's last look at its right to write (the replication
+    lock's session, `ReplicationQueue.fenced`). Looked at before the read only, a
+    session that ended while the read was answered (and a lock another worker took
+    meanwhile, at the same version as ours) would let the write through.
+
     LedgerDeletedError when the ledger is gone; FencedOutError (from `zk_fenced`) when the
     fence is; ConcurrentUpdateError when every attempt met another write;
-    LedgerMetadataFormatError when the stored metadata does not decode.
+    LedgerMetadataFormatError when the stored metadata does not decode; what
+    `before_write` raises.
     """
     for _ in range(max(1, attempts)):
         try:
@@ -108,6 +116,8 @@ async def update_ledger(
         # The ledger's own format, whatever the transform built.
         wanted = dataclasses.replace(wanted, format_version=current.format_version)
         encoded = encode_ledger_metadata(wanted, text_style=_style_of(current, data))
+        if before_write is not None:
+            before_write()
         try:
             await zk_fenced.set(path, encoded, version)
         except BadVersionError:

@@ -15,11 +15,19 @@ upstream, it is on purpose:
   the ledger's master key. Upstream re-packages the payload with the handle's LAC, so
   its copy differs from the surviving ones; ours is identical, and a repeated copy
   (after a crash) writes the same bytes again.
-* **Every unreadable entry in one run.** An entry that no source serves (error, no
-  answer, a digest or id that does not match) is listed in `unreadable` and the copy
-  goes on, so one attempt names every range with no copy left (upstream stops at the
-  first one and learns the rest attempt by attempt). The target failing (EUA,
-  EREADONLY, no answer) stops the copy: nothing written after that could be used.
+* **Lost is told from unavailable.** An entry is *unreadable* (lost) only when every
+  source that may hold it says so: it answers ENOENTRY or ENOLEDGER, or serves a body
+  whose digest or ids do not match (and when no registered bookie of its write set is
+  left to ask). Such entries are listed in `unreadable` and the copy goes on, so one
+  attempt names every range with no copy left (upstream stops at the first one and
+  learns the rest attempt by attempt). An entry that no source served while one of
+  them *failed* (EIO, ETOOMANYREQUESTS, any other error, no answer: a busy, stalled or
+  restarting bookie) is *unavailable*: it may well be there, so it says nothing about
+  loss. It stops the copy (the segment cannot be committed this attempt, and the
+  failing source would only cost every later entry its timeout) and goes to the
+  caller as a passing failure, retried after upstream's failed-ledger delay, never
+  as an unrecoverable ledger. The target failing (EUA, EREADONLY, no answer) stops
+  the copy too: nothing written after that could be used.
 * **A sliding window.** At most `batch` (`rereplicationEntryBatchSize`) entries are in
   flight, each from its read to its write; a new one starts as soon as one ends.
   Upstream's batch-then-wait idles on the slowest entry of every batch; the window
@@ -49,13 +57,14 @@ the tail of an open ledger is copied only after recovery has closed it.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from auditor.bookie.client import BookieClient
-from auditor.bookie.protocol import BookieProtocolError, verify_entry_body
-from auditor.bookie.results import NoAnswer, Ok
+from auditor.bookie.protocol import BookieProtocolError, Status, verify_entry_body
+from auditor.bookie.results import ErrorStatus, NoAnswer, Ok
 from auditor.errors import AuditorError
 from auditor.metadata.model import DigestType, LedgerMetadata, SegmentRange
 from auditor.metadata.schedule import first_stored, write_set
@@ -75,6 +84,17 @@ __all__ = [
 
 #: Upstream's first guess of an entry's size for the byte-rate limit (bytes).
 INITIAL_ENTRY_ESTIMATE = 1024.0
+#: The answers that say a bookie has no copy of an entry (every other failure says nothing).
+_ABSENCE = frozenset({Status.ENOENTRY, Status.ENOLEDGER})
+
+
+class _Miss(enum.Enum):
+    """What `_Run._read` returns instead of a body."""
+
+    #: Every source said it has no copy, or served a bad one (or none was left to ask).
+    ABSENT = "absent"
+    #: No source served it and one of them failed or did not answer.
+    UNAVAILABLE = "unavailable"
 
 
 class InvalidCopyTaskError(AuditorError):
@@ -115,17 +135,24 @@ class CopyResult:
     bytes_read: int
     #: Bytes of the bodies the target acknowledged.
     bytes_written: int
-    #: Inclusive ranges of consecutive entry ids with no copy that reads and verifies
-    #: anywhere (complete only when `failure` is None: a stopped copy tried fewer).
+    #: Inclusive ranges of consecutive entry ids that every source said it lacks or
+    #: holds a bad copy of (complete only when `failure` is None and nothing is
+    #: `unavailable`: a stopped copy tried fewer).
     unreadable: tuple[tuple[int, int], ...]
     #: Why the copy stopped (the target refused or did not answer); None when every
     #: entry that could be read is on the target.
     failure: str | None
+    #: Inclusive ranges of entries no source served although one may hold them (a
+    #: source failed or did not answer): the copy stopped at the first of them, so
+    #: they say nothing about loss and `unreadable` may be incomplete.
+    unavailable: tuple[tuple[int, int], ...] = ()
+    #: What the sources answered for the first unavailable entry ("bookie: answer; ...").
+    unavailable_why: str = ""
 
     @property
     def complete(self) -> bool:
         """The target acknowledged every entry the position must hold."""
-        return self.failure is None and not self.unreadable
+        return self.failure is None and not self.unreadable and not self.unavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +170,10 @@ class CopyEvent:
     bytes_written: int = 0
     #: One source that could not serve the entry (error, no answer, bad digest or ids).
     read_failures: int = 0
-    #: The entry could be read from no source.
+    #: The entry could be read from no source: each said it has none (or a bad copy).
     entries_unreadable: int = 0
+    #: The entry was served by no source, but one of them failed or did not answer.
+    entries_unavailable: int = 0
     #: Seconds from sending the request to its successful answer (reads and writes).
     latency: float = 0.0
     #: Why a read attempt failed.
@@ -355,6 +384,8 @@ class _Run:
         self.bytes_read = 0
         self.bytes_written = 0
         self.unreadable: list[int] = []
+        self.unavailable: list[int] = []
+        self.unavailable_why = ""
         self.failure: str | None = None
         #: Sources that did not answer in this copy (tried after the others).
         self.suspect: set[str] = set()
@@ -374,22 +405,33 @@ class _Run:
             self.bytes_written,
             as_ranges(self.unreadable),
             self.failure,
+            as_ranges(self.unavailable),
+            self.unavailable_why,
         )
 
     async def _worker(self, entries: Iterator[int]) -> None:
         # The iterator is shared: each worker takes the next entry when it is free, so
         # `batch` workers make a sliding window of `batch` entries in flight.
         for e in entries:
-            if self.failure is not None:
+            if self.stopped:
                 return
             body = await self._read(e)
-            if body is None:
+            if body is _Miss.UNAVAILABLE:
+                self.unavailable.append(e)
+                self.copier._emit(CopyEvent(self.task.ledger_id, e, entries_unavailable=1))
+                return
+            if body is _Miss.ABSENT:
                 self.unreadable.append(e)
                 self.copier._emit(CopyEvent(self.task.ledger_id, e, entries_unreadable=1))
                 continue
-            if self.failure is not None:
+            if self.stopped:
                 return
             await self._write(e, body)
+
+    @property
+    def stopped(self) -> bool:
+        """The target failed, or an entry was unavailable: no entry more is started."""
+        return self.failure is not None or bool(self.unavailable)
 
     def _candidates(self, entry_id: int) -> list[str]:
         seg = self.plan.segment
@@ -402,10 +444,15 @@ class _Run:
             b for b in members if b in self.suspect
         ]
 
-    async def _read(self, entry_id: int) -> bytes | None:
-        """A verified body of the entry from the first source that serves one, or None."""
+    async def _read(self, entry_id: int) -> bytes | _Miss:
+        """A verified body of the entry from the first source that serves one; else
+        `_Miss.ABSENT` when every source answered it has none or served a bad copy (or
+        there is none to ask), `_Miss.UNAVAILABLE` when one of them failed or did not
+        answer."""
         copier = self.copier
         lid = self.task.ledger_id
+        failed = False
+        why: list[str] = []
         for source in self._candidates(entry_id):
             limit = copier.limit
             reserved = copier.estimate
@@ -423,6 +470,9 @@ class _Run:
             if body is None:
                 if isinstance(out, NoAnswer):
                     self.suspect.add(source)
+                # Only "I have no such entry / ledger" is evidence of absence.
+                failed = failed or not (isinstance(out, ErrorStatus) and out.status in _ABSENCE)
+                why.append(f"{source}: {out}")
                 self._read_failed(entry_id, source, str(out))
                 continue
             copier.estimate = 0.8 * copier.estimate + 0.2 * len(body)
@@ -430,14 +480,13 @@ class _Run:
             try:
                 entry = verify_entry_body(body, self.plan.digest_type, self.plan.password)
             except BookieProtocolError as exc:
+                why.append(f"{source}: {exc}")
                 self._read_failed(entry_id, source, str(exc))
                 continue
             if (entry.ledger_id, entry.entry_id) != (lid, entry_id):
-                self._read_failed(
-                    entry_id,
-                    source,
-                    f"body of ledger {entry.ledger_id} entry {entry.entry_id} returned",
-                )
+                wrong = f"body of ledger {entry.ledger_id} entry {entry.entry_id} returned"
+                why.append(f"{source}: {wrong}")
+                self._read_failed(entry_id, source, wrong)
                 continue
             self.bytes_read += len(body)
             copier._emit(
@@ -451,7 +500,11 @@ class _Run:
                 )
             )
             return body
-        return None
+        if not failed:
+            return _Miss.ABSENT
+        if not self.unavailable_why:
+            self.unavailable_why = f"entry {entry_id}: " + "; ".join(why)
+        return _Miss.UNAVAILABLE
 
     def _read_failed(self, entry_id: int, source: str, detail: str) -> None:
         self.copier._emit(

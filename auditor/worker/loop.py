@@ -29,12 +29,18 @@ per-ledger steps are in `worker/repair.py`, shared with `recover`):
   `ledgers_in_parallel` like every other (deferrals run outside the slots), and the
   release wakes this worker, so the copy starts at its next take. A failed recovery
   leaves the ledger IN_RECOVERY, which the next take defers and recovers again.
-* **Unrecoverable** ledgers (an entry with no readable copy anywhere) are reported once
-  with their ranges, kept marked for an operator, and tried again only after
-  `worker.unrecoverable_retry`; the lock is held meanwhile, so no other worker (ours)
-  retries them in between (upstream loops on them forever: apache/bookkeeper#4872).
+* **Unrecoverable** ledgers (an entry with no readable copy anywhere: every bookie that
+  may hold it answered that it has none or served a bad copy; or an open ledger whose
+  lost bookies hold an ack quorum of a write set of its last ensemble, which no
+  recovery can close) are reported once with their ranges, kept marked for an
+  operator, and tried again only after `worker.unrecoverable_retry`; the lock is held
+  meanwhile, so no other worker (ours) retries them in between (upstream loops on them
+  forever: apache/bookkeeper#4872).
 * Other failures hold the lock for an exponential delay capped at
-  `lockReleaseOfFailedLedgerGracePeriod` (upstream's rule), then release it.
+  `lockReleaseOfFailedLedgerGracePeriod` (upstream's rule), then release it. A read
+  that fails or goes unanswered (EIO, ETOOMANYREQUESTS, a timeout, a paused bookie) is
+  one of them (`source_failed`), never taken for loss: the bookie may well hold the
+  entry, and is asked again within seconds.
 
 `kill -9` at any step leaves the cluster consistent: until the commit the metadata
 names only the old bookies (copies on the target are unreferenced garbage, repeated
@@ -57,6 +63,7 @@ from auditor.logs import get_logger
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
 from auditor.store import FencedOutError, MetadataStore, StoreUnavailableError
 from auditor.waits import until_any
+from auditor.worker.recovery import TailLostError
 from auditor.worker.repair import (
     Connection,
     Disconnected,
@@ -280,15 +287,21 @@ class ReplicationWorker:
         try:
             await asyncio.sleep(seconds)
             if open_tail:
-                await self._recover_open(taken)
+                lost = await self._recover_open(taken)
+                if lost is not None:
+                    await asyncio.sleep(self._tail_lost(taken, start, lost))
         finally:
             self.state.in_hand.pop(taken.ledger_id, None)
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._release(taken, start))
 
-    async def _recover_open(self, taken: TakenLedger) -> None:
+    async def _recover_open(self, taken: TakenLedger) -> Outcome | None:
         """The end of an open ledger's grace period: recover it if it is still open with
-        a bad tail (the lock is released by the caller, whatever happens here)."""
+        a bad tail (the lock is released by the caller, whatever happens here). An
+        unrecoverable outcome when no recovery can ever succeed (`TailLostError`: lost
+        bookies hold an ack quorum of a write set of its last ensemble), which the caller
+        holds the lock for first, as for any unrecoverable ledger; before, such a ledger
+        was fenced, failed and logged an error every grace period, forever."""
         lid = taken.ledger_id
         held = self.state.in_hand.get(lid)
         if held is not None:
@@ -297,6 +310,8 @@ class ReplicationWorker:
             recovered = await self.repairer.recover_open_tail(taken)
             if recovered is not None:
                 self.state.ledgers_recovered += 1
+        except TailLostError as exc:
+            return Outcome(False, Failure.UNRECOVERABLE, str(exc))
         except (Disconnected, FencedOutError) as exc:
             self.state.recoveries_failed += 1
             self.log.warning(
@@ -309,6 +324,27 @@ class ReplicationWorker:
                 ledger=lid,
                 error=f"{type(exc).__name__}: {exc}",
             )
+        return None
+
+    def _tail_lost(self, taken: TakenLedger, start: float, outcome: Outcome) -> float:
+        """An open ledger no recovery can close, reported as every unrecoverable ledger
+        is (one error line, `unrecoverable`, the failure counted); the seconds to hold
+        its lock before it is released."""
+        lid = taken.ledger_id
+        hold = self._hold_for(lid, outcome)
+        self.state.failures[Failure.UNRECOVERABLE] += 1
+        self.log.error(
+            "ledger not re-replicated",
+            ledger=lid,
+            reason=str(Failure.UNRECOVERABLE),
+            detail=outcome.detail,
+            fragments_committed=0,
+            lock_held_for_s=round(hold, 3),
+        )
+        held = self.state.in_hand.get(lid)
+        fragments = held.fragments if held is not None else ()
+        self.state.in_hand[lid] = InHand(lid, start, "deferred", fragments, self.clock() + hold)
+        return hold
 
     async def _release(self, taken: TakenLedger, start: float) -> None:
         try:

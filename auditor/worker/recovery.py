@@ -17,11 +17,15 @@ worker first ends the ledger the way any BookKeeper client's recovery open does
    consecutive positions has AQ positions we did not hear from, so no entry can
    have been acknowledged only by bookies we did not hear from).
 3. **Read forward** from LAC+1, entry by entry, from the entry's write set (fencing
-   reads, digest-verified): an entry is part of the ledger once one replica serves
-   it, and the end is reached once WQ - AQ + 1 replicas answered that they do not
-   have it (`tail_verdict`: it can never have had AQ acknowledgements).
+   reads at high priority, as Java's `PendingReadOp` sends recovery reads; the fencing
+   read of step 2 has none, as `ReadLastConfirmedOp`; digest-verified): an entry is
+   part of the ledger once one replica serves it, and the end is reached once
+   WQ - AQ + 1 replicas answered that they do not have it (`tail_verdict`: it can
+   never have had AQ acknowledgements).
 4. **Re-add** each entry found past the LAC to its whole write set with
-   RECOVERY_ADD (which a fenced bookie accepts), body unchanged.
+   RECOVERY_ADD at high priority (as `PendingAddOp`: a read-only member takes it,
+   where without the priority it answers EREADONLY and would be replaced for
+   nothing), body unchanged.
 5. **Close** IN_RECOVERY -> CLOSED with that lastEntryId and length,
    version-checked (`close_recovered`).
 
@@ -45,6 +49,12 @@ Where it differs from the Java client, it is on purpose:
   it as heard in the coverage rule), and the reads are answered in full, not
   raced: an entry found on any replica is part of the ledger, whatever the others
   say, so the outcome does not depend on which replica answered first.
+
+A recovery that can never succeed is not attempted (`lost_tail`): when the bookies
+lost from the last ensemble include an ack quorum of some write set, no fencing read
+can cover that write quorum, so no recoverer (ours, or any client's) can learn where
+the ledger ends until one of them comes back. Fencing the others would only fail
+again every time; the caller reports such a ledger as unrecoverable instead.
 
 Everything a failure leaves is harmless: the ledger stays IN_RECOVERY (the next
 attempt, ours or any client's, recovers it again), fenced bookies stay fenced
@@ -75,6 +85,7 @@ from auditor.metadata.ledger_update import Transform, begin_recovery, close_ledg
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.schedule import write_set
 from auditor.store import MetadataStore
+from auditor.worker.plan import LOST, Repair
 
 __all__ = [
     "NotCoveredError",
@@ -83,9 +94,11 @@ __all__ = [
     "RecoveryError",
     "RecoveryRefusedError",
     "Replacer",
+    "TailLostError",
     "TailReadError",
     "TailVerdict",
     "close_recovered",
+    "lost_tail",
     "recover_open_ledger",
     "recovery_lac",
     "tail_verdict",
@@ -114,6 +127,11 @@ class TailReadError(RecoveryError):
 
 class ReAddError(RecoveryError):
     """A re-added entry was not acknowledged by its whole write set, even after replacement."""
+
+
+class TailLostError(RecoveryError):
+    """No recovery can succeed while lost bookies hold an ack quorum of a write set of the
+    last ensemble (`lost_tail`): nothing was attempted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +187,36 @@ class TailVerdict(enum.Enum):
     FOUND = "found"  # a replica served it, verified: it is part of the ledger
     MISSING = "missing"  # enough replicas lack it that it was never acknowledged: the end
     UNKNOWN = "unknown"  # neither: the recovery cannot go on
+
+
+def lost_tail(md: LedgerMetadata, open_tail: Sequence[Repair]) -> str | None:
+    """Why no recovery can close `md` while the bookies `open_tail` calls lost (bad
+    positions of its last segment) are gone, or None when one can.
+
+    Every other member answering, the fencing reads cover every write quorum unless
+    some window of WQ consecutive positions has AQ lost ones (`recovery_lac`): an entry
+    may then have been acknowledged by lost bookies alone, and where the ledger ends
+    cannot be learnt. A bookie that is registered but silent is not lost: it may answer
+    the next time.
+    """
+    e, w, a = md.ensemble_size, md.write_quorum, md.ack_quorum
+    lost = {r.bookie_index for r in open_tail if r.why == LOST}
+    if (
+        not 1 <= a <= w <= e
+        or recovery_lac(e, w, a, [None if i in lost else -1 for i in range(e)]) is not None
+    ):
+        return None
+    last = md.segments[-1]
+    windows = ([(start + k) % e for k in range(w)] for start in range(e))
+    window = next(ws for ws in windows if sum(1 for i in ws if i in lost) >= a)
+    gone = [last.bookies[i] for i in window if i in lost]
+    return (
+        f"open ledger: its last segment (from entry {last.first_entry_id}) has lost "
+        f"{', '.join(gone)}: {len(gone)} of the {w} bookies of the write quorum at "
+        f"positions {window}, where {a} acknowledge an entry (E{e}/W{w}/A{a}), so no "
+        "fencing read can learn where the ledger ends until one comes back; kept marked "
+        "for an operator"
+    )
 
 
 def tail_verdict(write_quorum: int, ack_quorum: int, *, found: bool, absent: int) -> TailVerdict:
@@ -227,6 +275,7 @@ async def recover_open_ledger(
     add_timeout: float | None = None,
     fallback_digest_type: DigestType = DigestType.CRC32,
     fallback_password: bytes = b"",
+    before_write: Callable[[], object] | None = None,
     log: Any = None,
 ) -> Recovered:
     """Fences, recovers and closes the ledger at `path` (see the module docstring).
@@ -236,7 +285,8 @@ async def recover_open_ledger(
     ensemble that cannot take a re-add (None: such a recovery fails). Bookie requests
     time out after `read_timeout` / `add_timeout` (default: the client's). A ledger
     whose metadata names no digest type or password uses the fallbacks (BookKeeper's
-    `digestType` and `passwd`).
+    `digestType` and `passwd`). `before_write` is called right before each metadata
+    write (`update_ledger`): the caller's last check of its lock.
 
     Raises RecoveryError (a subclass says which step failed; nothing closed), what
     `replacer` raises (NoTargetError), LedgerDeletedError, ConcurrentUpdateError,
@@ -250,7 +300,9 @@ async def recover_open_ledger(
         add_timeout=add_timeout,
         log=log,
     )
-    begun = await update_ledger(zk_fenced, zk, path, ledger_id, begin_recovery())
+    begun = await update_ledger(
+        zk_fenced, zk, path, ledger_id, begin_recovery(), before_write=before_write
+    )
     md = begun.metadata
     if md.closed:
         return Recovered(md, closed_here=False)
@@ -272,7 +324,9 @@ async def recover_open_ledger(
     replaced, key = await run.readd(lac, tail)
     ensemble = run.current
     transform = close_recovered(last_entry_id, length, key, ensemble)
-    closed = await update_ledger(zk_fenced, zk, path, ledger_id, transform)
+    closed = await update_ledger(
+        zk_fenced, zk, path, ledger_id, transform, before_write=before_write
+    )
     if not closed.metadata.closed:
         raise RecoveryError(f"ledger {ledger_id} is {closed.metadata.state.name} after closing it")
     run.note(
@@ -360,13 +414,16 @@ class _Recovery:
         self.seen.setdefault(got.entry_id, got)
         return got
 
-    async def _read(self, bookie: str, entry_id: int, *, fence: bool) -> Outcome[EntryRead]:
+    async def _read(
+        self, bookie: str, entry_id: int, *, fence: bool, high_priority: bool = False
+    ) -> Outcome[EntryRead]:
         return await self.client.read_entry(
             bookie,
             self.lid,
             entry_id,
             fence=fence,
             password=self.password,
+            high_priority=high_priority,
             request_timeout=self.read_timeout,
         )
 
@@ -415,7 +472,10 @@ class _Recovery:
         e = lac + 1
         while True:
             members = [ensemble[i] for i in write_set(e, md.ensemble_size, md.write_quorum)]
-            outs = await asyncio.gather(*(self._read(b, e, fence=True) for b in members))
+            # Recovery reads, as Java's PendingReadOp sends them: fencing, high priority.
+            outs = await asyncio.gather(
+                *(self._read(b, e, fence=True, high_priority=True) for b in members)
+            )
             found: _Entry | None = None
             absent = 0
             why: list[str] = []

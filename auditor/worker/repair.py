@@ -71,7 +71,7 @@ from auditor.worker.plan import (
     placement_repairs,
     plan_ledger,
 )
-from auditor.worker.recovery import Recovered, recover_open_ledger
+from auditor.worker.recovery import Recovered, TailLostError, lost_tail, recover_open_ledger
 from auditor.worker.state import Failure, InHand, WorkerState
 from auditor.worker.targets import (
     CannotAdhereError,
@@ -241,6 +241,8 @@ class LedgerRepairer:
             bytes_per_second=float(max(bk.replicationRateByBytes, 0)),
             read_timeout=float(bk.readEntryTimeout),
             add_timeout=float(bk.readEntryTimeout),
+            fallback_digest_type=bk.recovery_digest_type,
+            fallback_password=bk.recovery_password,
             observer=self._counted,
         )
 
@@ -354,6 +356,7 @@ class LedgerRepairer:
         lid = taken.ledger_id
         committed = 0
         unreadable: list[tuple[int, int]] = []
+        unavailable: list[str] = []
         for seg_index, seg_repairs, targets in work:
             if isinstance(targets, NoTargetError):
                 return committed, Outcome(False, Failure.NO_TARGET, str(targets), committed)
@@ -377,7 +380,15 @@ class LedgerRepairer:
                 if res.failure is not None:
                     detail = f"{describe(r)} -> {targets[r.bookie_index]}: {res.failure}"
                     return committed, Outcome(False, Failure.TARGET_FAILED, detail, committed)
-            if any(res.unreadable for res in results):
+                if res.unavailable:
+                    # A source failed or stalled: the segment cannot be committed now,
+                    # and its other positions would wait on the same source.
+                    unavailable.append(
+                        f"{describe(r)}: entries {ranges_text(res.unavailable)} not served "
+                        f"({res.unavailable_why})"
+                    )
+                    break
+            if any(res.unreadable or res.unavailable for res in results):
                 continue  # never commit a copy that lacks entries
             self.step(lid, "committing")
             first = md.segments[seg_index].first_entry_id
@@ -389,6 +400,9 @@ class LedgerRepairer:
                     self.path(lid),
                     lid,
                     replace_bookies(first, replacements),
+                    # The session looked at again once the read is back, just before
+                    # the write (a session that ended meanwhile writes nothing).
+                    before_write=lambda: self.queue.fenced(taken),
                 )
             except LedgerDeletedError:
                 unmarked = await self.queue.mark_replicated(taken)
@@ -414,7 +428,14 @@ class LedgerRepairer:
                 f"entries with no readable copy anywhere: {ranges_text(merged)}; "
                 "kept marked for an operator"
             )
+            if unavailable:
+                detail += "; besides, a source failed on " + "; ".join(unavailable)
             return committed, Outcome(False, Failure.UNRECOVERABLE, detail, committed, merged)
+        if unavailable:
+            # Not loss: a source that errs or stalls may hold the entry. Retried after
+            # upstream's failed-ledger delay, as any passing failure.
+            detail = "a source failed or did not answer: " + "; ".join(unavailable)
+            return committed, Outcome(False, Failure.SOURCE_FAILED, detail, committed)
         return committed, None
 
     async def _copy(self, task: CopyTask) -> CopyResult:
@@ -441,7 +462,9 @@ class LedgerRepairer:
         deleted, its writer closed it, or its last segment has no bad position any more
         (the writer replaced the bookie). The mark stays either way.
 
-        Raises RecoveryError (nothing closed), Disconnected, FencedOutError, and what
+        Raises RecoveryError (nothing closed; TailLostError, before anything is
+        written, when lost bookies hold an ack quorum of a write set of the last
+        ensemble: no recovery can succeed), Disconnected, FencedOutError, and what
         reading ZooKeeper raises.
         """
         lid = taken.ledger_id
@@ -459,9 +482,13 @@ class LedgerRepairer:
                 why="its last segment has no bad position any more",
             )
             return None
+        lost = lost_tail(md, plan.open_tail)
+        if lost is not None:
+            raise TailLostError(lost)  # nothing fenced: it could only fail, every time
         tail = "; ".join(describe(r) for r in plan.open_tail)
         self.log.info("recovering open ledger", ledger=lid, open_tail=tail)
-        timeout = float(self.config.bookkeeper.readEntryTimeout)
+        bk = self.config.bookkeeper
+        timeout = float(bk.readEntryTimeout)
         work = recover_open_ledger(
             self.ctx.bookies,
             self.queue.fenced(taken),
@@ -471,6 +498,9 @@ class LedgerRepairer:
             replacer=self._replacements,
             read_timeout=timeout,
             add_timeout=timeout,
+            fallback_digest_type=bk.recovery_digest_type,
+            fallback_password=bk.recovery_password,
+            before_write=lambda: self.queue.fenced(taken),
             log=self.log,
         )
         return await self._while_connected(work, "recovery")

@@ -18,6 +18,7 @@ class Failure(enum.StrEnum):
     NO_TARGET = "no_target"  # no writable bookie may take the position
     TARGET_FAILED = "target_failed"  # the new bookie refused or stopped answering
     UNRECOVERABLE = "unrecoverable"  # an entry has no readable copy anywhere
+    SOURCE_FAILED = "source_failed"  # a source failed a read or did not answer: retried soon
     UNKNOWN_BOOKIES = "unknown_bookies"  # a registered member did not answer: judged later
     METADATA_CONFLICT = "metadata_conflict"  # the metadata kept changing under the update
     VERIFY_FAILED = "verify_failed"  # after the commit, the ledger still lacks copies

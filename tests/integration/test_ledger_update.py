@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -34,6 +35,7 @@ from auditor.metadata.textformat import EscapeStyle
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.store import FencedOutError, MetadataStore
 from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.zkserver import expire_session
 from auditor.zk import ZkClient
 
 T = TypeVar("T")
@@ -296,6 +298,59 @@ async def test_a_lost_lock_refuses_the_write(
     with pytest.raises(FencedOutError):
         await update_ledger(fenced, store, path, LID, replace_bookies(0, {B: E}))
     assert await _stored(store, path) == (before, original, 0)
+
+
+async def test_a_session_replaced_between_the_read_and_the_write_writes_nothing(
+    zk: ZkClient, zk_hosts: str
+) -> None:
+    """The worker's commit looks at its lock's session once more right before writing.
+
+    Between the commit's read and its write our event loop stalls (a long pause; the
+    transform runs between the two and stands for it), and meanwhile, on ZooKeeper's
+    side, our session ends (its lock goes with it), kazoo makes a new one, and another
+    worker takes the ledger: its lock is at version 0, as ours was, so the lock's
+    version check inside the write would pass. The session, looked at again just
+    before the write, is no longer the one that took the lock: nothing is written.
+    (Looked at only before the read, as the commit did, the write went through.)
+    """
+    cluster = ClusterWriter(zk, ROOT)
+    await cluster.init_cluster()
+    path = await cluster.write_ledger(_two_segments(3))
+    before, original, _ = await _stored(zk, path)
+    queue = ReplicationQueue(zk, ROOT, "worker")
+    other = Interloper(lambda: ZkClient(zk_hosts, timeout=10.0))
+    try:
+        taken = await _lock(zk, queue)
+        ours, cid = zk.session, zk.client_id
+        assert taken.lock_version == 0 and cid is not None
+
+        def session_replaced(m: LedgerMetadata) -> LedgerMetadata | None:
+            expire_session(zk_hosts, cid)
+            # The loop is stalled on purpose, so nothing can be awaited here: kazoo's
+            # own thread makes the new session, which is looked for until it is there.
+            deadline = time.monotonic() + 30
+            while zk.session in (None, ours):
+                assert time.monotonic() < deadline, "no new session"
+                time.sleep(0.02)
+            other.run(other.zk.create(taken.lock_path, b'bookieId: "other"\n', ephemeral=True))
+            return replace_bookies(0, {B: E})(m)
+
+        with pytest.raises(FencedOutError, match=taken.lock_path):
+            await update_ledger(
+                queue.fenced(taken),
+                zk,
+                path,
+                LID,
+                session_replaced,
+                before_write=lambda: queue.fenced(taken),
+            )
+        assert await _stored(zk, path) == (before, original, 0)
+        stat = await zk.exists(taken.lock_path)
+        assert stat is not None
+        assert (stat.version, stat.ephemeralOwner) == (0, other.zk.session)
+    finally:
+        await queue.close()
+        other.close()
 
 
 async def test_corrupt_metadata_names_its_znode(

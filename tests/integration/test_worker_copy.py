@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from auditor.bookie.client import BookieClient
-from auditor.bookie.protocol import Operation, master_key
+from auditor.bookie.protocol import Operation, Status, master_key
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState
 from auditor.metadata.registry import resolve_bookie
 from auditor.metadata.schedule import stores_entry
@@ -100,6 +100,7 @@ class Events:
             "bytes_written",
             "read_failures",
             "entries_unreadable",
+            "entries_unavailable",
         ):
             self.totals[name] += getattr(event, name)
         if event.detail:
@@ -275,6 +276,76 @@ async def test_entries_with_no_copy_are_listed_and_the_rest_copied(zk: ZkClient)
         # W=2: one other copy per entry, asked once, answered ENOENTRY.
         assert events.totals["entries_unreadable"] == 4 and events.totals["read_failures"] == 4
         assert all(d.endswith("ENOENTRY") for d in events.details)
+
+
+@pytest.mark.parametrize("fault", ["EIO", "ETOOMANYREQUESTS", "silence"])
+async def test_a_failing_source_makes_an_entry_unavailable_never_unreadable(
+    zk: ZkClient, fault: str
+) -> None:
+    # W3, b2 lost: each entry has two sources, b0 first. b0 fails every read (an error
+    # status, or no answer at all), so b1 serves 0-4; b1 lacks entry 5, which b0 may
+    # still hold: unavailable, not lost, and the copy stops there.
+    async with cluster(zk, 4, request_timeout=0.5) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            5, ids[:3], write_quorum=3, ack_quorum=2, num_entries=12
+        )
+        await c.bookies[2].stop()
+        failing, other = c.bookies[0], c.bookies[1]
+        other.drop_entries(5, [5])
+        if fault == "silence":
+            failing.pause()
+        else:
+            failing.inject_status(Status[fault], READ)
+        reset(c)
+        events = Events()
+        result = await FragmentCopier(c.client, batch=1, observer=events).copy(
+            CopyTask(5, written.metadata, 0, 2, ids[3], ((0, 11),), (ids[0], ids[1]))
+        )
+        failing.clear_faults()
+        assert (result.entries_copied, result.unreadable, result.unavailable, result.failure) == (
+            5,
+            (),
+            ((5, 5),),
+            None,
+        )
+        assert not result.complete
+        assert held(c.bookies[3], 5) == [0, 1, 2, 3, 4]
+        assert (events.totals["entries_unavailable"], events.totals["entries_unreadable"]) == (
+            1,
+            0,
+        )
+        if fault == "silence":
+            # Silent once (entry 0), then asked last: b1's ENOENTRY comes first for 5.
+            assert result.unavailable_why.startswith(
+                f"entry 5: {ids[1]}: ENOENTRY; {ids[0]}: timeout"
+            )
+        else:
+            assert result.unavailable_why == f"entry 5: {ids[0]}: {fault}; {ids[1]}: ENOENTRY"
+        # Nothing past the unavailable entry was asked for.
+        assert other.received[READ] == 6
+
+
+async def test_no_copy_on_any_source_is_unreadable(zk: ZkClient) -> None:
+    # Every source answers ENOENTRY, or serves a copy whose digest fails: lost.
+    async with cluster(zk, 4) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            5, ids[:3], write_quorum=3, ack_quorum=2, num_entries=6
+        )
+        await c.bookies[2].stop()
+        c.bookies[0].drop_entries(5, [3])
+        bad = c.bookies[1].entry_body(5, 3)
+        assert bad is not None
+        c.bookies[1].put_entry(5, 3, bad[:-1] + bytes([bad[-1] ^ 1]))
+        result = await FragmentCopier(c.client, batch=1).copy(
+            CopyTask(5, written.metadata, 0, 2, ids[3], ((0, 5),), (ids[0], ids[1]))
+        )
+        assert (result.entries_copied, result.unreadable, result.unavailable) == (
+            5,
+            ((3, 3),),
+            (),
+        )
 
 
 async def test_corrupt_or_wrong_copy_is_read_from_the_other_source(zk: ZkClient) -> None:

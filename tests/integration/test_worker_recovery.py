@@ -181,6 +181,14 @@ async def test_an_open_ledger_is_fenced_recovered_closed_and_copied_only_after_t
         assert (b1.is_fenced(LID), b2.is_fenced(LID), b3.is_fenced(LID)) == (True, True, False)
         # The LAC probe, then the forward reads: 10 (b1, b2), 11 (b2, b0), 12 (b0, b1).
         assert (b1.fence_reads[LID], b2.fence_reads[LID], b3.fence_reads[LID]) == (3, 3, 0)
+        # As Java's client sends them: the LAC probe without priority (ReadLastConfirmedOp),
+        # the recovery reads at high priority (PendingReadOp).
+        assert b1.fence_reads_by_priority == Counter(
+            {(LID, -1, 0): 1, (LID, 10, 100): 1, (LID, 12, 100): 1}
+        )
+        assert b2.fence_reads_by_priority == Counter(
+            {(LID, -1, 0): 1, (LID, 10, 100): 1, (LID, 11, 100): 1}
+        )
         # The writer, were it still writing, is refused.
         refused = await tc.writer.client.add_entry(
             b[1], LID, 14, tail_body(tc, 14), password=PASSWORD
@@ -357,3 +365,36 @@ async def test_a_ledger_closed_before_recovery_is_returned_as_closed(zk: ZkClien
         rec = await recover_open_ledger(tc.writer.client, fenced, zk, written.path, LID)
         assert (rec.closed_here, rec.lac, rec.metadata.last_entry_id) == (False, None, 3)
         assert [e.fence_reads[LID] for e in tc.bookies] == [0, 0, 0]
+
+
+async def test_a_read_only_member_is_fenced_read_and_re_added_to_not_replaced(
+    zk: ZkClient,
+) -> None:
+    """A read-only member of the last ensemble serves the fencing read and the recovery
+    reads (a real 4.17.2 bookie does, with or without priority:
+    tests/interop/test_conformance.py) and takes the re-adds, which carry Java's high
+    priority (without it: EREADONLY): it stays in the ensemble, nothing is replaced."""
+    async with test_cluster(zk, 3, password=PASSWORD) as tc, lock(zk) as fenced:
+        b = tc.ids
+        b0, b1, b2 = (tc.by_id(x) for x in b)
+        path = await open_ledger(tc, tail=False)
+        # Unacknowledged: 10 on b1 alone (write set b1, b2), 11 on b2 alone (b2, b0).
+        b1.put_entry(LID, 10, tail_body(tc, 10))
+        b2.put_entry(LID, 11, tail_body(tc, 11))
+        await b1.set_readonly(True)
+        for e in tc.bookies:
+            e.reset_stats()
+        rec = await recover_open_ledger(
+            tc.writer.client, fenced, zk, path, LID, read_timeout=5, add_timeout=5
+        )
+        md = await metadata(zk, path)
+        assert (md.state, md.last_entry_id, md.length) == (LedgerState.CLOSED, 11, 12 * PAYLOAD)
+        assert md.segments == (Segment(0, (b[0], b[1], b[2])),)
+        assert (rec.lac, rec.entries_readded, dict(rec.replaced)) == (9, 2, {})
+        assert b1.entry_body(LID, 10) == b2.entry_body(LID, 10) == tail_body(tc, 10)
+        assert b2.entry_body(LID, 11) == b0.entry_body(LID, 11) == tail_body(tc, 11)
+        assert b1.recovery_adds_per_entry == Counter({(LID, 10): 1})
+        # The LAC probe without priority, then 10 and 12 (missing from b0 and b1: the end).
+        assert b1.fence_reads_by_priority == Counter(
+            {(LID, -1, 0): 1, (LID, 10, 100): 1, (LID, 12, 100): 1}
+        )

@@ -659,6 +659,37 @@ async def test_add_entry_to_a_read_only_bookie(pair: Pair) -> None:
     assert status(info) is Status.EOK
 
 
+@pytest.mark.parametrize("pair", ["readonly"], indirect=True)
+async def test_fencing_and_recovery_reads_on_a_read_only_bookie(pair: Pair) -> None:
+    """Ledger recovery on a read-only member of the last ensemble: the fencing read of the
+    last entry (no priority, as Java's ReadLastConfirmedOp sends it) and the recovery reads
+    after it (priority 100, as PendingReadOp) fence and read whatever the priority, for a
+    ledger the bookie holds and for one it never saw (which the fence creates). Only the
+    re-adds that follow depend on the priority: without it, EREADONLY."""
+    held = next(_raw_ledgers)
+    for entry in range(3):
+        assert status(await pair.add(held, entry, priority=HIGH_PRIORITY)) is Status.EOK
+    for priority in (0, HIGH_PRIORITY):
+        fenced = await pair.read(held, LAST_ADD_CONFIRMED, fence_key=KEY, priority=priority)
+        assert (status(fenced), fenced.readResponse.body) == (Status.EOK, raw_body(held, 2))
+        read = await pair.read(held, 1, fence_key=KEY, priority=priority)
+        assert (status(read), read.readResponse.body) == (Status.EOK, raw_body(held, 1))
+        beyond = await pair.read(held, 3, fence_key=KEY, priority=priority)
+        assert status(beyond) is Status.ENOENTRY
+    assert status(await pair.read(held, 1, fence_key=WRONG_KEY)) is Status.EUA
+    assert status(await pair.add(held, 3, recovery=True)) is Status.EREADONLY
+    assert status(await pair.add(held, 3, priority=HIGH_PRIORITY)) is Status.EFENCED
+    readded = await pair.add(held, 3, recovery=True, priority=HIGH_PRIORITY)
+    assert status(readded) is Status.EOK
+    for priority in (0, HIGH_PRIORITY):
+        unseen = next(_raw_ledgers)
+        fence = await pair.read(unseen, LAST_ADD_CONFIRMED, fence_key=KEY, priority=priority)
+        assert status(fence) is Status.ENOENTRY
+        assert status(await pair.add(unseen, 0, priority=HIGH_PRIORITY)) is Status.EFENCED
+        added = await pair.add(unseen, 0, recovery=True, priority=HIGH_PRIORITY)
+        assert status(added) is Status.EOK
+
+
 # --- GET_BOOKIE_INFO -------------------------------------------------------------------------
 
 

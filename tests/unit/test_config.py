@@ -39,6 +39,7 @@ from auditor.daemon.config.identity import StaticHost
 from auditor.errors import ConfigError
 from auditor.logs import configure_logging, get_logger
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.model import DigestType
 
 ZK = {"BK_AUDITOR_DAEMON_ZK": "zk1:2181"}
 #: The machine's resolver is no part of these tests (BookKeeper's identity rule asks it).
@@ -789,3 +790,29 @@ def test_settings_travel_by_name_to_spark_executors() -> None:
         _rebuild("BookKeeperConfig", {"readEntryTimeout": 7, "noSuchKnob": 1})
     # A missing one (older driver) takes its default.
     assert _rebuild("ChecksConfig", {"retry_delay": 0.5}).retry_attempts == 2
+
+
+def test_the_admins_digest_type_and_password_read_as_bookkeeper_reads_them(
+    tmp_path: Path,
+) -> None:
+    """`digestType` and `passwd` (what upstream's admin opens a ledger with when its
+    metadata holds no password), from bk_server.conf or ours, with BookKeeper's defaults;
+    the password never shown."""
+    default = load_daemon_config(None, env=ZK, hostname="h", host=HOST).bookkeeper
+    assert (default.digestType, default.passwd) == ("CRC32", "")
+    assert (default.recovery_digest_type, default.recovery_password) == (DigestType.CRC32, b"")
+    bk = write(tmp_path, "bk_server.conf", "digestType=MAC\npasswd=pw-9f3 \u00e9\n")
+    cfg = load_daemon_config(None, env=ZK, bk_conf=bk, hostname="h", host=HOST)
+    assert cfg.bookkeeper.recovery_digest_type is DigestType.HMAC
+    # Trimmed as Commons Configuration trims; UTF-8, as Java's getBytes(UTF_8).
+    assert cfg.bookkeeper.recovery_password == "pw-9f3 \u00e9".encode()
+    assert cfg.origin("bookkeeper.passwd") == f"{bk}:2 passwd"
+    assert "pw-9f3" not in repr(cfg) and "pw-9f3" not in repr(cfg.bookkeeper)
+    assert cfg.describe()["bookkeeper"]["passwd"] == "***"
+    assert cfg.describe()["bookkeeper"]["digestType"] == "MAC"
+    one_shot = load_config(None, ["digestType=CRC32C", "passwd=x"]).bookkeeper
+    assert (one_shot.recovery_digest_type, one_shot.recovery_password) == (DigestType.CRC32C, b"x")
+    # Java's DigestType.valueOf: exactly these four spellings.
+    with pytest.raises(ConfigError, match=r"bookkeeper\.digestType must be one of CRC32, CRC32C, "
+                       r"MAC, DUMMY, got 'crc32'"):  # fmt: skip
+        load_config(None, ["digestType=crc32"])

@@ -12,10 +12,12 @@ import pytest
 from auditor.bookie.protocol import decode_request, read_entry_request
 from auditor.metadata.model import LedgerMetadata, LedgerState, Segment
 from auditor.proto import bookkeeper_protocol_pb2 as pb
+from auditor.worker.plan import LOST, MISSING_ENTRIES, REQUESTED, Repair
 from auditor.worker.recovery import (
     RecoveryError,
     TailVerdict,
     close_recovered,
+    lost_tail,
     recovery_lac,
     tail_verdict,
 )
@@ -89,6 +91,64 @@ def test_tail_verdict(w: int, a: int, found: bool, absent: int, verdict: TailVer
     assert tail_verdict(w, a, found=found, absent=absent) is verdict
 
 
+# --- lost_tail: a recovery that can never succeed -----------------------------------------------
+
+
+def _open(e: int, w: int, a: int) -> LedgerMetadata:
+    bookies = tuple(f"b{i}:3181" for i in range(e))
+    return LedgerMetadata(
+        ledger_id=7,
+        format_version=3,
+        ensemble_size=e,
+        write_quorum=w,
+        ack_quorum=a,
+        state=LedgerState.OPEN,
+        segments=(Segment(0, tuple(f"old{i}:3181" for i in range(e))), Segment(20, bookies)),
+    )
+
+
+def _tail(md: LedgerMetadata, bad: dict[int, str]) -> list[Repair]:
+    last = md.segments[-1]
+    return [Repair(1, 20, -1, i, last.bookies[i], (), (), why) for i, why in bad.items()]
+
+
+@pytest.mark.parametrize(
+    ("e", "w", "a", "bad", "window"),
+    [
+        # E1/W1/A1: the one bookie lost.
+        (1, 1, 1, {0: LOST}, [0]),
+        # E3/W2/A2: one lost member leaves each write quorum a live one: recoverable.
+        (3, 2, 2, {0: LOST}, None),
+        # ... two adjacent lost members are a whole write quorum.
+        (3, 2, 2, {0: LOST, 1: LOST}, [0, 1]),
+        # E3/W3/A2: two lost of the one write quorum are an ack quorum.
+        (3, 3, 2, {1: LOST, 2: LOST}, [0, 1, 2]),
+        # E3/W2/A1: any lost member alone may have acknowledged an entry.
+        (3, 2, 1, {2: LOST}, [1, 2]),
+        # E5/W2/A2: lost 0 and 2 are never in one write quorum: recoverable.
+        (5, 2, 2, {0: LOST, 2: LOST}, None),
+        # Registered members (silent, or to be moved) may answer: never a reason.
+        (3, 2, 2, {0: LOST, 1: MISSING_ENTRIES}, None),
+        (1, 1, 1, {0: REQUESTED}, None),
+    ],
+)
+def test_lost_tail_names_the_write_quorum_lost_bookies_leave_uncovered(
+    e: int, w: int, a: int, bad: dict[int, str], window: list[int] | None
+) -> None:
+    md = _open(e, w, a)
+    why = lost_tail(md, _tail(md, bad))
+    if window is None:
+        assert why is None
+        return
+    gone = [f"b{i}:3181" for i in window if bad.get(i) == LOST]
+    assert why == (
+        f"open ledger: its last segment (from entry 20) has lost {', '.join(gone)}: "
+        f"{len(gone)} of the {w} bookies of the write quorum at positions {window}, where "
+        f"{a} acknowledge an entry (E{e}/W{w}/A{a}), so no fencing read can learn where "
+        "the ledger ends until one comes back; kept marked for an operator"
+    )
+
+
 # --- close_recovered: the closing metadata -----------------------------------------------------
 
 
@@ -160,6 +220,18 @@ def test_a_fencing_read_carries_fence_ledger_and_the_master_key() -> None:
     assert decode_request(java) == ours
     assert len(ours.SerializeToString()) == 0x28
     assert ours.readRequest.flag == pb.ReadRequest.FENCE_LEDGER
+
+
+def test_recovery_reads_carry_javas_high_priority_and_the_fencing_read_none() -> None:
+    # PendingReadOp: FLAG_HIGH_PRIORITY | FLAG_DO_FENCING (header priority 100);
+    # ReadLastConfirmedOp: FLAG_DO_FENCING alone.
+    recovery = read_entry_request(6, 5, 10, fence_key=bytes(20), high_priority=True)
+    assert (recovery.header.priority, recovery.readRequest.flag) == (
+        100,
+        pb.ReadRequest.FENCE_LEDGER,
+    )
+    fencing = read_entry_request(7, 5, -1, fence_key=bytes(20))
+    assert not fencing.header.HasField("priority")
 
 
 def test_a_plain_read_never_fences() -> None:

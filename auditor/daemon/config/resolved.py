@@ -135,6 +135,8 @@ class DaemonConfig:
                 values["token"] = "***"
             if name == "daemon" and values["zk_auth"]:
                 values["zk_auth"] = "***"
+            if name == "bookkeeper" and values["passwd"]:
+                values["passwd"] = "***"
             if name == "scan":
                 values["spark_conf"] = redact_spark_conf(values["spark_conf"])
             out[name] = values

@@ -124,6 +124,10 @@ class BookieEmulator:
         #: was fenced, not only that it was.
         self.fence_reads: Counter[int] = Counter()
         self.first_fence_read_at: dict[int, float] = {}
+        #: Those reads by (ledger id, entry id, header priority): Java's client sends the
+        #: fencing read of the last entry (-1) without priority and the recovery reads
+        #: after it at 100, and a test can tell which the product sent.
+        self.fence_reads_by_priority: Counter[tuple[int, int, int]] = Counter()
 
     # --- identity and lifecycle ------------------------------------------------------
 
@@ -378,6 +382,7 @@ class BookieEmulator:
         self.recovery_adds_per_entry.clear()
         self.fence_reads.clear()
         self.first_fence_read_at.clear()
+        self.fence_reads_by_priority.clear()
 
     def stats(self) -> dict[str, Any]:
         """Every counter as plain JSON values (for a process that reports to another).
@@ -478,6 +483,7 @@ class BookieEmulator:
             if rr.HasField("flag") and rr.flag == pb.ReadRequest.FENCE_LEDGER:
                 self.fence_reads[rr.ledgerId] += 1
                 self.first_fence_read_at.setdefault(rr.ledgerId, time.monotonic())
+                self.fence_reads_by_priority[rr.ledgerId, rr.entryId, request.header.priority] += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         if self._count_waiters:
