@@ -65,6 +65,10 @@ class CheckContext:
     #: Bookies whose lost-bookie delay is pending (the daemon's restart rule): the
     #: checks leave their fragments alone, since they may only be restarting.
     held_bookies: Callable[[], frozenset[str]] = field(default=lambda: frozenset())
+    #: Whether a lost-bookie audit follows the checks (the daemon's leader: its delay and
+    #: the restart rule): a bookie that goes away while a check reads it is then left to
+    #: that audit. A one-shot check has no audit after it and reports it (upstream's rule).
+    defer_gone_bookies: bool = False
 
     def __post_init__(self) -> None:
         self.urm = UnderreplicationManager(

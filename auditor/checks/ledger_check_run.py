@@ -396,7 +396,10 @@ class LedgerCheckRun:
         fail before that (found by the soak: a host restarting as the check read it,
         marked 1.6 s later with the watch 0.2 s behind). The registry is read afresh,
         and only when something is to be reported. A bookie still gone at the next run
-        is unavailable there from the start, and judged as before."""
+        is unavailable there from the start, and judged as before. Only where an audit
+        follows (`defer_gone_bookies`, the daemon); a one-shot check reports it."""
+        if not self.ctx.defer_gone_bookies:
+            return a
         read = {b.bookie for frag in a.bad for b in frag.bad} & a.available
         if not read:
             return a

@@ -151,6 +151,7 @@ class LeaderWork:
         self.delay = LostBookieDelay()
         # The restart rule: while a bookie's lost-bookie delay runs, the checks leave it alone.
         ctx.held_bookies = lambda: self.delay.held_bookies
+        ctx.defer_gone_bookies = True
         self.one_at_a_time = asyncio.Lock()
         self.triggers: dict[Check, asyncio.Event] = {c: asyncio.Event() for c in Check}
         self._timer: asyncio.Task[None] | None = None

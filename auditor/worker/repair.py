@@ -61,6 +61,7 @@ from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
+from auditor.metadata.underreplication import ur_ledger_path
 from auditor.store import NoNodeError
 from auditor.topology.racks import open_rack_resolver
 from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
@@ -302,7 +303,14 @@ class LedgerRepairer:
             return Outcome(False, Failure.ERROR, f"metadata does not decode: {exc}")
         if md is None:  # deleted: nothing to repair, the mark goes (upstream §1.4)
             unmarked = await self.queue.mark_replicated(taken)
-            self.log.info("ledger no longer exists; its mark goes", ledger=lid)
+            # The mark's path is named: it may be one whose bytes never decoded (taken all
+            # the same, as Java's worker takes it), and this line is all that says it went.
+            self.log.info(
+                "ledger no longer exists; its mark goes",
+                ledger=lid,
+                mark=ur_ledger_path(self.queue.base, lid),
+                removed=unmarked,
+            )
             return Outcome(True, unmarked=unmarked)
         plan = await self.plan(md, taken, replace)
         if plan.skipped is not None and not plan.repairs and not plan.open_tail:
