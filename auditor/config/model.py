@@ -157,7 +157,9 @@ class ChecksConfig:
 
     #: Seconds before a ledger whose bookie did not answer is checked again (BP-34's delay).
     retry_delay: float = 10.0
-    #: How many times such a ledger is checked again before `bookie_unavailable_registered`.
+    #: How many delayed re-checks each (ledger, bookie) that fell silent gets before it is
+    #: `bookie_unavailable_registered` (a ledger is re-checked at most twice this often:
+    #: `checks/replicas_retry.py`).
     retry_attempts: int = 2
     #: Probe bookies that cannot list entries (DbLedgerStorage) by reading instead.
     probe_unlistable: bool = True
