@@ -537,7 +537,16 @@ class ReplicationQueue:
     async def _delete_own_lock(self, lock_path: str, owner: int) -> None:
         """Deletes the lock at `lock_path` if `owner`, our live session, owns it. Within one
         session only this queue makes that lock, so the owner is what makes it ours."""
-        if self._session() != owner:
+        session = self._session()
+        if session is None:
+            # No session known right now: the connection is suspended, and the session (our
+            # lock with it) may well come back. Raised on, so the lock becomes an orphan,
+            # tried again at the next take. Before, this was taken for "the session is
+            # over" and the lock stayed with the session when it came back (found by the
+            # soak with real workers: every lock released during a ZooKeeper restart was
+            # kept until the daemon's end, and its ledgers were never repaired).
+            raise StoreUnavailableError(f"{lock_path}: no session while the connection is down")
+        if session != owner:
             return  # that session is over, and its ephemeral lock with it
         stat = await self.zk.exists(lock_path)
         if stat is not None and int(stat.ephemeralOwner) == owner:

@@ -21,6 +21,7 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
+from auditor.store import StoreUnavailableError
 from auditor.testing.netproxy import TcpProxy
 from auditor.testing.zkserver import expire_session
 from auditor.zk import FencedOutError, SessionState, ZkClient, ZkUnavailableError
@@ -529,6 +530,53 @@ async def test_a_release_the_store_did_not_answer_is_retried_at_the_next_take(
                 if state is SessionState.CONNECTED:
                     break
         assert queue.held() == []
+        again = await queue.take()
+        assert again is not None and again.ledger_id == 7
+        assert again.lock_path == taken.lock_path
+        await queue.release(again)
+        assert await zk.get_children(LOCKS) == []
+    finally:
+        await queue.close()
+        await worker.close()
+        await proxy.stop()
+
+
+async def test_a_release_while_the_connection_is_suspended_is_retried_at_the_next_take(
+    zk: ZkClient, zk_hosts: str
+) -> None:
+    """The release comes once the client knows the connection is down (SUSPENDED: kazoo
+    then shows no session id). The lock is not taken for one of a session that is over:
+    the release raises, and the next take, the session back, deletes it and finds the
+    ledger free. Before, the release returned as if the lock were gone with its session,
+    and it stayed with the session that came back (the soak: every ledger whose lock was
+    released during a ZooKeeper restart stayed locked until the daemon's end)."""
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    hosts, _, chroot = zk_hosts.partition("/")
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    await proxy.start()
+    worker = ZkClient(f"{proxy.address}/{chroot}", timeout=1.0, session_timeout=20.0)
+    await worker.start()
+    queue = ReplicationQueue(worker, ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id == 7
+        states = worker.states()  # subscribed before the cut: no change is missed
+        proxy.cut()
+        async with asyncio.timeout(30):
+            async for state in states:
+                if state is SessionState.SUSPENDED:
+                    break
+        assert worker.session is None
+        with pytest.raises(StoreUnavailableError):
+            await queue.release(taken)
+        proxy.mend()
+        async with asyncio.timeout(30):
+            async for state in states:
+                if state is SessionState.CONNECTED:
+                    break
+        assert await zk.get_children(LOCKS) == ["urL0000000007"]  # still ours
         again = await queue.take()
         assert again is not None and again.ledger_id == 7
         assert again.lock_path == taken.lock_path
