@@ -199,7 +199,15 @@ async def soak(
     (workdir / "faults.json").write_text(json.dumps([f.as_dict() for f in inj.faults], indent=1))
     result = analyse(c, inj.faults, run_end)
     if worker == "real":
-        repairs: dict[str, Any] = {"end_state": ended.as_dict(), **result.pop("real_worker")}
+        repairs: dict[str, Any] = {
+            "end_state": ended.as_dict(),
+            "emptied_not_drained": [
+                {"bookie": f.bookie, "start": f.start, "ledgers": f.not_drained}
+                for f in inj.faults
+                if f.not_drained
+            ],
+            **result.pop("real_worker"),
+        }
     else:
         result.pop("real_worker")
         repairs = {
@@ -273,6 +281,10 @@ def worker_failures(s: dict[str, Any]) -> list[str]:
         out.append(f"marks left on ledgers that read back whole: {end['marks_on_whole']}")
     if end["marks_on_damaged"]:
         out.append(f"marks left on ledgers not repaired: {end['marks_on_damaged']}")
+    if w["emptied_not_drained"]:
+        out.append(
+            f"emptied bookies whose ledgers the workers did not move: {w['emptied_not_drained']}"
+        )
     if w["unrecoverable"]:
         out.append(
             f"ledgers found unrecoverable (two faults on E=W=3 leave a copy): {w['unrecoverable']}"
