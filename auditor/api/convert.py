@@ -36,6 +36,7 @@ from auditor.errors import ConfigError, FormatError, shown_name
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.timefmt import from_iso, iso_datetime
+from auditor.worker.risk import BUCKETS, QueueRisk
 from auditor.worker.state import WorkerState
 
 ALL = "all"
@@ -208,7 +209,25 @@ def worker_status(ws: WorkerState) -> pb.WorkerStatus:
             gone.ranges.add(first=first, last=last)
         _stamp(gone.since, u.since)
         _stamp(gone.retry_at, u.retry_at)
+    if ws.queue is not None:
+        _marked_queue(ws.queue, msg.queue)
     return msg
+
+
+def _marked_queue(q: QueueRisk, msg: pb.MarkedQueue) -> None:
+    _stamp(msg.ranked_at, q.ranked_at)
+    msg.by_copies_left.update(q.by_copies)
+    for bucket, ts in q.oldest.items():
+        _stamp(msg.oldest[bucket], ts)
+    for item in q.head:
+        r = item.risk
+        entry = msg.next.add(
+            ledger_id=item.ledger_id,
+            copies_left=-1 if r.copies_left is None else r.copies_left,
+            racks_left=-1 if r.racks_left is None else r.racks_left,
+            in_flight=item.in_flight,
+        )
+        _stamp(entry.marked_at, r.marked_at)
 
 
 def _stamp(field: Timestamp, ts: float | None) -> None:
@@ -423,6 +442,32 @@ def worker_json(w: pb.WorkerStatus) -> dict[str, Any]:
                 "retry_at": stamp_iso(u, "retry_at"),
             }
             for u in w.unrecoverable
+        ],
+        "queue": _queue_json(w.queue) if w.HasField("queue") else None,
+    }
+
+
+def _queue_json(q: pb.MarkedQueue) -> dict[str, Any]:
+    """The worker's marked ledgers by risk: counts and oldest per copies-left bucket (in
+    the order 0, 1, 2, 3+, unknown), and the next ledgers it would take."""
+
+    def ordered(keys: Iterable[str]) -> list[str]:
+        known = [b for b in BUCKETS if b in keys]
+        return known + sorted(k for k in keys if k not in BUCKETS)
+
+    return {
+        "ranked_at": stamp_iso(q, "ranked_at"),
+        "by_copies_left": {b: q.by_copies_left[b] for b in ordered(q.by_copies_left)},
+        "oldest": {b: iso_datetime(q.oldest[b].ToDatetime(tzinfo=UTC)) for b in ordered(q.oldest)},
+        "next": [
+            {
+                "ledger_id": n.ledger_id,
+                "copies_left": n.copies_left if n.copies_left >= 0 else None,
+                "racks_left": n.racks_left if n.racks_left >= 0 else None,
+                "marked_at": stamp_iso(n, "marked_at"),
+                "in_flight": n.in_flight,
+            }
+            for n in q.next
         ],
     }
 

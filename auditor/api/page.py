@@ -17,6 +17,7 @@ from urllib.parse import quote
 from auditor.checks.findings import Check
 from auditor.daemon.state import CheckState, DaemonState
 from auditor.timefmt import iso
+from auditor.worker.risk import BUCKETS, QueueRisk
 
 #: Sample ledgers shown per category (the report keeps a few more).
 SAMPLES_SHOWN = 5
@@ -230,6 +231,42 @@ def _worker(state: DaemonState, now: float) -> str:
             for lid, h in sorted(w.in_hand.items())
         ]
         out += _table(["Ledger in hand", "Step", "For", "Fragments"], held)
+    if w.queue is not None:
+        out += _queue(w.queue, now)
+    return out
+
+
+def _queue(q: QueueRisk, now: float) -> str:
+    """The marked ledgers by copies left, how long the oldest of each has waited, and the
+    next ones in take order: what the worker copies first, and what is one failure away
+    from loss."""
+    rows = []
+    for bucket in BUCKETS:
+        n = q.by_copies.get(bucket, 0)
+        since = q.oldest.get(bucket)
+        waited = _e(_age(now - since)) if since is not None else '<span class="muted">-</span>'
+        cell = _e(n)
+        if n and bucket in ("0", "1"):
+            cell, waited = f'<span class="bad">{cell}</span>', f'<span class="bad">{waited}</span>'
+        rows.append([_e(bucket), cell, waited])
+    out = f"<h3>Marked ledgers by copies left</h3><p>Ranked {_when(q.ranked_at)}.</p>"
+    out += _table(["Copies left", "Ledgers", "Oldest waiting for"], rows)
+    if q.head:
+        nxt = []
+        for item in q.head:
+            r = item.risk
+            nxt.append(
+                [
+                    _e(item.ledger_id),
+                    _e("?" if r.copies_left is None else r.copies_left),
+                    _e("?" if r.racks_left is None else r.racks_left),
+                    _e(_age(now - r.marked_at)),
+                    _e("yes" if item.in_flight else "no"),
+                ]
+            )
+        out += _table(
+            ["Next in take order", "Copies left", "Racks", "Waiting for", "In flight"], nxt
+        )
     return out
 
 

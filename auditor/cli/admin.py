@@ -422,6 +422,7 @@ def _render_worker(w: dict[str, Any] | None, out: TextIO) -> None:
     if w["failures"]:
         failures = ", ".join(f"{k}={n}" for k, n in w["failures"].items())
         out.write(f"    failed attempts: {failures}\n")
+    _render_queue(w.get("queue"), out)
     for h in w["in_hand"]:
         until = f" until {h['until']}" if h["until"] else ""
         out.write(f"    ledger {h['ledger_id']}: {h['step']}{until} (locked since {h['since']})\n")
@@ -435,6 +436,33 @@ def _render_worker(w: dict[str, Any] | None, out: TextIO) -> None:
             f"    UNRECOVERABLE ledger {u['ledger_id']}: no readable copy of {what} "
             f"(since {u['since']}; tried again at {u['retry_at']}); kept marked\n"
         )
+
+
+#: The next ledgers in take order that the text of `status` names.
+QUEUE_SHOWN = 5
+
+
+def _render_queue(q: dict[str, Any] | None, out: TextIO) -> None:
+    """The worker's marked ledgers by copies left (with when the oldest of each bucket was
+    marked), then the next ones it would take; nothing before its first ranking."""
+    if q is None:
+        return
+    counts = []
+    for bucket, n in q["by_copies_left"].items():
+        oldest = q["oldest"].get(bucket)
+        counts.append(f"{bucket}: {n}" + (f" (oldest marked {oldest})" if oldest else ""))
+    out.write(f"    marked ledgers by copies left: {', '.join(counts)}\n")
+    shown = []
+    for n in q["next"][:QUEUE_SHOWN]:
+        copies = "?" if n["copies_left"] is None else n["copies_left"]
+        what = f"{copies} {'copy' if copies == 1 else 'copies'}"
+        if n["racks_left"] is not None:
+            what += f", {n['racks_left']} {'rack' if n['racks_left'] == 1 else 'racks'}"
+        if n["in_flight"]:
+            what += "; in flight"
+        shown.append(f"{n['ledger_id']} ({what})")
+    if shown:
+        out.write(f"    next in take order: {', '.join(shown)}\n")
 
 
 async def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

@@ -37,6 +37,7 @@ from auditor.daemon.leadership import Reason
 from auditor.daemon.metrics_http import MetricsServer
 from auditor.daemon.state import DaemonState
 from auditor.daemon.tallies import BOOKIE_OPS, COVERAGE_HOW, DURATION_BUCKETS, OUTCOMES
+from auditor.worker.risk import BUCKETS
 from auditor.worker.state import Failure
 
 __all__ = ["BOOKIE_OPS", "DURATION_BUCKETS", "OUTCOMES", "ZNODES", "Metrics", "bookie_status"]
@@ -154,6 +155,29 @@ def _worker_series(state: DaemonState) -> Iterator[Metric]:
     )
     yield _gauge(
         "worker_copies_in_flight", "Ledgers this worker is copying now.", w.copies_in_flight
+    )
+    q = w.queue
+    if q is None:
+        return  # not ranked yet (or no worker): absent, not a queue of zero
+    yield _labelled(
+        GaugeMetricFamily,
+        "worker_marked_ledgers",
+        "Marked ledgers by the copies their worst entry has left (0, 1, 2, 3+; unknown: "
+        "the ledger's metadata is gone or does not decode), as this worker last ranked "
+        "them for its take order. Every worker ranks every mark: take the max across "
+        "daemons, not the sum.",
+        ["copies_left"],
+        (((b,), q.by_copies.get(b, 0)) for b in BUCKETS),
+    )
+    now = state.tallies.clock()
+    yield _labelled(
+        GaugeMetricFamily,
+        "worker_oldest_marked_ledger_age_seconds",
+        "Seconds since the oldest mark of each copies_left bucket was made or last grew "
+        "(its ctime field, else the znode's), 0 for an empty bucket: how long the ledgers "
+        "closest to loss have waited for a worker.",
+        ["copies_left"],
+        (((b,), max(now - q.oldest[b], 0.0) if b in q.oldest else 0.0) for b in BUCKETS),
     )
 
 

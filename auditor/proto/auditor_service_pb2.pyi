@@ -475,6 +475,7 @@ class WorkerStatus(_message.Message):
     LOCKS_RELEASED_FIELD_NUMBER: _builtins.int
     IN_HAND_FIELD_NUMBER: _builtins.int
     UNRECOVERABLE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     """worker.enabled"""
     running: _builtins.bool
@@ -509,6 +510,13 @@ class WorkerStatus(_message.Message):
     def unrecoverable(self) -> _containers.RepeatedCompositeFieldContainer[Global___UnrecoverableLedger]:
         """Ledgers with entries no bookie can serve: kept marked for an operator."""
 
+    @_builtins.property
+    def queue(self) -> Global___MarkedQueue:
+        """The marked ledgers by risk, as this worker last ranked them for its take
+        order (every worker ranks every mark). Unset before its first ranking and
+        from a daemon older than the ranking.
+        """
+
     def __init__(
         self,
         *,
@@ -527,14 +535,135 @@ class WorkerStatus(_message.Message):
         locks_released: _builtins.int = ...,
         in_hand: _abc.Iterable[Global___WorkerLedger] | None = ...,
         unrecoverable: _abc.Iterable[Global___UnrecoverableLedger] | None = ...,
+        queue: Global___MarkedQueue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_read", b"bytes_read", "bytes_written", b"bytes_written", "enabled", b"enabled", "entries_read", b"entries_read", "entries_written", b"entries_written", "failures", b"failures", "fragments_replicated", b"fragments_replicated", "in_hand", b"in_hand", "ledgers_found_healthy", b"ledgers_found_healthy", "ledgers_replicated", b"ledgers_replicated", "lock_seconds", b"lock_seconds", "locks_released", b"locks_released", "running", b"running", "unrecoverable", b"unrecoverable", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_read", b"bytes_read", "bytes_written", b"bytes_written", "enabled", b"enabled", "entries_read", b"entries_read", "entries_written", b"entries_written", "failures", b"failures", "fragments_replicated", b"fragments_replicated", "in_hand", b"in_hand", "ledgers_found_healthy", b"ledgers_found_healthy", "ledgers_replicated", b"ledgers_replicated", "lock_seconds", b"lock_seconds", "locks_released", b"locks_released", "queue", b"queue", "running", b"running", "unrecoverable", b"unrecoverable", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerStatus: _TypeAlias = WorkerStatus  # noqa: Y015
+
+@_typing.final
+class MarkedQueue(_message.Message):
+    """The marked ledgers a worker may take, by the copies their worst entry has left."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ByCopiesLeftEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class OldestEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _timestamp_pb2.Timestamp: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _timestamp_pb2.Timestamp | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RANKED_AT_FIELD_NUMBER: _builtins.int
+    BY_COPIES_LEFT_FIELD_NUMBER: _builtins.int
+    OLDEST_FIELD_NUMBER: _builtins.int
+    NEXT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ranked_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def by_copies_left(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Marked ledgers per copies-left bucket: "0", "1", "2", "3+", and "unknown"
+        (the ledger's metadata is gone or does not decode); every bucket present.
+        """
+
+    @_builtins.property
+    def oldest(self) -> _containers.MessageMap[_builtins.str, _timestamp_pb2.Timestamp]:
+        """Per bucket, when its oldest mark was made or last grew (the mark's ctime
+        field, else the znode's); absent for an empty bucket.
+        """
+
+    @_builtins.property
+    def next(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueuedLedger]:
+        """The next ledgers in take order (at most 10), those already locked included."""
+
+    def __init__(
+        self,
+        *,
+        ranked_at: _timestamp_pb2.Timestamp | None = ...,
+        by_copies_left: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        oldest: _abc.Mapping[_builtins.str, _timestamp_pb2.Timestamp] | None = ...,
+        next: _abc.Iterable[Global___QueuedLedger] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ranked_at", b"ranked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_copies_left", b"by_copies_left", "next", b"next", "oldest", b"oldest", "ranked_at", b"ranked_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarkedQueue: _TypeAlias = MarkedQueue  # noqa: Y015
+
+@_typing.final
+class QueuedLedger(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    COPIES_LEFT_FIELD_NUMBER: _builtins.int
+    RACKS_LEFT_FIELD_NUMBER: _builtins.int
+    MARKED_AT_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.int
+    copies_left: _builtins.int
+    """The fewest readable copies any entry has left; -1: unknown (no metadata)."""
+    racks_left: _builtins.int
+    """The fewest racks any entry's copies span; -1: unknown (no rack source)."""
+    in_flight: _builtins.bool
+    """Its lock is held (by this worker or another, Java's or ours, or a bookie)."""
+    @_builtins.property
+    def marked_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.int = ...,
+        copies_left: _builtins.int = ...,
+        racks_left: _builtins.int = ...,
+        marked_at: _timestamp_pb2.Timestamp | None = ...,
+        in_flight: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["marked_at", b"marked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["copies_left", b"copies_left", "in_flight", b"in_flight", "ledger_id", b"ledger_id", "marked_at", b"marked_at", "racks_left", b"racks_left"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuedLedger: _TypeAlias = QueuedLedger  # noqa: Y015
 
 @_typing.final
 class WorkerLedger(_message.Message):

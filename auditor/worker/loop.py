@@ -3,8 +3,11 @@
 BookKeeper's `ReplicationWorker` step by step, with the changes the issue asks for (the
 per-ledger steps are in `worker/repair.py`, shared with `recover`):
 
-* **Take** a ledger as Java does (`ReplicationQueue`: shuffled walk, the ephemeral
-  `locks/urL%010d` lock), so Java workers and ours never hold one ledger at once.
+* **Take** first the marked ledger most at risk (`worker/risk.py`: fewest copies left,
+  then fewest racks, then the oldest mark), locked as Java locks one (`ReplicationQueue`:
+  the ephemeral `locks/urL%010d` lock), so Java workers and ours never hold one ledger at
+  once. The ranking is kept current between takes too (`_keep_ranked`), so that `status`
+  and the metrics of marked ledgers by copies left do not wait for a slot to free.
 * **Plan** with the replicas check's own analysis (`worker/plan.py`): a position is bad
   when its bookie is lost or lacks entries it must hold; a registered bookie that did
   not answer is unknown, not bad, and the ledger is tried again later.
@@ -71,6 +74,8 @@ from auditor.worker.repair import (
     Outcome,
     WorkerConnection,
 )
+from auditor.worker.risk import summarize
+from auditor.worker.risk_run import RiskOrder
 from auditor.worker.state import Failure, InHand, Unrecoverable, WorkerState
 
 __all__ = [
@@ -85,6 +90,10 @@ __all__ = [
 IDLE_REWALK = 60.0
 #: Upstream's exponential steps before the failed-ledger delay reaches its cap.
 BACKOFF_STEPS = 5
+#: Between takes, the marks are ranked again at most this often (s) while they change.
+RANK_INTERVAL = 1.0
+#: The next ledgers in take order that `status` shows.
+QUEUE_HEAD = 10
 
 
 def default_lock_holder() -> str:
@@ -128,8 +137,15 @@ class ReplicationWorker:
         self.clock = clock
         self.log = log if log is not None else get_logger("auditor.worker")
         bk = self.config.bookkeeper
+        self.order = RiskOrder(ctx, log=self.log)
         self.queue = ReplicationQueue(
-            self.zk, ctx.root, holder, rng=self.rng, rate_limit=bk.zkReplicationTaskRateLimit
+            self.zk,
+            ctx.root,
+            holder,
+            order=self.order,
+            rng=self.rng,
+            rate_limit=bk.zkReplicationTaskRateLimit,
+            clock=clock,
         )
         self.repairer = LedgerRepairer(
             ctx, self.queue, conn, state, rng=self.rng, clock=clock, log=self.log
@@ -139,6 +155,10 @@ class ReplicationWorker:
         self._holds: set[asyncio.Task[None]] = set()
         #: Set each time a ledger's lock is released here (tests and slots wait on it).
         self.released = asyncio.Event()
+        #: Set each time the queue by risk is published into the state (tests wait on it),
+        #: and when a take asks for it to be published again.
+        self.ranked = asyncio.Event()
+        self._publish_due = asyncio.Event()
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -147,6 +167,7 @@ class ReplicationWorker:
         self.state.enabled = self.state.running = True
         slots = asyncio.Semaphore(self.parallel)
         active: set[asyncio.Task[None]] = set()
+        ranking = asyncio.ensure_future(self._keep_ranked())
         try:
             while True:
                 await slots.acquire()
@@ -165,9 +186,9 @@ class ReplicationWorker:
                 task.add_done_callback(done)
         finally:
             self.state.running = False
-            for t in (*active, *self._holds):
+            for t in (ranking, *active, *self._holds):
                 t.cancel()
-            await asyncio.gather(*active, *self._holds, return_exceptions=True)
+            await asyncio.gather(ranking, *active, *self._holds, return_exceptions=True)
             self.state.in_hand.clear()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.queue.close(), self.zk.timeout)
@@ -187,11 +208,44 @@ class ReplicationWorker:
                 self.state.waiting = f"ZooKeeper unavailable: {exc}"
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 continue
+            self._publish_due.set()  # the head's locks changed: shown within RANK_INTERVAL
             if taken is not None:
                 self.state.waiting = ""
                 return taken
             self.state.waiting = "no free marked ledger"
             await until_any(changed, self.released, within=IDLE_REWALK)
+
+    async def _keep_ranked(self) -> None:
+        """Ranks the marks again and publishes the queue by risk (`status`, the metrics)
+        when marks or locks change or a take was made, at most every `RANK_INTERVAL` s,
+        and at least every `IDLE_REWALK` s. So it stays current while no take does (all
+        slots busy, replication disabled), and a take does not pay for the summary of
+        every mark (a hundred thousand marks are a tenth of a second)."""
+        last = -RANK_INTERVAL
+        while True:
+            await self.conn.connected.wait()
+            wait = last + RANK_INTERVAL - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            last = time.monotonic()
+            self._publish_due.clear()
+            try:
+                outdated = await self.queue.outdated()
+                await self.queue.refresh()
+            except StoreUnavailableError:
+                await asyncio.sleep(0.1)  # the state change that explains it is on its way
+                continue
+            except Exception as exc:  # the ranking must not end the worker
+                self.log.warning("marks not ranked", error=f"{type(exc).__name__}: {exc}")
+                outdated = asyncio.Event()
+            self._publish_queue()
+            await until_any(outdated, self._publish_due, within=IDLE_REWALK)
+
+    def _publish_queue(self) -> None:
+        """The queue by risk, as last ranked, into the state `status` and metrics read."""
+        head = self.queue.queued(QUEUE_HEAD)
+        self.state.queue = summarize(self.order.risks, head, self.clock())
+        self.ranked.set()
 
     async def _disabled(self) -> bool:
         return await self.zk.exists(f"{self.ctx.root}/underreplication/disable") is not None

@@ -11,6 +11,8 @@ import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
+from auditor.worker.risk import QueueRisk
+
 
 class Failure(enum.StrEnum):
     """Why a ledger's repair did not finish: the `reason` label of the failures metric."""
@@ -76,6 +78,9 @@ class WorkerState:
     locks_released: int = 0
     in_hand: dict[int, InHand] = field(default_factory=dict)
     unrecoverable: dict[int, Unrecoverable] = field(default_factory=dict)
+    #: The marked ledgers by risk, as this worker last ranked them (at each take, and
+    #: when marks or locks change meanwhile); None before its first ranking.
+    queue: QueueRisk | None = None
 
     @property
     def copies_in_flight(self) -> int:

@@ -126,6 +126,12 @@ async def test_the_page_renders_in_headless_chromium(zk: ZkClient, tmp_path: Pat
         # The risk summary and the replication worker.
         assert "Risk Last report" in text
         assert re.search(r"Replication worker .*Status running", text), text
+        # Its queue by risk: every bucket a row, in order, each with a count.
+        queue = (
+            r"Marked ledgers by copies left Ranked \S+ Copies left Ledgers Oldest waiting for "
+            r"0 \d+ .*1 \d+ .*2 \d+ .*3\+ \d+ .*unknown \d+ "
+        )
+        assert re.search(queue, text), text
         # The Pulsar audit's rows per namespace: the lost ledger and the orphan in acme/iot.
         assert re.search(r"Pulsar Last audit .*Namespace Ledgers Missing", text), text
         # 4020, 4021 (lost: Pulsar's size) 48 B each, 4022 and the cursor's 4023 open;

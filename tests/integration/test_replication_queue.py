@@ -1,4 +1,5 @@
-"""The replication worker's queue on a real ZooKeeper: taking, waiting, unmarking, releasing."""
+"""The replication worker's queue on a real ZooKeeper: taking, waiting, unmarking, releasing,
+and the order it takes marks in (`RiskOrder`: the ranking cached, refreshed from the watch)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from auditor.logs import get_logger
 from auditor.metadata.replication import (
     POLL_WITHOUT_WATCH,
     RateLimiter,
@@ -22,8 +24,11 @@ from auditor.metadata.underreplication import (
     ur_lock_path,
 )
 from auditor.store import StoreUnavailableError
+from auditor.testing.harness import test_cluster
 from auditor.testing.netproxy import TcpProxy
 from auditor.testing.zkserver import expire_session
+from auditor.worker.risk import Risk
+from auditor.worker.risk_run import REGISTRY_REFRESH, RiskOrder
 from auditor.zk import FencedOutError, SessionState, ZkClient, ZkUnavailableError
 
 ROOT = "/ledgers"
@@ -586,3 +591,92 @@ async def test_a_release_while_the_connection_is_suspended_is_retried_at_the_nex
         await queue.close()
         await worker.close()
         await proxy.stop()
+
+
+# --- the order ----------------------------------------------------------------------
+
+
+async def test_a_ledger_whose_metadata_moved_since_ranked_is_tried_in_its_new_place(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    """Ledger metadata is not watched: the candidate about to be locked is read again with
+    its mark, in one batch, and a ledger repaired meanwhile goes back to its new place."""
+    async with test_cluster(zk, 5) as tc:
+        b = tc.ids
+        urm = await _layout(zk)
+        # Both on b0, b1, b2, every bookie registered: the marks alone say what is lost.
+        two = await tc.writer.write_ledger(1, [(0, b[:3])], write_quorum=3, num_entries=3)
+        one = await tc.writer.write_ledger(2, [(0, b[:3])], write_quorum=3, num_entries=3)
+        await urm.mark_underreplicated(1, [b[0]], now_ms=CTIME)
+        await urm.mark_underreplicated(2, [b[0], b[1]], now_ms=CTIME + 1)
+        async with tc.context() as ctx:
+            order = RiskOrder(ctx, log=get_logger("test"))
+            queue = ReplicationQueue(zk, ROOT, "w", order=order)
+            try:
+                await queue.refresh()
+                assert {lid: (r.copies_left, r.marked_at) for lid, r in order.risks.items()} == {
+                    1: (2, CTIME / 1000),
+                    2: (1, (CTIME + 1) / 1000),
+                }
+                assert queue.queued(5) == [(2, False), (1, False)]
+                # A writer (or a Java worker) replaced b1 in ledger 2: two copies left now,
+                # and its mark is younger than ledger 1's. Nothing tells the queue.
+                await tc.writer.rereplicate(one, [b[0], b[3], b[2]])
+                taken = await queue.take()
+                assert taken is not None and taken.ledger_id == 1
+                assert order.risks[2].copies_left == 2  # ranked again on the way
+                assert queue.queued(5) == [(1, True), (2, False)]
+                # Another worker repairs ledger 1 under its lock (ours, released here, then
+                # theirs): its release sends the ledger to be read again.
+                await queue.release(taken)
+                lock = ur_lock_path(BASE, 1)
+                await other.create(lock, b'bookieId: "java"\n', ephemeral=True)
+                await tc.writer.rereplicate(two, [b[4], b[1], b[2]])
+                outdated = await queue.outdated()
+                await other.delete(lock)
+                await asyncio.wait_for(outdated.wait(), 10)
+                await queue.refresh()
+                assert order.risks[1].copies_left == 3  # the mark lists b0, gone from it
+                assert queue.queued(5) == [(2, False), (1, False)]
+            finally:
+                await queue.close()
+
+
+async def test_the_order_follows_a_re_mark_and_forgets_an_unmark(zk: ZkClient) -> None:
+    async with test_cluster(zk, 4) as tc:
+        b = tc.ids
+        urm = await _layout(zk)
+        for lid in (1, 2, 3):
+            await tc.writer.write_ledger(lid, [(0, b[:3])], write_quorum=3, num_entries=1)
+            await urm.mark_underreplicated(lid, [b[0]], now_ms=CTIME + lid)
+        # A mark whose ledger has no metadata: unknown, last.
+        await urm.mark_underreplicated(9, [b[0]], now_ms=CTIME)
+        async with tc.context() as ctx:
+            now = [0.0]
+            order = RiskOrder(ctx, log=get_logger("test"), clock=lambda: now[0])
+            queue = ReplicationQueue(zk, ROOT, "w", order=order)
+            try:
+                await queue.refresh()
+                assert [lid for lid, _ in queue.queued(10)] == [1, 2, 3, 9]
+                assert order.risks[9] == Risk(None, None, CTIME / 1000)
+                outdated = await queue.outdated()
+                # The auditor adds b1 to ledger 3's mark: one copy left, first.
+                await urm.mark_underreplicated(3, [b[1]], now_ms=CTIME + 50)
+                await asyncio.wait_for(outdated.wait(), 10)
+                await queue.refresh()
+                assert [lid for lid, _ in queue.queued(10)] == [3, 1, 2, 9]
+                assert order.risks[3] == Risk(1, None, (CTIME + 50) / 1000)
+                outdated = await queue.outdated()
+                await zk.delete(ur_ledger_path(BASE, 1))  # unmarked by someone else
+                await asyncio.wait_for(outdated.wait(), 10)
+                await queue.refresh()
+                assert [lid for lid, _ in queue.queued(10)] == [3, 2, 9]
+                assert 1 not in order.risks
+                # A bookie leaves the registry: every mark ranked again, from what was kept.
+                await tc.by_id(b[2]).crash()
+                now[0] += REGISTRY_REFRESH  # the registry is read again from now on
+                await queue.refresh()
+                assert [lid for lid, _ in queue.queued(10)] == [3, 2, 9]
+                assert (order.risks[3].copies_left, order.risks[2].copies_left) == (0, 1)
+            finally:
+                await queue.close()

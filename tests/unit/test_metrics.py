@@ -32,6 +32,7 @@ from auditor.checks.tally import ViolationLog
 from auditor.daemon.metrics import BOOKIE_OPS, OUTCOMES, Metrics, bookie_status
 from auditor.daemon.state import RunCompleted
 from auditor.selftest.harness import SelfTestResult
+from auditor.worker.risk import QueueRisk
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the rules' runbook links point (a placeholder: see alerts.yaml's header).
@@ -316,6 +317,27 @@ def test_invalid_znodes_are_gauges_of_each_last_report_and_make_a_run_violations
     assert value(m, marks) == 0
 
 
+def test_the_worker_queue_by_copies_left_and_the_age_of_its_oldest_marks() -> None:
+    m = Metrics()
+    m.state.tallies.clock = lambda: 1000.0
+    names = names_of(m)
+    # Before the worker ranked the queue the series are absent, not a queue of zero.
+    assert "bookkeeper_auditor_worker_marked_ledgers" not in names
+    assert "bookkeeper_auditor_worker_oldest_marked_ledger_age_seconds" not in names
+    by = {"0": 0, "1": 3, "2": 7, "3+": 1, "unknown": 0}
+    m.state.worker.queue = QueueRisk(990.0, by, {"1": 100.0, "2": 400.0, "3+": 1200.0}, ())
+    for bucket, n in by.items():
+        assert value(m, "bookkeeper_auditor_worker_marked_ledgers", copies_left=bucket) == n
+    age = "bookkeeper_auditor_worker_oldest_marked_ledger_age_seconds"
+    assert {b: value(m, age, copies_left=b) for b in by} == {
+        "0": 0.0,  # empty
+        "1": 900.0,
+        "2": 600.0,
+        "3+": 0.0,  # marked "in the future" by a clock ahead of ours: never negative
+        "unknown": 0.0,
+    }
+
+
 def test_bookie_status_labels() -> None:
     assert bookie_status(Ok(1)) == "ok"
     assert bookie_status(ErrorStatus(Status.ENOLEDGER)) == "enoledger"
@@ -420,6 +442,7 @@ def exported_families() -> set[str]:
     m.state.tallies.at_risk["bookie", "b1:3181", "no_copy"] = 1  # as a risk report sets it
     m.state.tallies.pulsar_ledgers["t/ns", "missing"] = 1  # as a Pulsar audit sets them
     m.state.tallies.pulsar_bytes["t/ns", "missing"] = 1
+    m.state.worker.queue = QueueRisk(1.0, {"1": 1}, {"1": 1.0}, ())  # as a worker ranks
     return names_of(m)
 
 

@@ -9,6 +9,7 @@ from auditor.api.convert import status_json, status_response
 from auditor.cli.admin import render_status
 from auditor.daemon.state import DaemonState
 from auditor.proto import auditor_service_pb2 as pb
+from auditor.worker.risk import QueuedLedger, QueueRisk, Risk
 from auditor.worker.state import Failure, InHand, Unrecoverable
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -29,6 +30,17 @@ def busy_state() -> DaemonState:
     w.in_hand[9] = InHand(9, T0 + 3, "deferred", (), T0 + 303)
     w.in_hand[7] = InHand(7, T0 + 1, "copying", (FRAGMENT,))
     w.unrecoverable[4] = Unrecoverable(4, ((0, 9), (12, 12)), T0 + 2, T0 + 3602)
+    w.queue = QueueRisk(
+        T0 + 5,
+        {"0": 0, "1": 2, "2": 1, "3+": 0, "unknown": 1},
+        {"1": T0 - 600, "2": T0 - 60, "unknown": T0 - 30},
+        (
+            QueuedLedger(9, Risk(1, 1, T0 - 600), True),
+            QueuedLedger(21, Risk(1, 2, T0 - 300), False),
+            QueuedLedger(22, Risk(2, 2, T0 - 60), False),
+            QueuedLedger(23, Risk(None, None, T0 - 30), False),
+        ),
+    )
     return state
 
 
@@ -81,6 +93,45 @@ def test_a_busy_worker_travels_to_proto_json_and_text() -> None:
                 "retry_at": "2023-11-14T23:13:22Z",
             }
         ],
+        "queue": {
+            "ranked_at": "2023-11-14T22:13:25Z",
+            "by_copies_left": {"0": 0, "1": 2, "2": 1, "3+": 0, "unknown": 1},
+            "oldest": {
+                "1": "2023-11-14T22:03:20Z",
+                "2": "2023-11-14T22:12:20Z",
+                "unknown": "2023-11-14T22:12:50Z",
+            },
+            "next": [
+                {
+                    "ledger_id": 9,
+                    "copies_left": 1,
+                    "racks_left": 1,
+                    "marked_at": "2023-11-14T22:03:20Z",
+                    "in_flight": True,
+                },
+                {
+                    "ledger_id": 21,
+                    "copies_left": 1,
+                    "racks_left": 2,
+                    "marked_at": "2023-11-14T22:08:20Z",
+                    "in_flight": False,
+                },
+                {
+                    "ledger_id": 22,
+                    "copies_left": 2,
+                    "racks_left": 2,
+                    "marked_at": "2023-11-14T22:12:20Z",
+                    "in_flight": False,
+                },
+                {
+                    "ledger_id": 23,
+                    "copies_left": None,
+                    "racks_left": None,
+                    "marked_at": "2023-11-14T22:12:50Z",
+                    "in_flight": False,
+                },
+            ],
+        },
     }
     out = io.StringIO()
     render_status(doc, out)
@@ -91,6 +142,11 @@ def test_a_busy_worker_travels_to_proto_json_and_text() -> None:
         "    replicated 12 ledgers (13 fragments), 1 found whole; read 400 entries "
         "(40960 bytes), wrote 400 entries (40960 bytes); 14 locks released, held 4.25s in all\n"
         "    failed attempts: no_target=2, unrecoverable=1\n"
+        "    marked ledgers by copies left: 0: 0, 1: 2 (oldest marked 2023-11-14T22:03:20Z), "
+        "2: 1 (oldest marked 2023-11-14T22:12:20Z), 3+: 0, unknown: 1 (oldest marked "
+        "2023-11-14T22:12:50Z)\n"
+        "    next in take order: 9 (1 copy, 1 rack; in flight), 21 (1 copy, 2 racks), "
+        "22 (2 copies, 2 racks), 23 (? copies)\n"
         "    ledger 7: copying (locked since 2023-11-14T22:13:21Z)\n"
         f"      {FRAGMENT}\n"
         "    ledger 9: deferred until 2023-11-14T22:18:23Z (locked since 2023-11-14T22:13:23Z)\n"
@@ -106,6 +162,7 @@ def test_an_idle_worker_says_why_and_an_off_one_says_so() -> None:
     doc = status_json(status_response(state, now=T0))
     assert doc["worker"]["waiting"] == "replication disabled (underreplication/disable)"
     assert (doc["worker"]["in_hand"], doc["worker"]["unrecoverable"]) == ([], [])
+    assert doc["worker"]["queue"] is None  # not ranked yet: no line about it
     assert doc["worker"]["failures"] == {}
     out = io.StringIO()
     render_status(doc, out)
