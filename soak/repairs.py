@@ -8,11 +8,12 @@ Three things come out of the worker's lines:
   the false-alarm rule explains a line about a ledger by a fault of any bookie the
   ledger ever had, and the driver's own reads of the metadata can miss an ensemble
   that a worker committed and changed again between two of them;
-* **risk order**: each take logs the copies left of the ledger taken and the fewest
-  copies left among the marks the worker knew were waiting (`copies_left`,
-  `fewest_copies_left_waiting`). A take of a ledger with more copies left than the
-  fewest waiting is a break of the order, unless the riskier ledgers were all locked
-  by other workers (the worker's field counts only ledgers it could take).
+* **risk order**: each take logs the copies left of the ledger taken, how many other
+  marked ledgers were free beside it (no lock known on them) and the fewest copies left
+  among those (`copies_left`, `free_beside`, `fewest_copies_left_waiting`), computed
+  from the ranks at that moment, not from the heap the take used. A take of a ledger
+  with more copies left than the fewest free beside it is a break of the order; riskier
+  ledgers that other workers held locked are not free, and are no break.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def figures(lines: list[Line]) -> dict[str, Any]:
         if ln.event not in (TAKEN, COMMITTED, REPLICATED, NOT_REPLICATED):
             continue
         by_daemon.setdefault(ln.daemon, Counter())[ln.event] += 1
-        if ln.event == TAKEN and isinstance(ln.fields.get("fewest_copies_left_waiting"), int):
+        beside = ln.fields.get("free_beside")
+        if ln.event == TAKEN and isinstance(beside, int) and beside > 0:
             ordered_takes += 1
         if ln.event == NOT_REPLICATED:
             reason = str(ln.fields.get("reason"))

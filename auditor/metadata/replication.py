@@ -611,6 +611,14 @@ class ReplicationQueue:
             level = below
         return marks
 
+    def free_marks(self) -> list[int]:
+        """The marked ledgers no lock is known to hold (the cached listing of the locks,
+        and ours), as last listed; no I/O. What a take could have taken instead: logged
+        beside each take, so the soak judges the order from outside the heap."""
+        locked = set(self._listings.get(self.locks, self._locked))
+        locked.update(path.rsplit("/", 1)[1] for path in self._held)
+        return [lid for lid in self._keys if mark_name(lid) not in locked]
+
     def queued(self, limit: int) -> list[tuple[int, bool]]:
         """The first `limit` marks in take order as last ranked, each with whether its lock
         is held (as the cached listing of the locks says, else the last refresh; no I/O)."""

@@ -252,12 +252,34 @@ class ReplicationWorker:
 
     # --- one taken ledger --------------------------------------------------------------------
 
+    def _standing(self, lid: int) -> dict[str, Any]:
+        """Where the taken ledger stood in the risk order, against the marked ledgers
+        still free beside it: its copies and racks left, how many others were free, and
+        the fewest copies left among them. Computed from the ranks as they are, not from
+        the heap the take used, so a take out of order (a stale key, a missed event)
+        shows in the log (the soak counts them: `risk_order_breaks`)."""
+        risks = self.order.risks
+        own = risks.get(lid)
+        others = [risks[x] for x in self.queue.free_marks() if x != lid and x in risks]
+        known = [r.copies_left for r in others if r.copies_left is not None]
+        return {
+            "copies_left": None if own is None else own.copies_left,
+            "racks_left": None if own is None else own.racks_left,
+            "free_beside": len(others),
+            "fewest_copies_left_waiting": min(known) if known else None,
+        }
+
     async def _handle(self, taken: TakenLedger) -> None:
         """One ledger, start to end: its outcome decides the lock's fate."""
         start = self.clock()
         lid = taken.ledger_id
         self.state.in_hand[lid] = InHand(lid, start, "planning")
-        self.log.info("ledger taken for re-replication", ledger=lid, missing=taken.missing_replicas)
+        self.log.info(
+            "ledger taken for re-replication",
+            ledger=lid,
+            missing=taken.missing_replicas,
+            **self._standing(lid),
+        )
         try:
             outcome = await self.repairer.repair(taken)
         except asyncio.CancelledError:

@@ -288,6 +288,18 @@ async def test_two_workers_take_the_ledgers_closest_to_loss_first(
             if e["event"] == "ledger taken for re-replication"
         }
         assert set(taker) == set(ledgers)
+        # Each take says where it stood: its ledger's copies left, and the fewest copies
+        # left among the marks free beside it, never fewer (what the soak counts).
+        takes = [e for e in info_logs if e["event"] == "ledger taken for re-replication"]
+        assert all(e["copies_left"] == copies[e["ledger"]] for e in takes)
+        out_of_order = [
+            e
+            for e in takes
+            if e["fewest_copies_left_waiting"] is not None
+            and e["fewest_copies_left_waiting"] < e["copies_left"]
+        ]
+        assert out_of_order == []
+        assert sum(1 for e in takes if e["free_beside"] > 0) > len(ledgers) // 2
         per_worker: dict[str, list[int]] = defaultdict(list)
         for lid in sorted(commit_at, key=commit_at.__getitem__):
             if lid not in relocked:

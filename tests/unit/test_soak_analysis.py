@@ -351,15 +351,17 @@ def test_a_take_ahead_of_a_riskier_waiting_ledger_is_a_break_of_the_risk_order()
 
     lines = [
         line(10.0, "ledger taken for re-replication", ledger=7, copies_left=1,
-             fewest_copies_left_waiting=1),
+             free_beside=4, fewest_copies_left_waiting=1),
         line(11.0, "ledger taken for re-replication", "soak-1", ledger=8, copies_left=2,
-             fewest_copies_left_waiting=1),
+             free_beside=1, fewest_copies_left_waiting=1),
         line(12.0, "ledger taken for re-replication", ledger=9, copies_left=2,
-             fewest_copies_left_waiting=2),
+             free_beside=2, fewest_copies_left_waiting=2),
+        line(12.5, "ledger taken for re-replication", ledger=11, copies_left=2,
+             free_beside=0, fewest_copies_left_waiting=None),
         line(13.0, "ledger taken for re-replication", ledger=10),  # a take with no ranking
     ]  # fmt: skip
     got = figures(lines)
-    assert got["ledgers_taken"] == 4
+    assert got["ledgers_taken"] == 5
     assert got["takes_with_others_waiting"] == 3
     assert got["risk_order_breaks"] == [
         {
