@@ -498,8 +498,8 @@ class WorkerStatus(_message.Message):
     @_builtins.property
     def failures(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Attempts that did not finish, by reason (no_target, target_failed,
-        unrecoverable, unknown_bookies, metadata_conflict, verify_failed,
-        lock_lost, open_ledger, error); only reasons seen.
+        source_failed, unrecoverable, unknown_bookies, metadata_conflict,
+        verify_failed, lock_lost, open_ledger, error); only reasons seen.
         """
 
     @_builtins.property
