@@ -4,6 +4,7 @@ and the order it takes marks in (`RiskOrder`: the ranking cached, refreshed from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import AsyncIterator
@@ -506,6 +507,41 @@ async def test_without_persistent_watches_a_walk_every_second(
         await queue.close()
 
 
+@contextlib.asynccontextmanager
+async def behind_a_proxy(zk_hosts: str) -> AsyncIterator[tuple[ReplicationQueue, TcpProxy]]:
+    """A queue whose ZooKeeper client reaches the server through a cuttable proxy (the
+    session outlives a short cut), with ledger 7 taken."""
+    hosts, _, chroot = zk_hosts.partition("/")
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    await proxy.start()
+    worker = ZkClient(f"{proxy.address}/{chroot}", timeout=1.0, session_timeout=20.0)
+    await worker.start()
+    queue = ReplicationQueue(worker, ROOT, "w")
+    try:
+        yield queue, proxy
+    finally:
+        await queue.close()
+        await worker.close()
+        await proxy.stop()
+
+
+async def until_state(states: AsyncIterator[SessionState], wanted: SessionState) -> None:
+    async with asyncio.timeout(30):
+        async for state in states:
+            if state is wanted:
+                return
+
+
+async def taken_again_and_released(zk: ZkClient, queue: ReplicationQueue, lock_path: str) -> None:
+    """The next take deletes the lock left behind and finds ledger 7 free."""
+    again = await queue.take()
+    assert again is not None and again.ledger_id == 7
+    assert again.lock_path == lock_path
+    await queue.release(again)
+    assert await zk.get_children(LOCKS) == []
+
+
 async def test_a_release_the_store_did_not_answer_is_retried_at_the_next_take(
     zk: ZkClient, zk_hosts: str
 ) -> None:
@@ -515,35 +551,17 @@ async def test_a_release_the_store_did_not_answer_is_retried_at_the_next_take(
     worker, ours or Java's, could take the ledger."""
     urm = await _layout(zk)
     await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
-    hosts, _, chroot = zk_hosts.partition("/")
-    host, port = hosts.split(",")[0].rsplit(":", 1)
-    proxy = TcpProxy(host, int(port))
-    await proxy.start()
-    worker = ZkClient(f"{proxy.address}/{chroot}", timeout=1.0, session_timeout=20.0)
-    await worker.start()
-    queue = ReplicationQueue(worker, ROOT, "w")
-    try:
+    async with behind_a_proxy(zk_hosts) as (queue, proxy):
         taken = await queue.take()
         assert taken is not None and taken.ledger_id == 7
-        states = worker.states()  # subscribed before the cut: no change is missed
+        states = queue.zk.states()  # subscribed before the cut: no change is missed
         proxy.cut()
         with pytest.raises(ZkUnavailableError):
             await queue.release(taken)
         proxy.mend()
-        async with asyncio.timeout(30):
-            async for state in states:
-                if state is SessionState.CONNECTED:
-                    break
+        await until_state(states, SessionState.CONNECTED)
         assert queue.held() == []
-        again = await queue.take()
-        assert again is not None and again.ledger_id == 7
-        assert again.lock_path == taken.lock_path
-        await queue.release(again)
-        assert await zk.get_children(LOCKS) == []
-    finally:
-        await queue.close()
-        await worker.close()
-        await proxy.stop()
+        await taken_again_and_released(zk, queue, taken.lock_path)
 
 
 async def test_a_release_while_the_connection_is_suspended_is_retried_at_the_next_take(
@@ -557,40 +575,19 @@ async def test_a_release_while_the_connection_is_suspended_is_retried_at_the_nex
     released during a ZooKeeper restart stayed locked until the daemon's end)."""
     urm = await _layout(zk)
     await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
-    hosts, _, chroot = zk_hosts.partition("/")
-    host, port = hosts.split(",")[0].rsplit(":", 1)
-    proxy = TcpProxy(host, int(port))
-    await proxy.start()
-    worker = ZkClient(f"{proxy.address}/{chroot}", timeout=1.0, session_timeout=20.0)
-    await worker.start()
-    queue = ReplicationQueue(worker, ROOT, "w")
-    try:
+    async with behind_a_proxy(zk_hosts) as (queue, proxy):
         taken = await queue.take()
         assert taken is not None and taken.ledger_id == 7
-        states = worker.states()  # subscribed before the cut: no change is missed
+        states = queue.zk.states()
         proxy.cut()
-        async with asyncio.timeout(30):
-            async for state in states:
-                if state is SessionState.SUSPENDED:
-                    break
-        assert worker.session is None
+        await until_state(states, SessionState.SUSPENDED)
+        assert queue.zk.session is None
         with pytest.raises(StoreUnavailableError):
             await queue.release(taken)
         proxy.mend()
-        async with asyncio.timeout(30):
-            async for state in states:
-                if state is SessionState.CONNECTED:
-                    break
+        await until_state(states, SessionState.CONNECTED)
         assert await zk.get_children(LOCKS) == ["urL0000000007"]  # still ours
-        again = await queue.take()
-        assert again is not None and again.ledger_id == 7
-        assert again.lock_path == taken.lock_path
-        await queue.release(again)
-        assert await zk.get_children(LOCKS) == []
-    finally:
-        await queue.close()
-        await worker.close()
-        await proxy.stop()
+        await taken_again_and_released(zk, queue, taken.lock_path)
 
 
 # --- the order ----------------------------------------------------------------------
