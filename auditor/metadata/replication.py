@@ -338,6 +338,9 @@ class ReplicationQueue:
         #: which an entry whose key is no longer the ledger's is skipped.
         self._keys: dict[int, tuple[float, ...]] = {}
         self._heap: list[tuple[tuple[float, ...], int]] = []
+        #: The candidates the last take found locked (by the listing, or by a lock it
+        #: could not create: another worker's, made before the watch told us).
+        self._found_locked: set[int] = set()
 
     # --- taking -------------------------------------------------------------------
 
@@ -351,6 +354,7 @@ class ReplicationQueue:
             self._wake = asyncio.Event()
         marks = await self.refresh()
         visited: set[str] = set()
+        self._found_locked = set()
         # Candidates popped stay candidates (locked, taken: still marked), even when the
         # take is cancelled: back into the heap at the end, unless ranked again meanwhile.
         passed: list[tuple[tuple[float, ...], int]] = []
@@ -366,6 +370,7 @@ class ReplicationQueue:
                 passed.append((key, lid))
                 locked = await self._list(self.locks, visited)
                 if locked is not None and mark_name(lid) in locked:
+                    self._found_locked.add(lid)
                     continue
                 read = await self._read_candidate(lid, path)
                 if read is None:
@@ -380,6 +385,7 @@ class ReplicationQueue:
                 taken = await self._try_leaf(lid, path, data, stat)
                 if taken is not None:
                     return taken
+                self._found_locked.add(lid)  # locked by another before the listing said so
             return None
         finally:
             for item in passed:
@@ -617,7 +623,11 @@ class ReplicationQueue:
         beside each take, so the soak judges the order from outside the heap."""
         locked = set(self._listings.get(self.locks, self._locked))
         locked.update(path.rsplit("/", 1)[1] for path in self._held)
-        return [lid for lid in self._keys if mark_name(lid) not in locked]
+        return [
+            lid
+            for lid in self._keys
+            if mark_name(lid) not in locked and lid not in self._found_locked
+        ]
 
     def queued(self, limit: int) -> list[tuple[int, bool]]:
         """The first `limit` marks in take order as last ranked, each with whether its lock
