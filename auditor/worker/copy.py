@@ -18,16 +18,17 @@ upstream, it is on purpose:
 * **Lost is told from unavailable.** An entry is *unreadable* (lost) only when every
   source that may hold it says so: it answers ENOENTRY or ENOLEDGER, or serves a body
   whose digest or ids do not match (and when no registered bookie of its write set is
-  left to ask). Such entries are listed in `unreadable` and the copy goes on, so one
-  attempt names every range with no copy left (upstream stops at the first one and
-  learns the rest attempt by attempt). An entry that no source served while one of
-  them *failed* (EIO, ETOOMANYREQUESTS, any other error, no answer: a busy, stalled or
-  restarting bookie) is *unavailable*: it may well be there, so it says nothing about
-  loss. It stops the copy (the segment cannot be committed this attempt, and the
-  failing source would only cost every later entry its timeout) and goes to the
-  caller as a passing failure, retried after upstream's failed-ledger delay, never
-  as an unrecoverable ledger. The target failing (EUA, EREADONLY, no answer) stops
-  the copy too: nothing written after that could be used.
+  left to ask, unless one that is not registered is not named lost by the mark: it is
+  away, maybe restarting, and the entry is unavailable). Such entries are listed in
+  `unreadable` and the copy goes on, so one attempt names every range with no copy left
+  (upstream stops at the first one and learns the rest attempt by attempt). An entry
+  that no source served while one of them *failed* (EIO, ETOOMANYREQUESTS, any other
+  error, no answer: a busy, stalled or restarting bookie) is *unavailable*: it may well
+  be there, so it says nothing about loss. It stops the copy (the segment cannot be
+  committed this attempt, and the failing source would only cost every later entry its
+  timeout) and goes to the caller as a passing failure, retried after upstream's
+  failed-ledger delay, never as an unrecoverable ledger. The target failing (EUA,
+  EREADONLY, no answer) stops the copy too: nothing written after that could be used.
 * **A sliding window.** At most `batch` (`rereplicationEntryBatchSize`) entries are in
   flight, each from its read to its write; a new one starts as soon as one ends.
   Upstream's batch-then-wait idles on the slowest entry of every batch; the window
@@ -124,6 +125,10 @@ class CopyTask:
     #: Bookies that may serve copies; each entry is read only from those of them in its
     #: write set, in write-set order.
     sources: tuple[str, ...]
+    #: Bookies of the ledger not registered now and not named by the mark (restarting,
+    #: maybe): an entry no source serves while one of these is in its write set (the
+    #: position's own bookie included) is unavailable, not lost.
+    away: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +449,14 @@ class _Run:
             b for b in members if b in self.suspect
         ]
 
+    def _away(self, entry_id: int) -> list[str]:
+        """The entry's write-set members that are away (`CopyTask.away`): they may hold it."""
+        if not self.task.away:
+            return []
+        seg = self.plan.segment
+        schedule = write_set(entry_id, self.plan.ensemble_size, self.plan.write_quorum)
+        return [seg.bookies[i] for i in schedule if seg.bookies[i] in self.task.away]
+
     async def _read(self, entry_id: int) -> bytes | _Miss:
         """A verified body of the entry from the first source that serves one; else
         `_Miss.ABSENT` when every source answered it has none or served a bad copy (or
@@ -500,6 +513,10 @@ class _Run:
                 )
             )
             return body
+        away = self._away(entry_id)
+        if away:
+            failed = True
+            why += [f"{b}: not registered, not named lost by the mark" for b in away]
         if not failed:
             return _Miss.ABSENT
         if not self.unavailable_why:

@@ -350,13 +350,15 @@ class LedgerRepairer:
     ) -> tuple[int, Outcome | None]:
         """Copies and commits segment by segment; (fragments committed, a failure or None)."""
         placement = await self.placements.placement(md, await self.ctx.registered(), replace)
-        return await self._copy_and_commit(taken, md, placement.targets(md, repairs, self.rng))
+        work = placement.targets(md, repairs, self.rng)
+        return await self._copy_and_commit(taken, md, work, replace)
 
     async def _copy_and_commit(
         self,
         taken: TakenLedger,
         md: LedgerMetadata,
         work: Iterable[tuple[int, list[Repair], dict[int, str] | NoTargetError]],
+        replace: Set[str] = frozenset(),
     ) -> tuple[int, Outcome | None]:
         """Per segment: copies its repairs to their targets, then commits them in one
         version-checked write fenced on the lock (never a segment with an unreadable
@@ -365,6 +367,13 @@ class LedgerRepairer:
         committed = 0
         unreadable: list[tuple[int, int]] = []
         unavailable: list[str] = []
+        # Bookies not registered now that neither the mark nor the operator (`replace`:
+        # `recover`, `decommission`) names: the auditor has not declared them lost (a
+        # host restarting within lostBookieRecoveryDelay, say), so the copies they hold
+        # are away, not gone.
+        registered = (await self.ctx.registered()).available
+        named = set(taken.missing_replicas) | set(replace)
+        away = frozenset(b for b in md.bookies() if b not in registered and b not in named)
         for seg_index, seg_repairs, targets in work:
             if isinstance(targets, NoTargetError):
                 return committed, Outcome(False, Failure.NO_TARGET, str(targets), committed)
@@ -381,6 +390,7 @@ class LedgerRepairer:
                     target=targets[r.bookie_index],
                     entries=r.entries,
                     sources=r.sources,
+                    away=away,
                 )
                 res = await self._copy(task)
                 results.append(res)

@@ -151,6 +151,48 @@ async def test_a_source_failing_for_a_moment_is_retried_soon_not_taken_for_loss(
         assert await UnderreplicationManager(zk, ROOT).get(LID) is None
 
 
+async def test_copies_only_on_a_bookie_the_mark_does_not_name_are_away_not_lost(
+    zk: ZkClient,
+) -> None:
+    """Found by the soak with real workers: E3/W2 on b0, b1, b2; b0 lost its data (the
+    mark names it) and, as the worker copies, b1 (entry 0's other holder) is down for a
+    restart, unregistered, within lostBookieRecoveryDelay, so the mark does not name it.
+    Entry 0 then has no source to read, but its copy on b1 is away, not gone: a passing
+    failure (the failed-ledger delay, seconds), repaired once b1 is back. Before, it was
+    unrecoverable: reported as loss and locked for worker.unrecoverable_retry (an hour).
+    A bookie the mark names stays lost (`test_worker_faults.py::
+    test_an_unrecoverable_ledger_is_reported_kept_marked_and_tried_once_per_backoff`)."""
+    async with test_cluster(zk, 5, password=PASSWORD) as tc:
+        b = tc.ids
+        written = await tc.writer.write_ledger(
+            LID, [(0, (b[0], b[1], b[2]))], write_quorum=2, ack_quorum=2, num_entries=ENTRIES
+        )
+        emptied, restarting = tc.by_id(b[0]), tc.by_id(b[1])
+        kept = {e: emptied.entry_body(LID, e) for e in range(ENTRIES)}
+        emptied.drop_ledger(LID)
+        await UnderreplicationManager(zk, ROOT).mark_underreplicated(LID, [b[0]])
+        await restarting.crash()  # unregistered, its data kept
+        overrides = ("lockReleaseOfFailedLedgerGracePeriod=32000",)
+        async with worker(tc, *overrides) as (w, log):
+            await until(log.changed, lambda: bool(not_replicated(log)), "the first attempt", 30)
+            [(level, reason, detail)] = not_replicated(log)
+            [(_, fields, _)] = log.find("ledger not re-replicated")
+            assert (level, reason, fields["lock_held_for_s"]) == ("warning", "source_failed", 1.0)
+            assert f"{b[1]}: not registered, not named lost by the mark" in detail, detail
+            assert w.state.unrecoverable == {}
+            await restarting.start()
+            await replicated(w, log)
+            assert w.state.failures == Counter({Failure.SOURCE_FAILED: 1})
+        data, _ = await zk.get(written.path)
+        md = decode_ledger_metadata(data, LID)
+        [seg] = md.segments
+        assert seg.bookies[1:] == (b[1], b[2]) and seg.bookies[0] in (b[3], b[4])
+        for e in range(ENTRIES):
+            if stores_entry(0, e, 3, 2):
+                assert tc.by_id(seg.bookies[0]).entry_body(LID, e) == kept[e], e
+        assert await UnderreplicationManager(zk, ROOT).get(LID) is None
+
+
 # --- b) an open ledger no recovery can close -------------------------------------------------
 
 GRACE_MS = 500
