@@ -420,3 +420,25 @@ def test_soak_worker_setting() -> None:
     assert parse_worker(" simulated ") == "simulated"
     with pytest.raises(ValueError, match="SOAK_WORKER: 'java'"):
         parse_worker("java")
+
+
+def test_fds_judged_against_what_a_leading_copying_daemon_holds_and_not_under_a_siege() -> None:
+    from pathlib import Path
+
+    from soak.analysis import _flatness
+    from soak.cluster import Incarnation
+
+    def inc(early: int, late: int, siege_at: float | None = None) -> Incarnation:
+        i = Incarnation(1, Path("/dev/null"), 0.0)
+        for t in range(0, 400, 10):
+            fds = early if t < 200 else late
+            if siege_at is not None and t >= siege_at:
+                fds = 280
+            i.samples.append((float(t), 60_000, fds))
+        return i
+
+    assert _flatness(inc(19, 31))["verdict"] == "flat"  # seed 5151: no leak
+    assert _flatness(inc(19, 45))["verdict"] == "grew"
+    sieged = inc(24, 24, siege_at=290.0)
+    assert _flatness(sieged)["verdict"] == "grew"
+    assert _flatness(sieged, [(290.0, 400.0)])["verdict"] == "flat"
