@@ -349,15 +349,17 @@ class LedgerRepairer:
         replace: Set[str] = frozenset(),
     ) -> tuple[int, Outcome | None]:
         """Copies and commits segment by segment; (fragments committed, a failure or None)."""
-        placement = await self.placements.placement(md, await self.ctx.registered(), replace)
+        registered = await self.ctx.registered()
+        placement = await self.placements.placement(md, registered, replace)
         work = placement.targets(md, repairs, self.rng)
-        return await self._copy_and_commit(taken, md, work, replace)
+        return await self._copy_and_commit(taken, md, work, registered, replace)
 
     async def _copy_and_commit(
         self,
         taken: TakenLedger,
         md: LedgerMetadata,
         work: Iterable[tuple[int, list[Repair], dict[int, str] | NoTargetError]],
+        registered: BookieSet,
         replace: Set[str] = frozenset(),
     ) -> tuple[int, Outcome | None]:
         """Per segment: copies its repairs to their targets, then commits them in one
@@ -371,9 +373,10 @@ class LedgerRepairer:
         # `recover`, `decommission`) names: the auditor has not declared them lost (a
         # host restarting within lostBookieRecoveryDelay, say), so the copies they hold
         # are away, not gone.
-        registered = (await self.ctx.registered()).available
+        # (`registered` is the registry the targets were chosen from: read once.)
         named = set(taken.missing_replicas) | set(replace)
-        away = frozenset(b for b in md.bookies() if b not in registered and b not in named)
+        up = registered.available
+        away = frozenset(b for b in md.bookies() if b not in up and b not in named)
         for seg_index, seg_repairs, targets in work:
             if isinstance(targets, NoTargetError):
                 return committed, Outcome(False, Failure.NO_TARGET, str(targets), committed)
@@ -586,7 +589,7 @@ class LedgerRepairer:
                 refusals.append(str(exc))
                 continue
             work.append((k, list(placement_repairs(md, k, moves, registered.available)), moves))
-        committed, failed = await self._copy_and_commit(taken, md, work)
+        committed, failed = await self._copy_and_commit(taken, md, work, registered)
         if failed is None and refusals:
             failed = self._cannot_adhere(taken.ledger_id, refusals, committed)
         return committed, failed
