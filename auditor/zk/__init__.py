@@ -1,4 +1,6 @@
-"""The ZooKeeper adapter of the metadata-store port: the only place that talks to kazoo.
+"""Everything above the adapters is written against the metadata-store port, not kazoo, so
+that etcd can stand in for ZooKeeper; this package, the port's ZooKeeper adapter, is the only
+place that talks to kazoo.
 
 `ZkClient` is an asyncio facade with a timeout on every call; it raises the port's
 errors (`auditor.store`), re-exported here with the ZooKeeper-only ones (credentials,

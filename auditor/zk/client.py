@@ -1,8 +1,10 @@
-"""An asyncio facade over one kazoo client.
+"""kazoo's calls finish on kazoo's own threads and can wait until a session expires, while
+everything above runs on one asyncio loop and needs a deadline on every call; this facade is
+the one place that crosses over, and the one that turns kazoo's errors into the port's.
 
-kazoo has no asyncio handler, so we keep its threading handler and bridge at
-the edges: every `*_async` call's result is handed to the event loop with
-`call_soon_threadsafe`, and every call is wrapped in a timeout because kazoo
+An asyncio facade over one kazoo client. kazoo has no asyncio handler, so we keep its
+threading handler and bridge at the edges: every `*_async` call's result is handed
+to the event loop with `call_soon_threadsafe`, and every call is wrapped in a timeout because kazoo
 queues requests while the connection is SUSPENDED (a call made then can block
 until the session expires). One kazoo connection carries all calls, so many
 reads can be in flight without holding a thread each.

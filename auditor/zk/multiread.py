@@ -1,14 +1,15 @@
-"""ZooKeeper 3.6+ `multiRead` (opcode 22) on top of kazoo 2.11's protocol layer.
+"""Reading ledger metadata is the auditor's hot path, and one `getData` per znode costs a
+request, a reply, a kazoo async result and a hop to the event loop each; ZooKeeper 3.6+ reads
+a whole batch in one request, but kazoo has no API for it.
 
-Reading ledger metadata is the auditor's hot path, and one `getData` per znode
-costs a request, a reply, a kazoo async result and a hop to the event loop
-each. `multiRead` carries many reads in one request and answers them in one
+ZooKeeper 3.6+ `multiRead` (opcode 22) on top of kazoo 2.11's protocol layer.
+`multiRead` carries many reads in one request and answers them in one
 reply, each read with its own result (a read that fails, say on a znode that
-is gone, does not fail the others). kazoo has no API for it, so this module
-adds the request class kazoo's connection sends like any of its own (`type`,
-`serialize()`, `deserialize(buffer, offset)`), as `persistent.py` does for
-`addWatch`. It is hand-written against the jute records (facts of the wire
-format, not code from ZooKeeper or kazoo):
+is gone, does not fail the others). This module adds the request class kazoo's
+connection sends like any of its own (`type`, `serialize()`,
+`deserialize(buffer, offset)`), as `persistent.py` does for `addWatch`. It is
+hand-written against the jute records (facts of the wire format, not code from
+ZooKeeper or kazoo):
 
 - request: per op, MultiHeader(int type, bool done=false, int err=-1), then
   the op's record: getData (4) and getChildren (8) both (ustring path, bool

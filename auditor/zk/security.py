@@ -1,11 +1,13 @@
-"""ZooKeeper credentials and the ACL policy of what the auditor creates.
+"""The auditor writes into BookKeeper's tree, so on a secured cluster it must authenticate as
+the Java nodes do and create its znodes with the ACL BookKeeper would give them, or it leaves
+world-writable holes; the credentials and that policy are settled here, once, at start.
 
+ZooKeeper credentials and the ACL policy of what the auditor creates.
 A secured BookKeeper (`zkEnableSecurity=true`) creates every znode with
 ZooKeeper's CREATOR_ALL_ACL: all permissions for the identities the creating
-session authenticated as, nobody else. The auditor writes into the same tree
-(under-replication marks and their parents, the urm LAYOUT, election votes,
-check ctimes, lostBookieRecoveryDelay), so it must do the same, or it would
-leave world-writable holes in a secured cluster. Without the flag BookKeeper
+session authenticated as, nobody else. The auditor's writes (under-replication
+marks and their parents, the urm LAYOUT, election votes, check ctimes,
+lostBookieRecoveryDelay) do the same. Without the flag BookKeeper
 uses OPEN_ACL_UNSAFE, which is kazoo's default as well.
 
 Credentials are given as text, one per line, in the forms ZooKeeper knows:

@@ -1,13 +1,15 @@
-"""ZooKeeper over TLS, configured with the client properties Java deployments already have.
+"""An auditor beside Pulsar and BookKeeper nodes must reach a TLS-only ZooKeeper with the
+settings those Java nodes already have, not a second dialect of them, and kazoo's own TLS
+(file names only, its trust store added to the system's CAs) cannot honour them.
 
+ZooKeeper over TLS, configured with the client properties Java deployments already have.
 A ZooKeeper that serves only its `secureClientPort` is reached by Java
 clients through system properties (`-Dzookeeper.client.secure=true`,
 `-Dzookeeper.ssl.trustStore.location=...`), set in Pulsar's and BookKeeper's
-Java options or in a `zookeeper.client.config` file. An auditor beside those
-nodes should read the very same settings rather than a second dialect of
-them, so this module takes the Java property names (`ZKClientConfig`,
-`X509Util`) and their defaults, and turns them into one `ZkTls`: what
-`ZkClient` needs to open its connections.
+Java options or in a `zookeeper.client.config` file. This module takes the
+very same Java property names (`ZKClientConfig`, `X509Util`) and their
+defaults, and turns them into one `ZkTls`: what `ZkClient` needs to open its
+connections.
 
 What the names mean here, and where it differs from Java:
 

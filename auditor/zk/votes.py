@@ -1,12 +1,14 @@
-"""BookKeeper's auditor votes, cast with kazoo's Lock recipe (ZooKeeper only).
+"""Our daemons and BookKeeper's Java auditors must elect one auditor by one rule, so our vote
+has to be cast exactly as theirs; the recipe that casts it makes blocking kazoo calls, which
+stay inside the adapter.
 
+BookKeeper's auditor votes, cast with kazoo's Lock recipe (ZooKeeper only).
 BookKeeper's ZooKeeper driver elects its auditor with ephemeral-sequential votes
 `V_<seq>` under `<root>/underreplication/auditorelection`; the lowest sequence leads.
 kazoo's Lock recipe with its node name set to "V_" casts exactly such votes (`<uuid>V_<seq>`:
 kazoo needs the unique prefix to find its node again after a connection loss; Java reads
 the number after "V_" and the hex uuid never contains "V_") and orders contenders by the
-same number, Java's votes included. It is a kazoo recipe with blocking calls, so it
-lives in this adapter and is run on a thread by the daemon's `Elector`.
+same number, Java's votes included. The daemon's `Elector` runs it on a thread.
 """
 
 from __future__ import annotations
