@@ -1,4 +1,6 @@
-"""The etcd adapter of the metadata-store port: the only place that talks to etcd.
+"""Pulsar and BookKeeper can keep their metadata in etcd instead of ZooKeeper, and the rest
+of the product should not care which; this package, the port's etcd adapter, is the only
+place that talks to etcd.
 
 `EtcdStore` keeps the tree as Apache Pulsar's `EtcdMetadataStore` lays it out in etcd
 keys (see `store.py`), behind the same `auditor.store.MetadataStore` port as

@@ -1,4 +1,8 @@
-"""`EtcdStore`: the metadata-store port on etcd v3, keys laid out as Pulsar lays them out.
+"""On etcd, Pulsar keeps the tree ZooKeeper would hold in flat keys, and what Pulsar writes
+we must read and the other way round; the rest of the product needs that tree with
+ZooKeeper's versions, children, ephemerals and sessions, as on ZooKeeper.
+
+`EtcdStore`: the metadata-store port on etcd v3, keys laid out as Pulsar lays them out.
 
 Why aetcd: it is the maintained asyncio etcd v3 client, built on grpc.aio with the same
 grpcio and protobuf as the rest of the product (python-etcd3 is synchronous and

@@ -1,7 +1,8 @@
-"""The metadata-store port (`port.py`) and the errors every adapter raises (`errors.py`).
+"""Code above the adapters must not know which store answers, so it imports the store's
+interface and errors from this package only, never from `auditor.zk` or `auditor.etcd`.
 
-Code above the adapters imports the store from here only; `open_store` lives in
-`auditor.metadata.cluster`, which knows the adapters.
+The metadata-store port (`port.py`) and the errors every adapter raises (`errors.py`);
+`open_store` lives in `auditor.metadata.cluster`, which knows the adapters.
 """
 
 from auditor.store.errors import (

@@ -1,8 +1,8 @@
-"""What a metadata store's calls raise, whichever store it is.
+"""Callers branch on what a store's call ran into (a node that is missing, already there,
+at another version, not empty) and must not learn which store answered, so both adapters
+raise one set of errors in place of their client libraries' own.
 
-Callers branch on these (a node that is missing, already there, at another version,
-not empty); the adapters (`auditor.zk`, `auditor.etcd`) raise them in place of their
-client libraries' own, so no code above the adapters knows which store answered.
+What a metadata store's calls raise, whichever store it is (`auditor.zk`, `auditor.etcd`).
 `StoreUnavailableError` and its kinds are operator errors with a readable message and
 the exit code of an unreachable service (3).
 """

@@ -1,8 +1,10 @@
-"""The metadata-store port: what the product needs from a metadata store.
+"""BookKeeper's metadata is one tree of named nodes with data and versions, whichever store
+holds it, so the product is written once against that tree; `MetadataStore` says what it
+needs from a store, and which semantics every adapter must keep for it.
 
-BookKeeper's metadata is a tree of named nodes with data and versions, whichever
-store holds it: ZooKeeper natively, etcd as Pulsar's `EtcdMetadataStore` lays that
-tree out in keys, or etcd as BookKeeper's own etcd driver does. Everything above the
+The metadata-store port. The tree is held by ZooKeeper natively, by etcd as Pulsar's
+`EtcdMetadataStore` lays that tree out in keys, or by etcd as BookKeeper's own etcd driver
+does. Everything above the
 adapters (metadata formats, checks, the index, the daemon, the worker, the CLI, the
 Spark scan) is written against `MetadataStore` and does not know which store it talks
 to. The adapters are `auditor.zk.ZkClient` (the only code that imports kazoo) and
