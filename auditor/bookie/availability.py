@@ -1,5 +1,8 @@
-"""Which entries of one ledger a bookie holds: BookKeeper's ``AvailabilityOfEntriesOfLedger``.
+"""Whether a bookie holds every entry it should is read from its compact answer to a list
+request, and BookKeeper's own reading of that answer calls entries missing that are there
+and walks ledgers entry by entry; the auditor needs a strict decoder and range arithmetic.
 
+Which entries of one ledger a bookie holds: BookKeeper's ``AvailabilityOfEntriesOfLedger``.
 A bookie answers GET_LIST_OF_ENTRIES_OF_LEDGER with a compact description of the
 entries it stores. The wire form is a 64-byte header (int32 version, int32 number of
 groups N, 56 reserved bytes) followed by N 24-byte *sequence groups*, big-endian:

@@ -1,11 +1,11 @@
-"""What one call to a bookie came to, as values a check can branch on.
+"""The auditor's verdicts hinge on one distinction: a bookie that *answered* ("I have no
+such ledger") is evidence, a bookie that did not answer is not; no check may take silence
+for "missing", so a bookie call's outcome is a value whose type says which it was.
 
-The auditor's verdicts hinge on one distinction: a bookie that *answered*
-("I have no such ledger") is evidence, a bookie that did not answer is not.
-Every client call therefore returns one of a few outcome types instead of
-raising, so that "missing" can only ever be concluded from an `Ok` or an
-`ErrorStatus`, and every kind of silence (`NoAnswer`, `CannotList`) is
-visibly something else:
+What one call to a bookie came to, as values a check can branch on.
+Every client call returns one of a few outcome types instead of raising, so that
+"missing" can only ever be concluded from an `Ok` or an `ErrorStatus`, and every
+kind of silence (`NoAnswer`, `CannotList`) is visibly something else:
 
 * `Ok(value)`: the bookie answered EOK.
 * `ErrorStatus(status)`: the bookie answered with that status (ENOLEDGER,
