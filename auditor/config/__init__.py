@@ -1,12 +1,14 @@
-"""Configuration: BookKeeper's own knobs under their own names, and ours, validated.
+"""Operators already tune their bookies with `bk_server.conf`, so the auditor takes the same
+keys to mean the same things, and refuses a bad value at start, naming the key, rather than
+meet it in the middle of a check.
 
-Operators already have a `bk_server.conf`; the checks honour the same keys
-with the same meaning and units, in the `[bookkeeper]` table of a TOML file
-(`--set KEY=VALUE` overrides one). Knobs BookKeeper has no word for (retry of
-unanswering bookies, probing, rack sources, concurrency) live in `[checks]`.
-Every value is validated here, and a bad one is a `ConfigError` that names the
-key (and where the value came from), so nothing downstream meets a nonsensical
-setting.
+Configuration: BookKeeper's own knobs under their own names, and ours, validated.
+The checks honour BookKeeper's keys with the same meaning and units, in the
+`[bookkeeper]` table of a TOML file (`--set KEY=VALUE` overrides one). Knobs
+BookKeeper has no word for (retry of unanswering bookies, probing, rack sources,
+concurrency) live in `[checks]`. Every value is validated here, and a bad one is a
+`ConfigError` that names the key (and where the value came from), so nothing
+downstream meets a nonsensical setting.
 
 - `model`: the sections (`BookKeeperConfig`, `ChecksConfig`, `AuditorConfig`)
   and each key's rule;

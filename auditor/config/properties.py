@@ -1,4 +1,7 @@
-"""BookKeeper's `bk_server.conf` as BookKeeper reads it: a hand-written Java-properties reader.
+"""The auditor reads the very `bk_server.conf` its bookies read, and the file must mean the
+same settings to both; no Python reader reads it as BookKeeper does.
+
+BookKeeper's `bk_server.conf` as BookKeeper reads it: a hand-written Java-properties reader.
 
 Why hand-written: BookKeeper (4.x, `AbstractConfiguration.loadConf`) reads its
 server configuration with Apache Commons Configuration 1.x's
