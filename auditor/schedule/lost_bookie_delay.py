@@ -1,10 +1,12 @@
-"""When the daemon audits lost bookies: `lostBookieRecoveryDelay` as a pure state machine.
+"""The rules of `lostBookieRecoveryDelay` interact in ways that are easy to get subtly wrong
+in callback code, so they live here without clock, timers or I/O, where tests can replay
+upstream's scenarios as event sequences.
 
+When the daemon audits lost bookies: `lostBookieRecoveryDelay` as a pure state machine.
 BookKeeper's auditor waits `lostBookieRecoveryDelay` seconds after a bookie
 disappears before marking its ledgers, so that a bookie restarting for an
-upgrade does not trigger a wave of re-replication. The rules (spec §1.4,
-§1.6, §1.9, §2.1) interact in ways that are easy to get subtly wrong in
-callback code, so they live here without clock, timers or I/O: the daemon
+upgrade does not trigger a wave of re-replication. For the rules (spec §1.4,
+§1.6, §1.9, §2.1) the daemon
 feeds events with explicit timestamps and carries out the returned decisions
 in order (`RunAuditNow`, `ScheduleAudit`, `CancelPendingAudit`). Tests replay
 upstream's scenarios as event sequences.

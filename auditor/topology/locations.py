@@ -1,7 +1,8 @@
-"""Network locations as BookKeeper writes them: `/rack`, `/region/rack`, `/zone/upgradedomain`.
+"""The placement check (judging ensembles) and whatever chooses bookies by location
+(what-if, a replication worker's replacement choice) must read a location exactly as
+BookKeeper's placement policies do, or one would refuse what the other chose.
 
-Shared by the placement check (judging ensembles) and by whatever chooses
-bookies by location (what-if, and a replication worker's replacement choice):
+Network locations as BookKeeper writes them: `/rack`, `/region/rack`, `/zone/upgradedomain`:
 the default locations each policy gives an unknown bookie, the normal form of
 a location, and how the region-aware and zone-aware policies read one.
 """

@@ -1,7 +1,9 @@
-"""Where bookies are: network locations (racks, `/zone/upgradedomain`, `/region/rack`).
+"""The placement check needs a location for every bookie named in an ensemble, and
+operators keep locations in several places (a file, BookKeeper's topology script, Pulsar's
+`/bookies`); one resolver asks them in a fixed order and refuses a half-read map.
 
-The placement check needs a location for every bookie named in an ensemble,
-including bookies that are down: a location is a property of where a machine
+Where bookies are: network locations (racks, `/zone/upgradedomain`, `/region/rack`).
+Bookies that are down need one too: a location is a property of where a machine
 sits, not of whether it answers right now (upstream forgets the rack of a bookie
 as soon as it unregisters, which turns every outage into placement alarms).
 

@@ -1,7 +1,9 @@
-"""BookKeeper's topology script (`ScriptBasedMapping`), run as the outside input it is.
+"""The topology script is the operator's program, and whatever it starts is too, yet a check
+waits on its answer; nothing it does may stall or flood the auditor, or quietly make up a
+rack.
 
-The script is the operator's program, and whatever it starts is too. Nothing
-it does may stall or flood the auditor, so every call is bounded three ways:
+BookKeeper's topology script (`ScriptBasedMapping`), run as the outside input it is.
+Every call is bounded three ways:
 
 * Time: the script runs in a process group of its own (a new session), and
   when the call outlasts its limit the whole group is killed with SIGKILL.

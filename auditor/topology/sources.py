@@ -1,8 +1,9 @@
-"""What every rack source shares: its error, and how it is asked about bookies.
+"""The resolver asks every rack source alike, yet each source should be readable, and
+testable, without the others; what they share is kept apart from all of them.
 
-Kept apart from the sources themselves (`racks.py` for the file and Pulsar's
-znode, `script.py` for the topology script) so that each can be read, and
-tested, without the others.
+What every rack source shares: its error, and how it is asked about bookies. The
+sources are `racks.py` (the file and Pulsar's znode) and `script.py` (the topology
+script).
 """
 
 from __future__ import annotations
