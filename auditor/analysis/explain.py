@@ -1,7 +1,9 @@
-"""Why one ledger is (or is not) flagged: every input and every check's verdict, in one document.
+"""An operator looking at a flagged ledger asks the same questions every time, and the
+answers must never disagree with the checks, so they come from the checks' own analysis
+cores, fed with one ledger's inputs.
 
-An operator looking at a flagged ledger asks the same questions every time:
-which bookies should hold what, which racks they sit in, what each bookie
+Why one ledger is (or is not) flagged: every input and every check's verdict, in one document.
+The questions: which bookies should hold what, which racks they sit in, what each bookie
 actually holds, how many copies each entry range has against the quorums,
 whether the ledger is marked, and what each check concluded from that. This
 module answers them from values the driver gathered (metadata, bookie

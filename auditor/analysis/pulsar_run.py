@@ -1,7 +1,10 @@
-"""The whole Pulsar audit of one cluster: the checks it leans on, the risk, then the join.
+"""The Pulsar audit weighs each ledger by its risk, and the risk model sits above the checks
+in the layers, so the audit's driver in `checks/` cannot call it; the whole audit is put
+together here instead.
 
+The whole Pulsar audit of one cluster: the checks it leans on, the risk, then the join.
 `checks/pulsar_audit_run.py` holds the audit's driver, which takes each ledger's
-risk as a callable because the risk model lives here, above the checks. This
+risk as a callable. This
 module supplies it (`ledger_domains`: per closed ledger, the bookies, racks and
 regions whose single loss would make it worse, from `analysis.risk`) and runs
 the audit as `pulsar-audit` and the daemon do: the placement check (metadata

@@ -1,7 +1,9 @@
-"""What a planned change would do, predicted from metadata alone: the pure what-if core.
+"""Before moving racks or taking bookies away, an operator wants to know what the checks
+will say afterwards; the prediction is made by the checks' own code, so that it is what the
+check will say once the change is made.
 
-Two kinds of change, judged by the same code the checks run, so that the
-prediction is what the check will say once the change is made:
+What a planned change would do, predicted from metadata alone: the pure what-if core.
+Two kinds of change:
 
 * **Placement** (a new rack map, another `minNumRacksPerWriteQuorum`): every
   closed ledger is judged by the placement core twice, with today's policy and

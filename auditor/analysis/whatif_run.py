@@ -1,9 +1,10 @@
-"""The what-if driver, on the live cluster or on a snapshot; it writes nothing.
+"""A what-if may be asked of the live cluster or of a snapshot, and a fresh snapshot must
+answer exactly as the live cluster does, so both are reduced to one view before one judging
+loop runs on it.
 
-Both sources are reduced to the same `ClusterView` (who is available, who is
-known, where each bookie is, ledger records in id order), and one judging loop
-runs on it, so a fresh snapshot answers exactly as the live cluster does. The
-same view feeds `risk --from-snapshot`.
+The what-if driver, on the live cluster or on a snapshot; it writes nothing.
+The view is a `ClusterView` (who is available, who is known, where each bookie
+is, ledger records in id order); it feeds `risk --from-snapshot` too.
 
 A new rack map (`--racks FILE`, the format of `checks.racks_file`) overlays
 today's locations: bookies it names move, the others stay where the

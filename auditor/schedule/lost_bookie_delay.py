@@ -6,10 +6,9 @@ When the daemon audits lost bookies: `lostBookieRecoveryDelay` as a pure state m
 BookKeeper's auditor waits `lostBookieRecoveryDelay` seconds after a bookie
 disappears before marking its ledgers, so that a bookie restarting for an
 upgrade does not trigger a wave of re-replication. For the rules (spec §1.4,
-§1.6, §1.9, §2.1) the daemon
-feeds events with explicit timestamps and carries out the returned decisions
-in order (`RunAuditNow`, `ScheduleAudit`, `CancelPendingAudit`). Tests replay
-upstream's scenarios as event sequences.
+§1.6, §1.9, §2.1) the daemon feeds events with explicit timestamps and carries
+out the returned decisions in order (`RunAuditNow`, `ScheduleAudit`,
+`CancelPendingAudit`).
 
 The daemon must not feed events while replication is disabled; upstream's
 auditor blocks its thread until replication is re-enabled and then processes
