@@ -1,9 +1,9 @@
-"""One ledger's metadata packed into a short `bytes`, bookie ids and passwords interned.
+"""The index holds every ledger of the cluster in memory, so the per-ledger cost is the
+design constraint (target: at most 200 bytes per ledger with the dict around it), and a
+`LedgerMetadata` object with its tuples and strings is several hundred bytes alone.
 
-The index holds every ledger of the cluster in memory, so the per-ledger cost
-is the design constraint (target: at most 200 bytes per ledger with the dict
-around it). A `LedgerMetadata` object with its tuples and strings is several
-hundred bytes; packed, a closed E=3 ledger with one ensemble is 61 bytes of
+One ledger's metadata packed into a short `bytes`, bookie ids and passwords interned.
+Packed, a closed E=3 ledger with one ensemble is 61 bytes of
 payload. Bookie ids repeat across millions of ledgers, so each is stored once
 in an `Interner` and referred to by a 16-bit number; so are passwords (Pulsar
 uses one per cluster) and error reasons.

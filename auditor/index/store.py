@@ -1,7 +1,9 @@
-"""The leader's in-memory ledger metadata index, and a walker that reads from it.
+"""Every check walks every ledger, and on a large cluster one ZooKeeper read per ledger is
+most of a check's cost; the leader keeps the metadata in memory, so that its walks are a pass
+over memory instead.
 
-Every check walks the ledgers; with the index a walk is a pass over memory
-instead of one ZooKeeper read per ledger. `IndexWalker` has the interface of
+The leader's in-memory ledger metadata index, and a walker that reads from it.
+`IndexWalker` has the interface of
 `LedgerWalker` (records in id order, stats, `max_ledger_id`, `read`), so the
 check drivers do not know which one they were given. `read` still goes to
 ZooKeeper: it is the fresh look BP-34 asks for before a violation is reported,

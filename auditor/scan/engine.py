@@ -1,9 +1,9 @@
-"""What a scan engine does: run partitions of the checks somewhere, keep their rows.
+"""A scan's partitions may run in this process or on a Spark cluster, and its driver
+(`auditor.scan.job`) must plan, retry, mark and summarise the same way whichever runs them;
+it is written against this protocol only.
 
-Two engines exist: in-process (`asyncio`) and Spark (`spark`). The scan's
-driver (`auditor.scan.job`) is written against this protocol only, so it
-plans, retries, marks and summarises the same way whichever engine runs the
-partitions.
+What a scan engine does: run partitions of the checks somewhere, keep their rows.
+Two engines exist: in-process (`asyncio`) and Spark (`spark`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Opening an engine by name: the one module that knows every engine's class.
+"""The engines import their interface from `auditor.scan.engine` (with the helpers they
+share), so what names every engine's class cannot live there without an import cycle.
 
-Kept apart from `auditor.scan.engine` (the interface and the helpers the
-engines share) so that the engines can import that interface without a cycle.
+Opening an engine by name: the one module that knows every engine's class.
 """
 
 from __future__ import annotations

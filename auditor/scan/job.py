@@ -1,4 +1,7 @@
-"""The scan's driver: plan, stage, retry, mark once, summarise; the same for every engine.
+"""However many places its partitions run in, a scan must re-check silent bookies, write
+marks and report once, and exactly as an in-process check does; that one driver lives here.
+
+The scan's driver: plan, stage, retry, mark once, summarise; the same for every engine.
 
 1. Plan id ranges from listings of the ledger tree (no ledger is read here).
 2. Stage 1: every range runs the partitioned checks (metadata, placement,

@@ -1,7 +1,8 @@
-"""The in-process engine: the scan's partitions as tasks on this event loop.
+"""A scan must run without a Spark cluster too (the daemon's default, the CLI, the tests),
+with the same partitions, drivers and output as on Spark; only the place they run differs.
 
-Same partitions, same drivers, same output as the Spark engine; only the
-place the partitions run differs. Coverage rows (and a snapshot's ledger
+The in-process engine: the scan's partitions as tasks on this event loop.
+Coverage rows (and a snapshot's ledger
 rows) stream into one Parquet file in batches, and a snapshot is judged a
 batch at a time, so memory stays flat however many ledgers there are.
 """

@@ -1,12 +1,14 @@
-"""What a user chooses for a scan engine: its name, and the Spark settings handed to it.
+"""The command line and the daemon's `[scan]` table both choose an engine and its Spark
+settings, and must accept and refuse the same ones in the same words, without loading the
+checks' drivers to do it.
 
+What a user chooses for a scan engine: its name, and the Spark settings handed to it.
 Both the command line (`--engine`, repeated `--spark-conf spark.KEY=VALUE`)
 and the daemon's `[scan]` table (`daemon.engine`, `scan.spark_conf` as a TOML
 table, or `spark.KEY=VALUE;...` text from `--set` and the environment) take
-them; they are named and checked once, here, so both accept the same engines
-and the same Spark settings and refuse a bad one with the same words. Kept
-apart from `auditor.scan.engine`, which loads the checks' drivers, so that
-parsing a command line does not.
+them; they are named and checked once, here. Kept apart from
+`auditor.scan.engine`, which loads the checks' drivers, so that parsing a
+command line does not.
 """
 
 from __future__ import annotations

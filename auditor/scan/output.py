@@ -1,4 +1,8 @@
-"""A scan's output directory: the datasets' columns, the rows, and the summary.
+"""A scan's results are read after it ends, by people and by other tools, whichever engine
+wrote them, so the layout and the columns are fixed in one place; and DIR is the operator's
+input, whose faults must be one line, found before the scan connects where they can be.
+
+A scan's output directory: the datasets' columns, the rows, and the summary.
 
 Layout of DIR (the same from every engine):
 - `violations/`: Parquet, one row per violation (ledger, check, category,

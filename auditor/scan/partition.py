@@ -1,5 +1,8 @@
-"""One partition of a scan: its own ZooKeeper session and bookie connections, the checks' drivers.
+"""A Spark executor gets nothing from the driver but picklable values, yet must run the
+checks' own drivers against one id range, on connections of its own; a partition is that
+unit of work, the same when the in-process engine runs it.
 
+One partition of a scan: its own ZooKeeper session and bookie connections, the checks' drivers.
 This is what a Spark task (or the in-process engine) runs for one id range or
 one batch of ledgers to re-check. It is the checks' own drivers, given a
 context restricted to the range, with marks held back for the scan's driver

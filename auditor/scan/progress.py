@@ -1,10 +1,11 @@
-"""How far a scan or a snapshot is: per stage, partitions done and the share of the work.
+"""A check walks once, in id order, so its own `Progress` can say how far it is; a scan's
+partitions run at once, in this process or on Spark executors, and no single walk sees the
+whole, yet the operator still wants a progress line and an ETA.
 
-A check walks once, in id order, so its own `Progress` can say how far it is.
-A scan runs stages (the first pass, each retry, a snapshot's write), each as
-partitions that run at once, in this process or on Spark executors; no single
-walk sees the whole. So the engine keeps a `StageTally` of the stage it runs
-and the scan's driver reads it on a timer (`reporting_stages`), logging one
+How far a scan or a snapshot is: per stage, partitions done and the share of the work.
+A scan runs stages (the first pass, each retry, a snapshot's write). The engine
+keeps a `StageTally` of the stage it runs and the scan's driver reads it on a
+timer (`reporting_stages`), logging one
 "scan progress" line every `checks.progress_interval` seconds: the stage, the
 partitions done, the share of the stage done, ledgers walked where the engine
 knows them, and an ETA from the share. The CLI draws that event as a bar on a

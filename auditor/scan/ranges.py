@@ -1,7 +1,9 @@
-"""Splitting the ledger id space into partitions from cheap listings of the tree.
+"""A scan's driver must spread the reading of ledgers over partitions without reading them
+itself (that is the work being spread out), and every ledger, even one created after the
+plan, must fall in exactly one partition.
 
-A scan's driver must not read ledgers (that is the work being spread out), but
-it can list directories: in the hierarchical layouts a directory spells a
+Splitting the ledger id space into partitions from cheap listings of the tree.
+The driver can list directories: in the hierarchical layouts a directory spells a
 decimal prefix of every id below it, so listings alone tell where ledgers are.
 The plan descends level by level to the directories that hold leaves (at most
 10,000 ledgers each); when there are fewer of those than a few per partition,

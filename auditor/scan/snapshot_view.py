@@ -1,7 +1,7 @@
-"""A snapshot as what-if and risk see a live cluster: a `ClusterView` read from Parquet.
+"""What-if and risk take any `ClusterView` and sit below the scan layer, so the view read
+from a snapshot lives here, with the snapshot code; only the CLI chooses a snapshot's.
 
-Lives with the snapshot code (the scan layer) so that the analyses stay below
-it: they take any `ClusterView`, and only the CLI chooses a snapshot's.
+A snapshot as what-if and risk see a live cluster: a `ClusterView` read from Parquet.
 """
 
 from __future__ import annotations

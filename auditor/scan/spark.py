@@ -1,5 +1,7 @@
-"""The Spark engine: each partition is a Spark task running the checks with asyncio inside.
+"""A cluster too large for one process to check in good time can have its partitions spread
+over a Spark cluster, each task running the same asyncio checks as the in-process engine.
 
+The Spark engine: each partition is a Spark task running the checks with asyncio inside.
 A stage is one `mapPartitions` over id ranges (or over ledger ids to re-check).
 A task opens its own ZooKeeper session and bookie connections, runs the
 partition on a fresh event loop and yields one small result (partial reports,
