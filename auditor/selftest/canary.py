@@ -1,8 +1,9 @@
-"""The end-to-end canary: known-bad ledgers under a ledgers root of their own, real drivers.
+"""The self-test proves the analysis cores, but a finding also depends on the ZooKeeper walk,
+metadata decoding, the bookie client on the wire, the rack source and the drivers; only
+known-bad ledgers on the real cluster, run through the real drivers, prove that path.
 
-The self-test proves the analysis cores; the canary proves the rest of the
-path a finding takes: ZooKeeper walk, metadata decoding, the bookie client
-on the wire, the rack source, the replicas and placement drivers. The leader
+The end-to-end canary: known-bad ledgers under a ledgers root of their own, real drivers.
+The leader
 keeps a few synthetic ledgers under `selftest.canary_root` (never the real
 ledgers root) and runs both drivers over that root with marking off:
 

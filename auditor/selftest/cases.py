@@ -1,5 +1,8 @@
-"""The self-test's fixtures: one known defect per category of every check, and controls.
+"""A check's core that stops detecting a defect is caught only by an input known to carry
+exactly that defect, with its exact answer known in advance; these are those inputs, kept
+apart from the harness that runs them.
 
+The self-test's fixtures: one known defect per category of every check, and controls.
 Each case builds a small synthetic input, calls the check's pure core through
 `Cores`, and reduces the answer to a plain value (category, ledger, entries,
 bookies) that must equal the expected one exactly. The fixtures are chosen

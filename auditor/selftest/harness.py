@@ -1,8 +1,9 @@
-"""The detector self-test: known-bad inputs through the analysis cores, answers compared.
+"""A check that silently stops detecting looks exactly like a healthy cluster (no
+violations), and metrics of run counts and durations cannot tell the two apart (BK#1578,
+BK#3351, BK#4572); only known-bad inputs with known answers can.
 
-A check that silently stops detecting looks exactly like a healthy cluster:
-no violations. Metrics of run counts and durations cannot tell the two apart
-(BK#1578, BK#3351, BK#4572). So the leader regularly feeds each check's pure
+The detector self-test: known-bad inputs through the analysis cores, answers compared.
+The leader regularly feeds each check's pure
 analysis functions (the very ones its driver calls) synthetic inputs with
 one known defect each, plus clean controls, and compares every answer with
 the exact expected one: right category, right ledger, entries and bookies,

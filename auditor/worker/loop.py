@@ -1,5 +1,8 @@
-"""The replication worker's loop: take a marked ledger, repair it, decide the lock's fate.
+"""Every daemon repairs marked ledgers, beside Java workers that take the same marks, so a
+ledger must be held by one worker at a time, the most endangered taken first, and let go by
+rules that neither retry it in a tight loop nor forget it.
 
+The replication worker's loop: take a marked ledger, repair it, decide the lock's fate.
 BookKeeper's `ReplicationWorker` step by step, with the changes the issue asks for (the
 per-ledger steps are in `worker/repair.py`, shared with `recover`):
 

@@ -1,10 +1,11 @@
-"""What to repair in one ledger, and what must wait for fencing: the worker's pure plan.
+"""The daemon's worker, the `recover` command and the Spark job must agree on which ensemble
+positions are bad, and a ledger the worker calls repaired must be one the replicas check
+calls clean.
 
-The daemon's worker, the `recover` command and the Spark job must agree on which
-ensemble positions are bad, so the decision is one pure function of the metadata,
-the bookie registry and the bookies' answers (`plan_ledger`). It reuses the replicas
-check's own analysis (`checks/replicas.analyse`) rather than a second reading of the
-answers, so a ledger the worker calls repaired is one the replicas check calls clean.
+What to repair in one ledger, and what must wait for fencing: the worker's pure plan.
+The decision is one pure function of the metadata, the bookie registry and the
+bookies' answers (`plan_ledger`), and reuses the replicas check's own analysis
+(`checks/replicas.analyse`) rather than a second reading of the answers.
 
 A position of a segment is bad when its bookie is
 

@@ -1,9 +1,9 @@
-"""Fencing and recovering an open ledger, as BookKeeper's client does, before its tail is copied.
+"""The last segment of a ledger that is not closed has no known end (its writer may still be
+adding entries, and entries past what it acknowledged may sit on only part of their write
+set), so its tail cannot be copied until the ledger is ended as a client's recovery ends it.
 
-The last segment of a ledger that is not closed has no known end: its writer may
-still be adding entries, and some entries past what it acknowledged may sit on only
-part of their write set. Copying such a segment would copy a moving target, so the
-worker first ends the ledger the way any BookKeeper client's recovery open does
+Fencing and recovering an open ledger, as BookKeeper's client does, before its tail is copied.
+The worker ends the ledger the way any BookKeeper client's recovery open does
 (spec §2), and only a closed ledger is repaired:
 
 1. **OPEN -> IN_RECOVERY**, version-checked (a ledger its writer or another

@@ -1,8 +1,11 @@
-"""One ledger's repair, once its lock is held: plan, copy, commit, verify, unmark.
+"""A ledger moved by `recover` must be as safe as one repaired from a mark, so the worker's
+loop and the command repair by the same steps, kept apart from how either chooses ledgers
+and holds their locks.
 
-The worker's loop (`worker/loop.py`) and the `recover` command share it: the loop
-takes marked ledgers and decides how long to hold a lock after a failure; `recover`
-locks the ledgers of the bookies it is told to empty and moves them (`replace`).
+One ledger's repair, once its lock is held: plan, copy, commit, verify, unmark.
+The worker's loop (`worker/loop.py`) takes marked ledgers and decides how long to hold
+a lock after a failure; `recover` locks the ledgers of the bookies it is told to empty
+and moves them (`replace`).
 
 * **Plan** with the replicas check's own analysis (`worker/plan.py`): a position is
   bad when its bookie is lost or lacks entries it must hold (or is to be replaced); a

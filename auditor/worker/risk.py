@@ -1,8 +1,9 @@
-"""Which marked ledger the worker takes first: the pure ranking of the queue by risk.
-
-A worker that takes marks in a shuffled order (Java's) may copy a hundred ledgers that
+"""A worker that takes marks in a shuffled order (Java's) may copy a hundred ledgers that
 lost one copy of three while a ledger down to its last copy waits; one more failure then
-loses data that was one repair away from safety. So among the ledgers a worker could
+loses data that was one repair away from safety.
+
+Which marked ledger the worker takes first: the pure ranking of the queue by risk.
+Among the ledgers a worker could
 take, it takes first the one whose worst entry has the fewest readable copies left, then
 the one whose copies span the fewest racks, then the oldest mark.
 

@@ -1,5 +1,8 @@
-"""The take order by risk, driven: what the ranking (`worker/risk.py`) needs, gathered.
+"""Ranking the queue must not cost a read per marked ledger at every take, so what the
+ranking needs is kept as the queue reads it, and ranked again from what is kept when the
+registry or the racks change.
 
+The take order by risk, driven: what the ranking (`worker/risk.py`) needs, gathered.
 `RiskOrder` is the replication queue's `TakeOrder`. The queue hands it each mark and its
 ledger's metadata as it reads them (once, and again only when the watch says the mark
 changed or the ledger's lock was released); this keeps, per marked ledger, the ledger's

@@ -1,8 +1,10 @@
-"""What the replication worker has done and is doing, for `status`, the metrics and the logs.
+"""`status` and the metrics must always agree about the worker, so the worker records what
+it does in one place, and nowhere else, and both read it from there (as the daemon's
+`DaemonState` is read).
 
-The worker records here and nowhere else (as the daemon does in `DaemonState`): the
-metrics read it at scrape time and `status` shows the ledgers in hand, so the two always
-agree. Counters only grow; the ledgers in hand and the unrecoverable ones are current.
+What the replication worker has done and is doing, for `status`, the metrics and the logs.
+The metrics read it at scrape time and `status` shows the ledgers in hand. Counters
+only grow; the ledgers in hand and the unrecoverable ones are current.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""Which bookies replace the bad positions of one segment: the worker's pure target choice.
+"""The worker, `recover --dry-run` and the Spark job must pick replacements by the same
+rules, and upstream's choice may return a bookie that leaves the ensemble failing the very
+placement rule it was chosen under.
 
-The worker, `recover --dry-run` and the Spark job must pick replacements by the
-same rules, so the choice is a pure function of the metadata, the writable
+Which bookies replace the bad positions of one segment: the worker's pure target choice.
+The choice is a pure function of the metadata, the writable
 bookies, the placement policy with bookie locations, and a random source.
 
 Candidates are writable bookies outside the segment's ensemble (spec §3.2:
