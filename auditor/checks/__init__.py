@@ -1,4 +1,8 @@
-"""The audit checks: pure analysis cores, and one shape of async driver around them.
+"""Every check is run by the CLI, the daemon and the Spark scan, and judged again by
+`explain`, what-if and the self-test, so its judgement lives in a pure core that all of them
+call, and its I/O in a driver of the one shape every check shares.
+
+The audit checks: pure analysis cores, and one shape of async driver around them.
 
 Cores (`replicas`, `placement`, `ledger_check`, `bookie_check`, `grace`,
 `owners`) are pure functions of metadata and answers; `explain` and the

@@ -1,5 +1,8 @@
-"""Lost bookies and their ledgers: the pure core of the bookie check.
+"""A ledger whose ensemble names a bookie that is gone has lost copies, and finding such
+ledgers among millions must cost memory for the affected ledgers only, not for the healthy
+majority.
 
+Lost bookies and their ledgers: the pure core of the bookie check.
 A bookie is lost when some ensemble of some ledger (any segment, historical
 ones included; open and closed ledgers alike) names it and it is neither
 writable nor read-only. Ids that never registered at all are lost too: an

@@ -1,5 +1,8 @@
-"""The bookie check driver: read who is available, walk every ledger, mark the lost ones.
+"""A bookie check that reads the registry once, or marks on a first look, marks the ledgers
+of a bookie that was only restarting, or that a worker has already moved; the driver reads
+the registry on both sides of the walk and each ledger again before it marks.
 
+The bookie check driver: read who is available, walk every ledger, mark the lost ones.
 One pass over the metadata in id order (reads pipelined by the walker), each
 ledger's lost bookies computed against the available set read before the
 walk; a ledger with none is settled at once, one with a lost bookie once the

@@ -1,4 +1,8 @@
-"""The I/O a check driver needs, bundled: ZooKeeper, the bookie client, config, marking.
+"""The CLI, the daemon and a scan's partitions each give a driver its store, bookie client,
+configuration and permission to mark in their own way; one bundle lets every driver be
+written once, and makes one switch of whether it may write.
+
+The I/O a check driver needs, bundled: ZooKeeper, the bookie client, config, marking.
 
 Analysis cores never see this; drivers take it, gather inputs, call the core,
 and record what it found. Marking goes through `mark_underreplicated` so that

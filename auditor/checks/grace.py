@@ -1,4 +1,8 @@
-"""Progress of under-replication: ledgers marked longer than the grace period.
+"""A mark that stays past its grace period means re-replication is not getting anywhere,
+and the grace check, the replicas check, `explain` and the self-test must all age a mark by
+the same rule.
+
+Progress of under-replication: ledgers marked longer than the grace period.
 
 Upstream runs this only inside the placement check (and so only when that
 check is scheduled); here it is a check of its own, and the replicas check
@@ -7,8 +11,7 @@ BookKeeper's: whole seconds since the mark's ctime strictly greater than
 `underreplicatedLedgerRecoveryGracePeriod`; marks without a ctime cannot age
 and are counted as skipped; a grace period of 0 turns the check off.
 
-This module is the rule, which the replicas check, `explain` and the
-self-test apply too; the check's driver is `grace_run`.
+The check's driver is `grace_run`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The grace check's driver: every under-replication mark, judged against the grace period.
+"""Aging the marks takes one listing of them and no ledger metadata, so unlike the other
+checks it walks no ledgers, and a scan runs it once, on its driver, not in every partition.
 
-It reads the marks only (one listing), never ledger metadata, so it is not
-partitioned in a scan: the scan's driver runs it once. The rule is `grace`.
+The grace check's driver: every under-replication mark, judged against the grace period.
+The rule is `grace`.
 
 A corrupt mark (data that does not decode, a name that is not `urL%010d` of a
 valid id, a mark out of its place) cannot be aged: it is an invalid znode of

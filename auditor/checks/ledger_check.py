@@ -1,8 +1,9 @@
-"""The ledger check's analysis (BookKeeper's LedgerChecker), with no I/O.
+"""Whether every bookie can still serve the entries the metadata says it holds is learnt only
+by reading entries, and reading every entry of every ledger is out of the question; which
+to read, and what the answers mean, are decided here without I/O.
 
-The question it answers per ledger: can every bookie still serve the entries
-the metadata says it holds? Answering it exhaustively would mean reading every
-entry of every ledger, so, as upstream, it reads a sample: per fragment and
+The ledger check's analysis (BookKeeper's LedgerChecker), with no I/O.
+As upstream, it reads a sample: per fragment and
 bookie, the first and last entry that bookie must store, plus
 `auditorLedgerVerificationPercentage` of the span between them.
 

@@ -1,8 +1,8 @@
-"""The metadata check: every ledger's metadata decodes, and nothing else is asked.
+"""The other checks report undecodable metadata too, each on its own walk, but sometimes
+only that question is wanted, and on a snapshot it is the one question a metadata copy can
+answer completely.
 
-The other checks report undecodable metadata too, each on its own walk; this
-check exists for the cases where only that question is wanted and for a
-snapshot, where it is the one question a metadata copy can answer completely.
+The metadata check: every ledger's metadata decodes, and nothing else is asked.
 The decoder's own validation (quorum sizes, segment order, closed-ledger
 fields) is the rule set, so every engine and every check agree on what
 "invalid" means. `MetadataRun` (the drivers' one shape: see `auditor.checks`)

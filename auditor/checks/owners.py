@@ -1,8 +1,9 @@
-"""Who a ledger belongs to, read from the custom metadata Pulsar writes on every ledger.
+"""An operator fixes topics, not ledger ids: a report that says "three ledgers of
+persistent://shop/orders/payments are below ack quorum" is actionable where a list of ids
+is not.
 
-An operator fixes topics, not ledger ids: a report that says "three ledgers
-of persistent://shop/orders/payments are below ack quorum" is actionable
-where a list of ids is not. Pulsar's brokers tag each ledger they create
+Who a ledger belongs to, read from the custom metadata Pulsar writes on every ledger.
+Pulsar's brokers tag each ledger they create
 (`LedgerMetadataUtils`): `application=pulsar`, a `component`
 (`managed-ledger`, `compacted-ledger`, `schema`) and the owner's name under
 `pulsar/managed-ledger`, `pulsar/cursor`, `pulsar/compactedTopic` or

@@ -1,9 +1,9 @@
-"""Finding the Pulsar owners of a report's flagged ledgers, after the check.
+"""An owner's name matters only for the few ledgers a run flags, and the leader's metadata
+index keeps no custom metadata (it would cost every healthy ledger bytes), so owners are
+looked up after the check, for the flagged ledgers only.
 
-Owners are looked up at report time, for flagged ledgers only, rather than
-carried through the walk: the leader's metadata index keeps no custom
-metadata (it would cost every healthy ledger bytes for a name that matters
-only when something is wrong), and a run flags few ledgers. Each lookup is a
+Finding the Pulsar owners of a report's flagged ledgers, after the check.
+Each lookup is a
 fresh read of the ledger's znode, `checks.ledger_concurrency` at a time (the
 checks' pool); a ledger deleted meanwhile simply has no owner. Equal owners are stored
 once, so memory follows the distinct owners and the flagged ledgers, never

@@ -1,4 +1,8 @@
-"""Placement-policy adherence of ledger ensembles: the pure core of the placement check.
+"""A write quorum kept in one rack is lost with that rack, and the check, `explain`, what-if
+and the worker's choice of targets must judge an ensemble by one rule, righter than
+upstream's where a bookie is down or regions matter.
+
+Placement-policy adherence of ledger ensembles: the pure core of the placement check.
 
 The rules are BookKeeper's `isEnsembleAdheringToPlacementPolicy` for the
 rack-aware, zone-aware and default policies (spec §7.2-§7.5), applied to every

@@ -1,4 +1,8 @@
-"""The placement check's driver: walk every ledger, judge closed ones, report and maybe mark.
+"""Judging placement needs only metadata and where bookies are, which the live walk with the
+rack sources and a snapshot with its rack map both supply; one driver judges records from
+either.
+
+The placement check's driver: walk every ledger, judge closed ones, report and maybe mark.
 
 Only metadata is needed (no bookie is asked anything), so the walk's pipelined
 ZooKeeper reads are the whole cost. Rack sources are loaded once, before the

@@ -1,4 +1,8 @@
-"""At most N pieces of work in progress at once: the one bounded task pool of the checks.
+"""Every driver that does I/O per ledger must bound its work in progress without reading the
+walk far ahead, and end cleanly on an error or a cancellation; getting that right once is
+easier than in every driver.
+
+At most N pieces of work in progress at once: the one bounded task pool of the checks.
 
 The drivers that do I/O per ledger (the replicas and ledger checks), the bookie
 check's marks, the owners look-up and the ledger check's entry reads all run

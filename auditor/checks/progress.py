@@ -1,4 +1,7 @@
-"""Progress lines for long runs: ledgers done, rate, and an ETA.
+"""A check over millions of ledgers runs for minutes or hours, and the operator (and the
+daemon's `status`) wants to know how far it is, without the run counting its ledgers first.
+
+Progress lines for long runs: ledgers done, rate, and an ETA.
 
 The walk is in id order, so the ETA comes from how far the current id is
 through the id range (the largest id is three cheap listings away), without

@@ -1,4 +1,8 @@
-"""The Pulsar audit's pure core: Pulsar's references joined with BookKeeper's ledgers.
+"""Pulsar may reference ledgers BookKeeper has lost, and leave behind ledgers it no longer
+references; neither side's own checks can see that, only the join of Pulsar's references
+with BookKeeper's ledgers can.
+
+The Pulsar audit's pure core: Pulsar's references joined with BookKeeper's ledgers.
 
 No I/O: the driver (`pulsar_audit_run.py`), the CLI's `pulsar-audit`, the
 daemon and the Spark scan hand in what they read, as plain values, and get

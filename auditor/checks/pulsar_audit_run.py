@@ -1,4 +1,8 @@
-"""Driving the Pulsar audit: Pulsar's references read, every ledger observed, candidates re-read.
+"""The Pulsar audit runs whole in one process and split over a scan's partitions, so its
+reading of Pulsar's tree, its observing of ledgers and its BP-34 confirmation are pieces
+that either can put together.
+
+Driving the Pulsar audit: Pulsar's references read, every ledger observed, candidates re-read.
 
 The pieces, reusable by the scan (one partition walks an id range, the driver
 merges and confirms):

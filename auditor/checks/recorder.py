@@ -1,4 +1,8 @@
-"""One run's account of its ledgers: the report and the per-ledger outcome rows, kept together.
+"""A check's report and its per-ledger outcome rows must never disagree, and every check must
+log its violations alike and within bounds; both hold only if each ledger is settled in one
+place, once.
+
+One run's account of its ledgers: the report and the per-ledger outcome rows, kept together.
 
 Every check driver settles each ledger through its `RunRecorder`, exactly once:
 `ok`, `skipped` (with its reason), `violation` (one or several of one ledger)

@@ -1,4 +1,8 @@
-"""The BP-34 durability contract, as a pure function of metadata and bookie answers.
+"""Whether every entry of a closed ledger still has its copies is the question the auditor
+exists for, and the driver, `explain`, the self-test and the worker's plan must answer it
+identically.
+
+The BP-34 durability contract, as a pure function of metadata and bookie answers.
 
 For a closed ledger, every entry must have write-quorum copies on the bookies
 of its write set. Each ensemble bookie answers once per ledger (what it holds,

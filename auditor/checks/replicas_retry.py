@@ -1,7 +1,9 @@
-"""BP-34's delayed re-check, kept per (ledger, bookie): when a silent bookie may be reported.
+"""BP-34 reports a bookie that does not answer only "even after subsequent delayed checks",
+and a delay counted per ledger reported a bookie on its first silence (seed 5151 of the
+soak); the delay has to be counted per bookie, in little memory per waiting ledger.
 
-BP-34 reports a bookie that does not answer only "even after subsequent
-delayed checks". The delay belongs to each bookie that falls silent, not to
+BP-34's delayed re-check, kept per (ledger, bookie): when a silent bookie may be reported.
+The delay belongs to each bookie that falls silent, not to
 the ledger: a ledger set aside because bookie A answered EIO, whose bookie B
 crashes for two seconds just before A's last re-check, must not have B
 reported on that one look (seed 5151 of the soak did, three times). So a

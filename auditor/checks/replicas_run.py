@@ -1,4 +1,8 @@
-"""Driving the replicas check: bookie answers in, BP-34's re-checks before any report.
+"""The replicas check asks every bookie of every closed ledger, and what it reports gets
+ledgers marked for re-replication, so nothing is reported on a first impression, and memory
+must stay flat however many ledgers wait for a re-check.
+
+Driving the replicas check: bookie answers in, BP-34's re-checks before any report.
 
 Per closed ledger: skip it if it is already marked under-replicated (unless the
 mark is older than the grace period, which is its own violation), ask each

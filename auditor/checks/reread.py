@@ -1,4 +1,8 @@
-"""BP-34's rule before any report: look at the ledger again, and judge it again if it changed.
+"""A violation found on one read of a ledger's metadata may be stale by the time it would be
+reported (the ledger marked, re-replicated or deleted meanwhile), and the replicas and
+ledger checks must look again the same way before they report.
+
+BP-34's rule before any report: look at the ledger again, and judge it again if it changed.
 
 A would-be violation found on one version of a ledger's metadata is not
 reported on that first impression. First, for a check that honours marks, the

@@ -1,4 +1,8 @@
-"""Which driver runs which check; the one table the CLI, the daemon and Spark share."""
+"""The CLI, the daemon and Spark must run the same driver for a check, with the Pulsar owners
+of flagged ledgers attached alike, and should import only the drivers they run.
+
+Which driver runs which check; the one table the CLI, the daemon and Spark share.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""A report's violations with bounded memory: every one counted, the first N kept.
+"""The daemon keeps each check's last report in memory, and a cluster in trouble can have
+millions of violations; a report must still give exact figures without growing with them.
 
-The daemon keeps each check's last report in memory, and a cluster in trouble
-can have millions of violations. `ViolationLog` keeps the exact figures an
+A report's violations with bounded memory: every one counted, the first N kept.
+`ViolationLog` keeps the exact figures an
 operator and a dashboard need (violations, ledgers per category, the smallest
 ledger ids of each category as samples) and lists only the first
 `limit` violations in report order (ledger id, category, bookie), so memory

@@ -1,7 +1,7 @@
-"""One violation and the categories it can have: the smallest unit of a finding.
+"""`findings` (reports) and `tally` (the bounded list of a report's violations) both need
+the violation, and neither should have to import the other's module for it.
 
-Kept below `findings` (reports) and `tally` (the bounded list of a report's
-violations), which both need it, so neither has to import the other's module.
+One violation and the categories it can have: the smallest unit of a finding.
 """
 
 from __future__ import annotations
