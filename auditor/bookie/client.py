@@ -51,6 +51,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Final
 
+from auditor.backoff import Backoff
 from auditor.bookie.availability import Availability
 from auditor.bookie.connection import BookieConnection, CallFailed
 from auditor.bookie.protocol import (
@@ -225,8 +226,8 @@ class BookieClient:
         self.list_timeout = request_timeout if list_timeout is None else list_timeout
         self.connect_timeout = connect_timeout
         self.max_in_flight = max_in_flight
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
+        #: No new connection to a bookie for this long after failed connects in a row.
+        self.backoff = Backoff(initial=backoff_initial, maximum=backoff_max)
         self.list_capability_ttl = list_capability_ttl
         self.list_disconnects_before_cannot_list = max(1, list_disconnects_before_cannot_list)
         self.max_frame_size = max_frame_size
@@ -631,9 +632,7 @@ class BookieClient:
         """No new connection to `b` for a while: each would fail the same way."""
         b.failures += 1
         b.last_failure = failure
-        b.retry_at = asyncio.get_running_loop().time() + min(
-            self.backoff_max, self.backoff_initial * 2 ** (b.failures - 1)
-        )
+        b.retry_at = asyncio.get_running_loop().time() + self.backoff.draw(b.failures)
 
     async def _connection(self, b: _Bookie) -> BookieConnection | NoAnswer:
         if b.conn is not None and b.conn.is_open:

@@ -9,8 +9,9 @@ returns such a sentence). No I/O, no clock, no asyncio: the daemon feeds events 
 explicit times, carries out the action, and keeps the decisions for `status`, the logs
 and the metrics; the unit tests replay event sequences.
 
-Failures back off before voting again (exponential, capped, with jitter): a leader
-whose work fails at once, on every election, must not flap several times a second.
+Failures back off before voting again (`auditor.backoff`: exponential, capped, with
+jitter): a leader whose work fails at once, on every election, must not flap several
+times a second.
 A supervised task that ends (the election itself, the connection follower) ends the
 process with a non-zero exit, NOT_SERVING first, so the service manager restarts it:
 a daemon that is out of the election while it should be in it never looks healthy.
@@ -21,6 +22,8 @@ from __future__ import annotations
 import enum
 import random
 from dataclasses import dataclass
+
+from auditor.backoff import Backoff
 
 #: How much of an error's text a decision keeps (status and logs stay bounded).
 DETAIL_LIMIT = 300
@@ -90,7 +93,7 @@ class Started:
 
 @dataclass(frozen=True, slots=True)
 class Connected:
-    """The ZooKeeper session is connected (again)."""
+    """The metadata store's session is connected (again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +122,7 @@ class Elected:
 
 @dataclass(frozen=True, slots=True)
 class CampaignFailed:
-    """Voting raised (ZooKeeper refused or went away mid-vote)."""
+    """Voting raised (the metadata store refused or went away mid-vote)."""
 
     error: str
 
@@ -169,7 +172,7 @@ class ConfigReloaded:
 
 @dataclass(frozen=True, slots=True)
 class DuplicateIdentity:
-    """Another ZooKeeper session holds a vote carrying this daemon's identity."""
+    """Another session of the metadata store holds a vote carrying this daemon's identity."""
 
     vote: str
 
@@ -270,29 +273,15 @@ class Decision:
 SHORT_TERM = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential back-off with jitter, capped.
+#: The leader's back-off draws between half and all of its ceiling: the jitter spreads
+#: daemons that failed together, the lower half bound keeps the wait growing.
+LEADER_JITTER = 0.5
 
-    The n-th consecutive failure waits between half and all of
-    `min(maximum, initial * factor ** (n - 1))` seconds: the jitter spreads daemons
-    that failed together, and the lower half bound keeps the wait growing.
-    """
 
-    initial: float = 1.0
-    maximum: float = 120.0
-    factor: float = 2.0
-
-    def ceiling(self, failures: int) -> float:
-        exponent = max(failures - 1, 0)
-        # Bounded before the power: a long streak must not overflow the float.
-        if self.initial * self.factor ** min(exponent, 64) >= self.maximum:
-            return self.maximum
-        return float(self.initial * self.factor**exponent)
-
-    def draw(self, failures: int, rng: random.Random) -> float:
-        top = self.ceiling(failures)
-        return rng.uniform(top / 2, top)
+def leader_backoff(initial: float = 1.0, maximum: float = 120.0) -> Backoff:
+    """The back-off before voting again after the n-th failure in a row: between half and
+    all of `min(maximum, initial * 2 ** (n - 1))` seconds (`auditor.backoff`)."""
+    return Backoff(initial=initial, maximum=maximum, jitter=LEADER_JITTER)
 
 
 def bounded(text: str, limit: int = DETAIL_LIMIT) -> str:
@@ -310,8 +299,16 @@ class LeadershipMachine:
     back-off's maximum before failing, starts the count over.
     """
 
-    def __init__(self, backoff: Backoff | None = None, rng: random.Random | None = None) -> None:
-        self.backoff = backoff if backoff is not None else Backoff()
+    def __init__(
+        self,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+        *,
+        store: str = "ZooKeeper",
+    ) -> None:
+        self.backoff = backoff if backoff is not None else leader_backoff()
+        #: The metadata store's name in messages ("ZooKeeper", "etcd").
+        self.store = store
         self.rng = rng if rng is not None else random.Random()
         self.phase = Phase.STARTING
         self.connected = True
@@ -391,24 +388,24 @@ class LeadershipMachine:
                     return self._d(
                         Action.RESUME,
                         Reason.CONNECTED,
-                        "ZooKeeper connection back; leading on if our vote is still first",
+                        f"{self.store} connection back; leading on if our vote is still first",
                         now,
                     )
-                return self._d(Action.CARRY_ON, Reason.CONNECTED, "ZooKeeper connected", now)
+                return self._d(Action.CARRY_ON, Reason.CONNECTED, f"{self.store} connected", now)
             case Suspended():
                 self.connected = False
                 if leading:
                     return self._d(
                         Action.PAUSE,
                         Reason.SUSPENDED,
-                        "ZooKeeper connection suspended; leader work paused",
+                        f"{self.store} connection suspended; leader work paused",
                         now,
                         level="warning",
                     )
                 return self._d(
                     Action.CARRY_ON,
                     Reason.SUSPENDED,
-                    "ZooKeeper connection suspended",
+                    f"{self.store} connection suspended",
                     now,
                     level="warning",
                 )
@@ -416,21 +413,24 @@ class LeadershipMachine:
                 self.connected = False
                 if leading:
                     return self._step_down(
-                        Reason.SESSION_LOST, "ZooKeeper session lost; stepping down at once", now
+                        Reason.SESSION_LOST,
+                        f"{self.store} session lost; stepping down at once",
+                        now,
                     )
                 # A follower's vote went with the session; kazoo's lock votes again in
                 # the new one, and nothing may end the leadership that vote may win.
                 message = (
-                    "ZooKeeper session lost; voting again"
+                    f"{self.store} session lost; voting again"
                     if self.phase is Phase.VOTING
-                    else "ZooKeeper session lost"
+                    else f"{self.store} session lost"
                 )
                 return self._d(Action.CARRY_ON, Reason.SESSION_LOST, message, now, level="warning")
             case SuspendedTooLong(seconds=seconds):
                 if leading and not self.connected:
                     return self._step_down(
                         Reason.SUSPENDED_TOO_LONG,
-                        "disconnected from ZooKeeper for a whole session timeout; stepping down",
+                        f"disconnected from {self.store} for a whole session timeout; "
+                        "stepping down",
                         now,
                         detail=f"{seconds:g} s",
                     )
@@ -567,7 +567,7 @@ class LeadershipMachine:
                     return self._d(
                         Action.REFUSE,
                         Reason.DUPLICATE_IDENTITY,
-                        "another ZooKeeper session holds a vote with this daemon's identity; "
+                        f"another {self.store} session holds a vote with this daemon's identity; "
                         "refusing to vote (give each daemon its own daemon.identity)",
                         now,
                         detail=vote,

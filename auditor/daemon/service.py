@@ -51,36 +51,24 @@ from functools import partial
 from typing import Any, Protocol
 
 from auditor.analysis.risk import RiskReport
+from auditor.backoff import Backoff
 from auditor.checks.context import CheckContext, open_context
 from auditor.checks.findings import Check, CheckReport
 from auditor.checks.pulsar_audit import PulsarAudit
+from auditor.daemon.campaign import Campaign
 from auditor.daemon.cluster_checks import follow_cluster_checks
 from auditor.daemon.config import DaemonConfig
 from auditor.daemon.contained import ContainedReads
-from auditor.daemon.election import (
-    ElectorLike,
-    Leadership,
-    current_auditor,
-    make_elector,
-    watch_election,
-    watch_other_election,
-)
+from auditor.daemon.election import Leadership, current_auditor, make_elector, watch_election
 from auditor.daemon.leadership import (
     Action,
-    Backoff,
-    BackoffElapsed,
-    CampaignFailed,
     ConfigReloaded,
     Connected,
     Decision,
-    DuplicateCleared,
-    DuplicateIdentity,
     Elected,
     Event,
     FencedOut,
     LeadershipMachine,
-    OtherElectionCleared,
-    OtherElectionLeader,
     Phase,
     SessionLost,
     Started,
@@ -92,21 +80,22 @@ from auditor.daemon.leadership import (
     VoteLost,
     WorkEnded,
     WorkFailed,
+    leader_backoff,
 )
 from auditor.daemon.metrics import Metrics
+from auditor.daemon.outage import wait_out_outage
 from auditor.daemon.scan_driver import scan_driver
 from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
 from auditor.daemon.sdnotify import Notifier
+from auditor.daemon.standby import IndexSupervisor, TermIndex
 from auditor.daemon.state import (
     DaemonState,
     NotLeaderError,
-    OtherElection,
     RunCompleted,
     RunOutcome,
     RunState,
     UnreadableVote,
 )
-from auditor.index.store import MetadataIndex
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
 from auditor.metadata.acls import find_open_acls
@@ -125,26 +114,16 @@ from auditor.selftest.harness import SelfTestResult
 from auditor.store import (
     FencedOutError,
     MetadataStore,
-    NoNodeError,
     SessionState,
     StoreAuthError,
+    StoreKind,
     StoreUnavailableError,
 )
-from auditor.waits import until_any
 from auditor.worker.loop import ReplicationWorker, WorkerConnection, default_lock_holder
 from auditor.zk import ZkClient
 
 #: `run`'s exit code when a supervised task ended (EX_TEMPFAIL: a restart is the remedy).
 EXIT_ELECTION_ENDED = 75
-#: While refusing to vote for a duplicate identity, the daemon says so this often (s).
-DUPLICATE_REMINDER = 60.0
-#: After the other driver's election clears, the daemon waits up to this long (s, at
-#: random) before voting, so that daemons of both drivers do not take both at once again.
-OTHER_ELECTION_SETTLE = 2.0
-#: After the standby index failed, a new one starts this long after (s), doubling with
-#: each failure in a row (one that never loaded) up to `INDEX_RETRY_MAX`.
-INDEX_RETRY_INITIAL = 10.0
-INDEX_RETRY_MAX = 600.0
 #: Phases in which a connected daemon is ready: it is in the election's cycle.
 _IN_ELECTION = frozenset({Phase.VOTING, Phase.LEADING, Phase.BACKING_OFF})
 
@@ -176,10 +155,14 @@ class ViewsHandle(Protocol):
 ViewsFactory = Callable[["Daemon"], Awaitable[ViewsHandle]]
 
 
+#: How messages name each metadata store.
+STORE_NAMES = {StoreKind.ZOOKEEPER: "ZooKeeper", StoreKind.ETCD: "etcd"}
+
+
 def backoff_of(config: DaemonConfig) -> Backoff:
     """`daemon.leader_backoff_initial` and `daemon.leader_backoff_max` (seconds)."""
     d = config.daemon
-    return Backoff(
+    return leader_backoff(
         initial=d.leader_backoff_initial,
         maximum=max(d.leader_backoff_max, d.leader_backoff_initial),
     )
@@ -217,7 +200,9 @@ class Daemon:
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.bind(self.state)
         self._serve_metrics = metrics is not None
-        self.machine = LeadershipMachine(backoff_of(config), rng)
+        self.machine = LeadershipMachine(
+            backoff_of(config), rng, store=STORE_NAMES.get(config.metadata_store, "ZooKeeper")
+        )
         self.zk: MetadataStore | None = None
         self.root = config.daemon.ledgers_root
         self.manager: LedgerManager | None = None
@@ -237,8 +222,6 @@ class Daemon:
         self._restart_work = asyncio.Event()
         #: Resolved with the decision that ends the current leader term.
         self._term_end: asyncio.Future[Decision] | None = None
-        self._reminded = 0.0
-        self._reminded_other = 0.0
         self._rng = rng if rng is not None else random.Random()
         self._notify: Notifier | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -260,18 +243,23 @@ class Daemon:
         #: clear it before waiting).
         self.risk_report: RiskReport | None = None
         self.risk_reported = asyncio.Event()
-        #: The standby metadata index (`daemon.standby_index`), leader or not, from the
-        #: first session on; replaced by a new one after a failure. None when off.
-        self.index: IndexSync | None = None
-        #: The leader's check context while it reads the standby index, so that a
-        #: replacement reaches its checks.
-        self._index_reader: CheckContext | None = None
+        #: The metadata indexes (the standby one, a leader's for its term), once the
+        #: ledger layout is known.
+        self.indexes: IndexSupervisor | None = None
+        #: The daemon's part in the election, once the election task runs.
+        self.campaign: Campaign | None = None
+
+    @property
+    def index(self) -> IndexSync | None:
+        """The standby metadata index (`daemon.standby_index`), leader or not, from the
+        first session on; replaced by a new one after a failure. None when off."""
+        return self.indexes.standby if self.indexes is not None else None
 
     # --- DaemonControl ----------------------------------------------------------------
 
     def _zk(self) -> MetadataStore:
         if self.zk is None:
-            raise NotLeaderError("not connected to ZooKeeper yet")
+            raise NotLeaderError("not connected to the metadata store yet")
         return self.zk
 
     async def trigger_check(self, check: Check) -> None:
@@ -529,38 +517,41 @@ class Daemon:
 
     # --- leadership ----------------------------------------------------------------------------
 
-    async def _lead(self, elector: ElectorLike, leadership: Leadership) -> Decision:
+    async def _term(self, leadership: Leadership) -> Decision:
+        """One leader term, from the vote that won it; returns the decision that ended it."""
+        self._term_end = asyncio.get_running_loop().create_future()
+        try:
+            elected = self._decide(Elected(leadership.vote_path))
+            return await self._lead(leadership) if elected.action is Action.LEAD else elected
+        finally:
+            self._term_end = None
+
+    async def _lead(self, leadership: Leadership) -> Decision:
         """Runs the leader's work until a decision ends the term; returns that decision."""
         self.state.lead(time.time())
         # The standby index when there is one; else (as without standby) one for this term.
-        index = None if self._standby_for(leadership.zk) else self._start_index(leadership.zk)
+        index = self.indexes.start_term(leadership.zk) if self.indexes is not None else None
         try:
             while True:
                 self._restart_work.clear()
-                end = await self._lead_once(elector, leadership, index)
+                end = await self._lead_once(leadership, index)
                 if end is not None:
                     return end
         finally:
-            if index is not None:
-                # Before any await: the term's index is no longer this node's.
-                self._count_index(self.index)
-                index[1].cancel()
-                await asyncio.gather(index[1], return_exceptions=True)
+            if self.indexes is not None:
+                await self.indexes.end_term(index)
             self.work = None
             self.state.stepped_down()
             self.log.info("no longer the auditor")
 
-    async def _lead_once(
-        self,
-        elector: ElectorLike,
-        leadership: Leadership,
-        index: tuple[IndexSync, asyncio.Task[None]] | None,
-    ) -> Decision | None:
+    async def _lead_once(self, leadership: Leadership, index: TermIndex | None) -> Decision | None:
         """One run of the leader's work; the decision that ends the term, or None for a
         restart with a new configuration. Whatever raises here, the stored ctimes read
         at the start included, becomes a decision: nothing ends the election task."""
         assert self.manager is not None and self._term_end is not None
-        term_end = self._term_end
+        assert self.campaign is not None
+        term_end, campaign = self._term_end, self.campaign
+        reading = contextlib.ExitStack()  # the index the checks read, for this run
         try:
             async with open_context(
                 leadership.zk,
@@ -571,8 +562,8 @@ class Daemon:
                 mark=self.driver.marks,
             ) as ctx:
                 ctx.log = ctx.log.bind(identity=self.state.identity)
-                ctx.index = index[0] if index is not None else self._standby_for(leadership.zk)
-                self._index_reader = ctx if index is None and ctx.index is not None else None
+                if self.indexes is not None:
+                    reading.enter_context(self.indexes.reading(ctx, leadership.zk, index))
                 ctx.bookies.observer = self.state.tallies.bookie_request
                 ctx.on_retry_queue = self._set_retry_queue
                 ctx.on_progress = partial(self._on_progress, ctx)
@@ -612,8 +603,8 @@ class Daemon:
                 self.state.pulsar_scheduled(self.config.pulsar.interval)
                 work = asyncio.ensure_future(self.work.run(bk.lostBookieRecoveryDelay))
                 restart = asyncio.ensure_future(self._restart_work.wait())
-                vote = asyncio.ensure_future(self._watch_vote(elector, leadership))
-                other = asyncio.ensure_future(self._other_leader_appears())
+                vote = asyncio.ensure_future(campaign.watch_vote(leadership))
+                other = asyncio.ensure_future(campaign.other_leader_appears())
                 mine: list[asyncio.Future[Any]] = [work, restart, vote, other]
                 try:
                     await asyncio.wait([term_end, *mine], return_when=asyncio.FIRST_COMPLETED)
@@ -628,11 +619,11 @@ class Daemon:
         except Exception as exc:
             return self._ended(self._decide(WorkFailed(f"{type(exc).__name__}: {exc}")), term_end)
         finally:
-            self._index_reader = None
+            reading.close()
         if term_end.done():
             return term_end.result()
         if other.done() and not other.cancelled() and other.exception() is None:
-            return self._ended(self._defer_to(other.result()), term_end)
+            return self._ended(campaign.defer_to(other.result()), term_end)
         if vote.done() and not vote.cancelled():
             error = vote.exception()
             event: Event = VoteLost() if error is None else WorkFailed(f"vote watch: {error}")
@@ -652,295 +643,24 @@ class Daemon:
         """`d`, or the decision that ended the term first (a later event only carries on)."""
         return term_end.result() if term_end.done() else d
 
-    # --- the metadata index --------------------------------------------------------------
+    # --- the election ---------------------------------------------------------------------
 
-    def _new_index(self, zk: MetadataStore) -> IndexSync:
-        """A metadata index on `zk`, not started; its loads, gaps and size are tallied."""
-        assert self.manager is not None
-        sync = IndexSync(
-            zk,
-            MetadataIndex(self.root, self.manager),
-            concurrency=self.config.auditor.checks.walk_window,
-            log=self.log,
-        )
-        tallies = self.state.tallies
-        sync.on_loaded = lambda s: tallies.index_loaded(s.index.bytes_per_ledger())
-        sync.on_resync = lambda _reason: tallies.index_resynced()
-        self._count_index(sync)
-        return sync
-
-    def _count_index(self, sync: IndexSync | None) -> None:
-        """The index whose size the metrics show (None: this node holds none)."""
-        self.state.tallies.index_size = None if sync is None else (lambda: len(sync.index))
-
-    async def _run_index(self, sync: IndexSync) -> None:
-        """Runs `sync` until cancelled; it returns only when it failed, which is counted
-        (it has logged why)."""
-        await sync.run()
-        self.state.tallies.index_failed()
-
-    def _start_index(self, zk: MetadataStore) -> tuple[IndexSync, asyncio.Task[None]] | None:
-        """The leader's own metadata index for one term, without a standby index: loading
-        in the background (checks wait for it)."""
-        if not self.config.daemon.metadata_index:
-            return None
-        sync = self._new_index(zk)
-        return sync, asyncio.ensure_future(self._run_index(sync))
-
-    def _standby_for(self, zk: MetadataStore) -> IndexSync | None:
-        """The standby index, when the leader's work may read it: the index is on (a
-        reload may have turned it off) and reads through the leader's own client."""
-        sync = self.index
-        if sync is None or not self.config.daemon.metadata_index:
-            return None
-        if sync.zk.session != zk.session:
-            # One session per daemon (the leader's client is a fenced view of it).
-            self.log.warning("the standby index is on another metadata-store client; not read")
-            return None
-        return sync
-
-    async def _keep_index(self, zk: MetadataStore, sync: IndexSync) -> None:
-        """The standby index, leader or not, until cancelled (shutdown).
-
-        `sync` resyncs by itself after every gap (connection or session lost; a new
-        session of the same client included). One that fails is replaced after a
-        back-off; meanwhile the leader's checks walk ZooKeeper. Nothing here can end
-        the daemon or its leadership.
-        """
-        delay = INDEX_RETRY_INITIAL
-        while True:
-            try:
-                await self._run_index(sync)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a bug in the index must not end the daemon
-                self.state.tallies.index_failed()
-                self.log.error("metadata index stopped", error=f"{type(exc).__name__}: {exc}")
-            if sync.loads:  # it had worked: a new failure starts the back-off again
-                delay = INDEX_RETRY_INITIAL
-            self.log.warning("standby metadata index failed; starting again", retry_s=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, INDEX_RETRY_MAX)
-            sync = self._new_index(zk)
-            self.index = sync
-            if self._index_reader is not None:  # the leader's checks read the new one
-                self._index_reader.index = sync
-
-    async def _watch_vote(self, elector: ElectorLike, leadership: Leadership) -> None:
-        """Returns when our vote is gone or no longer first in line.
-
-        Both are watched: our vote (gone after a reconnect of the same session, or
-        deleted by hand) and the election's votes. A vote that BookKeeper's order puts
-        ahead of ours (a foreign `V_1`, a hand-made name) makes its holder the auditor
-        for every Java node and for `whoisauditor`; leading on would be a second auditor,
-        so leadership ends by the same rule that won it (issue 30). Sequences only grow,
-        so a rival's ordinary vote never lands ahead of a leader's."""
-        zk = self._zk()
-        while True:
-            # While disconnected nothing can be read; a session that survives the
-            # outage keeps its vote, and a lost one ends leadership elsewhere (LOST).
-            await self._connected.wait()
-            try:
-                stat, changed = await zk.exists_watched(leadership.vote_path)
-                _, votes_changed = await zk.get_children_watched(elector.path)
-                leading = stat is not None and await elector.still_leading(leadership)
-            except StoreUnavailableError:
-                await asyncio.sleep(0.1)  # the state change that explains it is on its way
-                continue
-            except NoNodeError:
-                return  # the election's znode itself is gone: so is our vote
-            if not leading:
-                return
-            await until_any(changed, votes_changed)
-
-    async def _until(self, *events: asyncio.Event, within: float | None = None) -> None:
-        """Until any of `events` (or `_stop`) is set, or `within` seconds pass."""
-        await until_any(*events, self._stop, within=within)
-
-    def _defer_to(self, holder: ElectionHolder) -> Decision:
-        """The decision to stay out while `holder` holds the other driver's election."""
-        if self.state.other_election is None or self.state.other_election.path != holder.path:
-            self.state.other_election = OtherElection(
-                str(holder.election), holder.path, holder.auditor or "", time.time()
-            )
-        self._reminded_other = time.monotonic()
-        who = holder.auditor if holder.auditor is not None else f"undecodable ({holder.error})"
-        return self._decide(OtherElectionLeader(str(holder.election), f"{who} at {holder.path}"))
-
-    async def _other_leader_appears(self) -> ElectionHolder:
-        """Returns the live holder of the other driver's election once there is one."""
-        zk = self._zk()
-        while True:
-            try:
-                holder, changed = await watch_other_election(zk, self.root, self.driver)
-            except StoreUnavailableError:
-                await asyncio.sleep(0.1)  # the state change that explains it is on its way
-                await self._connected.wait()
-                continue
-            if holder is not None:
-                return holder
-            await changed.wait()
-
-    async def _clear_of_other_election(self) -> bool:
-        """Whether the other driver's election is free of live holders (waits until it is).
-
-        While it is held the daemon stays out (one decision), says so again once a
-        minute, and looks again whenever that election changes. When it clears, a
-        short random pause keeps daemons of both drivers from trying again in step.
-        """
-        deferred = False
-        while not self._stop.is_set():
-            try:
-                holder, changed = await watch_other_election(self._zk(), self.root, self.driver)
-            except StoreUnavailableError:
-                await asyncio.sleep(0.1)  # the state change that explains it is on its way
-                await self._until(self._connected)
-                continue
-            if holder is None:
-                if self.state.other_election is not None:
-                    self.state.other_election = None
-                    self._decide(OtherElectionCleared())
-                    deferred = True
-                break
-            if self.state.other_election is None:
-                self._defer_to(holder)
-            elif time.monotonic() - self._reminded_other >= DUPLICATE_REMINDER:
-                self._reminded_other = time.monotonic()
-                self.log.error(
-                    "still not leading: the other metadata driver's election has a live auditor",
-                    election=str(holder.election),
-                    holder=holder.auditor,
-                    path=holder.path,
-                    since=self.state.other_election.since if self.state.other_election else None,
-                )
-            await self._until(changed, within=DUPLICATE_REMINDER)
-        if deferred and not self._stop.is_set():
-            await self._until(within=self._rng.uniform(0.0, OTHER_ELECTION_SETTLE))
-        return not self._stop.is_set()
-
-    async def _clear_to_vote(self, elector: ElectorLike) -> bool:
-        """Whether to vote now: the other driver's election has no live holder, and no
-        other session's vote carries our identity.
-
-        While one does, the daemon refuses (one decision), says so again once a
-        minute, and looks again whenever the votes change.
-        """
-        while not self._stop.is_set():
-            if not await self._clear_of_other_election():
-                return False
-            try:
-                rivals, changed = await elector.rivals()
-            except StoreUnavailableError:
-                await asyncio.sleep(0.1)  # the state change that explains it is on its way
-                await self._until(self._connected)
-                continue
-            if not rivals:
-                if self.state.phase is Phase.REFUSED:
-                    self._decide(DuplicateCleared())
-                return True
-            if self.state.phase is not Phase.REFUSED:
-                self._decide(DuplicateIdentity(rivals[0]))
-                self._reminded = time.monotonic()
-            elif time.monotonic() - self._reminded >= DUPLICATE_REMINDER:
-                self._reminded = time.monotonic()
-                self.log.error(
-                    "still refusing to vote: another ZooKeeper session holds a vote with "
-                    "this daemon's identity",
-                    vote=rivals[0],
-                    since=self.state.duplicate_since,
-                )
-            await self._until(changed, within=DUPLICATE_REMINDER)
-        return False
-
-    async def _rival_ahead(self, elector: ElectorLike) -> str:
-        """Returns the first vote of another session, with our identity, ahead of ours."""
-        while True:
-            try:
-                rivals, changed = await elector.rivals()
-            except StoreUnavailableError:
-                await asyncio.sleep(0.1)
-                await self._connected.wait()
-                continue
-            ahead = elector.ahead_of_us(rivals)
-            if ahead:
-                return ahead[0]
-            await changed.wait()
-
-    async def _campaign(self, elector: ElectorLike) -> tuple[Leadership | None, Decision | None]:
-        """Votes and waits in line: (leadership, None) once elected; (None, the decision)
-        when voting failed; (None, None) when stopped or refused for a rival ahead."""
-        campaign = asyncio.ensure_future(elector.campaign())
-        stop = asyncio.ensure_future(self._stop.wait())
-        rival = asyncio.ensure_future(self._rival_ahead(elector))
-        other = asyncio.ensure_future(self._other_leader_appears())
-        try:
-            await asyncio.wait([campaign, stop, rival, other], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            rival.cancel()
-            other.cancel()
-            await asyncio.gather(stop, return_exceptions=True)
-            if not campaign.done():  # stopped, a rival's vote ahead, or the other election
-                campaign.cancel()
-                await asyncio.gather(campaign, return_exceptions=True)
-            await asyncio.gather(rival, other, return_exceptions=True)
-        if campaign.cancelled():
-            if rival.done() and not rival.cancelled() and rival.exception() is None:
-                self._decide(DuplicateIdentity(rival.result()))
-            elif other.done() and not other.cancelled() and other.exception() is None:
-                self._defer_to(other.result())
-            return None, None
-        error = campaign.exception()
-        if error is not None:
-            return None, self._decide(CampaignFailed(f"{type(error).__name__}: {error}"))
-        try:  # elected: one last look, so no leader work starts beside another election's
-            holder, _ = await watch_other_election(self._zk(), self.root, self.driver)
-        except StoreUnavailableError as exc:
-            return None, self._decide(CampaignFailed(f"{type(exc).__name__}: {exc}"))
-        if holder is not None:
-            await elector.resign()  # out of our election before saying so
-            self._defer_to(holder)
-            return None, None
-        return campaign.result(), None
-
-    async def _back_off(self, d: Decision) -> None:
-        await self._until(within=d.backoff)
-        if not self._stop.is_set():
-            self._decide(BackoffElapsed())
-
-    async def _elect(self, zk: MetadataStore) -> None:
+    async def _elect(self, store: MetadataStore) -> None:
         """The election task: vote, lead, step down, back off; until stopped."""
-        elector = make_elector(self.driver, zk, self.root, self.state.identity)
-        try:
-            while not self._stop.is_set():
-                await self._until(self._connected)
-                if self._stop.is_set():
-                    break
-                if not await self._clear_to_vote(elector):
-                    break
-                self.state.tallies.election_attempt()
-                leadership, failed = await self._campaign(elector)
-                if leadership is None:
-                    await elector.resign()
-                    if failed is not None and failed.action is Action.BACK_OFF:
-                        await self._back_off(failed)
-                    continue
-                self._term_end = asyncio.get_running_loop().create_future()
-                try:
-                    elected = self._decide(Elected(leadership.vote_path))
-                    end = (
-                        await self._lead(elector, leadership)
-                        if elected.action is Action.LEAD
-                        else elected
-                    )
-                finally:
-                    self._term_end = None
-                    await elector.resign()
-                    self.state.leader = None
-                if end.action is Action.BACK_OFF:
-                    await self._back_off(end)
-        finally:
-            await elector.resign()
+        campaign = self.campaign = Campaign(
+            make_elector(self.driver, store, self.root, self.state.identity),
+            store,
+            root=self.root,
+            driver=self.driver,
+            state=self.state,
+            decide=self._decide,
+            connected=self._connected,
+            stop=self._stop,
+            rng=self._rng,
+            log=self.log,
+            store_name=self.machine.store,
+        )
+        await campaign.run(self._term)
 
     async def _watch_bookies(self, zk: MetadataStore) -> None:
         """Notes when each bookie disappears, leader or not (the restart rule's clock).
@@ -958,8 +678,7 @@ class Daemon:
                     self.sightings.observe(bookies.available, time.monotonic())
             except StoreUnavailableError as exc:
                 self.log.info("bookie watch interrupted; resuming when connected", error=str(exc))
-                await asyncio.sleep(0.1)  # the state change that explains it is on its way
-                await self._connected.wait()
+                await wait_out_outage(self._connected)
             finally:
                 await stream.aclose()
 
@@ -1073,8 +792,16 @@ class Daemon:
             self.manager = self.config.ledger_manager or await read_manager(
                 zk, self.root, self.driver
             )
+            indexes = self.indexes = IndexSupervisor(
+                zk,
+                root=self.root,
+                manager=self.manager,
+                config=lambda: self.config,
+                tallies=self.state.tallies,
+                log=self.log,
+            )
             if d.metadata_index and d.standby_index:
-                self.index = self._new_index(zk)
+                indexes.start_standby()
             self._decide(Started())
             if api_factory is not None:
                 self.api = await api_factory(self)
@@ -1092,8 +819,8 @@ class Daemon:
                     )
                 ),
             ]
-            if self.index is not None:
-                side.append(asyncio.ensure_future(self._keep_index(zk, self.index)))
+            if indexes.standby is not None:
+                side.append(asyncio.ensure_future(indexes.keep()))
             if notify is not None:
                 notify.ready()
             self.log.info(

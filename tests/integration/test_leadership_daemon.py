@@ -25,7 +25,7 @@ from auditor.api.server import ApiServer, start_api_server
 from auditor.checks.findings import ALL_CHECKS, Check
 from auditor.daemon.contained import MAX_DELAY
 from auditor.daemon.election import election_path
-from auditor.daemon.leadership import Action, Backoff, Phase, Reason
+from auditor.daemon.leadership import Action, Phase, Reason, leader_backoff
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.scheduler import CTIME_KIND
 from auditor.daemon.service import EXIT_ELECTION_ENDED, Daemon
@@ -238,7 +238,7 @@ async def test_a_leader_whose_work_fails_steps_down_and_backs_off(
     next vote waits a growing, jittered back-off instead of flapping."""
     urm = await cluster(zk)
     await zk.set(f"{BASE}/LAYOUT", encode_rereplication_layout(RereplicationLayout("FANCY", 2)))
-    backoff = Backoff(initial=0.2, maximum=0.8)
+    backoff = leader_backoff(initial=0.2, maximum=0.8)
     cfg = fast_config(
         zk_hosts,
         "failing:1",

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from auditor.backoff import Backoff
 from auditor.checks.findings import Check
-from auditor.daemon import service
+from auditor.daemon import standby
 from auditor.daemon.leadership import Phase
 from auditor.daemon.service import Daemon
 from auditor.index.sync import IndexSync
@@ -229,7 +230,7 @@ async def test_a_failed_standby_index_is_counted_and_replaced_while_the_leader_l
     """An index that fails neither ends nor holds up leadership: the checks walk
     ZooKeeper, the failure is logged and counted, and a new index, started after the
     back-off, reaches the leader's checks."""
-    monkeypatch.setattr(service, "INDEX_RETRY_INITIAL", 0.05)
+    monkeypatch.setattr(standby, "INDEX_BACKOFF", Backoff(initial=0.05, maximum=600.0))
     load = IndexSync._load
     loads: list[IndexSync] = []
     fail, second = asyncio.Event(), asyncio.Event()

@@ -11,7 +11,6 @@ from auditor.daemon.leadership import (
     DETAIL_LIMIT,
     SHORT_TERM,
     Action,
-    Backoff,
     BackoffElapsed,
     CampaignFailed,
     ConfigReloaded,
@@ -37,6 +36,7 @@ from auditor.daemon.leadership import (
     VoteLost,
     WorkEnded,
     WorkFailed,
+    leader_backoff,
 )
 
 S, V, L, B, R, OE, X, E = (
@@ -170,7 +170,7 @@ def test_details_are_bounded() -> None:
 
 
 def test_backoff_ceiling_doubles_up_to_the_cap() -> None:
-    b = Backoff(initial=1.0, maximum=120.0)
+    b = leader_backoff(initial=1.0, maximum=120.0)
     assert [b.ceiling(n) for n in range(1, 10)] == [1, 2, 4, 8, 16, 32, 64, 120, 120]
     assert b.ceiling(10_000) == 120  # no overflow on a long streak
     rng = random.Random(3)
@@ -188,7 +188,7 @@ def fail_term(m: LeadershipMachine, elected: float, failed: float) -> Decision:
 
 
 def test_failures_in_a_row_back_off_longer_and_the_streak_resets() -> None:
-    m = LeadershipMachine(Backoff(initial=1.0, maximum=8.0), random.Random(11))
+    m = LeadershipMachine(leader_backoff(initial=1.0, maximum=8.0), random.Random(11))
     m.decide(Started(), 0.0)
     waits = [fail_term(m, 10.0 * i, 10.0 * i + 0.01).backoff for i in range(6)]
     ceilings = [1, 2, 4, 8, 8, 8]
@@ -211,7 +211,7 @@ def test_a_vote_lost_right_after_winning_backs_off_and_counts() -> None:
     """Elected, then our vote no longer first within seconds (a foreign `V_1` that one
     rule ranked last and another first): a failure, backed off longer each time, never
     an immediate new vote; a term that lasted is a plain step-down."""
-    m = LeadershipMachine(Backoff(initial=1.0, maximum=8.0), random.Random(2))
+    m = LeadershipMachine(leader_backoff(initial=1.0, maximum=8.0), random.Random(2))
     m.decide(Started(), 0.0)
     waits = []
     for i in range(4):
@@ -235,7 +235,7 @@ def test_a_vote_lost_right_after_winning_backs_off_and_counts() -> None:
 
 
 def test_campaign_failures_count_in_the_same_streak() -> None:
-    m = LeadershipMachine(Backoff(initial=2.0, maximum=60.0), random.Random(5))
+    m = LeadershipMachine(leader_backoff(initial=2.0, maximum=60.0), random.Random(5))
     m.decide(Started(), 0.0)
     first = m.decide(CampaignFailed("ConnectionLoss"), 1.0)
     assert (first.action, first.phase, m.failures) == (Action.BACK_OFF, B, 1)
@@ -246,9 +246,9 @@ def test_campaign_failures_count_in_the_same_streak() -> None:
 
 
 def test_new_backoff_settings_apply_to_the_next_failure() -> None:
-    m = LeadershipMachine(Backoff(initial=1.0, maximum=2.0), random.Random(1))
+    m = LeadershipMachine(leader_backoff(initial=1.0, maximum=2.0), random.Random(1))
     m.decide(Started(), 0.0)
-    m.backoff = Backoff(initial=50.0, maximum=100.0)
+    m.backoff = leader_backoff(initial=50.0, maximum=100.0)
     assert 25.0 <= fail_term(m, 1.0, 2.0).backoff <= 50.0
 
 

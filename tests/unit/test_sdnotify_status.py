@@ -15,7 +15,6 @@ import pytest
 
 from auditor.checks.findings import Check, CheckReport
 from auditor.daemon.leadership import (
-    Backoff,
     Connected,
     DuplicateIdentity,
     Elected,
@@ -27,6 +26,7 @@ from auditor.daemon.leadership import (
     Suspended,
     TaskEnded,
     WorkFailed,
+    leader_backoff,
 )
 from auditor.daemon.sdnotify import Notifier, status_line
 from auditor.daemon.state import (
@@ -69,7 +69,7 @@ class Daemon:
 
     def __init__(self, path: str) -> None:
         self.state = DaemonState(identity=ME)
-        self.machine = LeadershipMachine(Backoff(initial=10.0, maximum=10.0))
+        self.machine = LeadershipMachine(leader_backoff(initial=10.0, maximum=10.0))
         self.notify = Notifier({"NOTIFY_SOCKET": path})
 
     def decide(self, event: Event, at: float = T) -> None:

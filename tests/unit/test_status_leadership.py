@@ -9,9 +9,8 @@ import io
 import pytest
 
 from auditor.api.convert import status_json, status_response
-from auditor.cli.admin import DECISIONS_SHOWN, render_status
+from auditor.cli.api_commands import DECISIONS_SHOWN, render_status
 from auditor.daemon.leadership import (
-    Backoff,
     DuplicateIdentity,
     Elected,
     Event,
@@ -19,6 +18,7 @@ from auditor.daemon.leadership import (
     OtherElectionLeader,
     Started,
     WorkFailed,
+    leader_backoff,
 )
 from auditor.daemon.metrics import ZNODES, Metrics
 from auditor.daemon.state import DECISIONS_KEPT, DaemonState, OtherElection
@@ -46,7 +46,7 @@ def lived(state: DaemonState, machine: LeadershipMachine) -> None:
 
 def test_decisions_duplicate_backoff_and_znodes_travel_to_status_json() -> None:
     state = DaemonState("a:1", started_at=T0)
-    machine = LeadershipMachine(Backoff(initial=4.0, maximum=4.0))
+    machine = LeadershipMachine(leader_backoff(initial=4.0, maximum=4.0))
     lived(state, machine)
     failed = state.decisions[-1]
     assert state.backoff_until == T0 + 2 + failed.backoff
@@ -157,7 +157,7 @@ def test_the_leadership_series_exist_at_zero_and_are_read_at_scrape_time() -> No
     assert znodes == dict.fromkeys(ZNODES, 0)
     assert value(m, "bookkeeper_auditor_duplicate_identity") == 0
     assert value(m, "bookkeeper_auditor_election_backoff_seconds") == 0
-    machine = LeadershipMachine(Backoff(initial=10.0, maximum=10.0))
+    machine = LeadershipMachine(leader_backoff(initial=10.0, maximum=10.0))
     lived(state, machine)
     wait = state.decisions[-1].backoff
     clock.now = T0 + 2
