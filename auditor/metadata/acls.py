@@ -1,14 +1,18 @@
-"""Which znodes the auditor relies on are open to anyone: ACLs are only as strong as parents.
+"""A secured cluster is only as safe as the ACLs of the znodes the auditor relies on, and a
+znode created earlier without credentials stays open to anyone, creator-only children or
+not; nothing in ZooKeeper warns of that.
+
+Which znodes the auditor relies on are open to anyone: ACLs are only as strong as parents.
 
 With `zkEnableSecurity`, everything BookKeeper (and this daemon) creates gets creator-only
 ACLs. But a znode created earlier, by a tool or a node without credentials, keeps the
-open ACL it was created with, and creator-only children do not protect it: under an
-`underreplication` znode open to the world, anyone may delete `lostBookieRecoveryDelay`,
-create `disable` (auto-recovery off for the whole cluster), or plant votes and marks.
-Nothing in ZooKeeper warns of that, so a daemon started with credentials reads the ACLs
-of the znodes it relies on and names each one that lets an unauthenticated client change
-it (`world:anyone` with any permission beyond READ). Reading is harmless and expected:
-BookKeeper's own metadata is world-readable unless an operator locks it down.
+open ACL it was created with: under an `underreplication` znode open to the world,
+anyone may delete `lostBookieRecoveryDelay`, create `disable` (auto-recovery off for the
+whole cluster), or plant votes and marks. A daemon started with credentials therefore
+reads the ACLs of the znodes it relies on and names each one that lets an
+unauthenticated client change it (`world:anyone` with any permission beyond READ).
+Reading is harmless and expected: BookKeeper's own metadata is world-readable unless an
+operator locks it down.
 
 The judgement (`open_grants`) is a pure function of an ACL list; `find_open_acls` reads
 them through a callable so that only ZooKeeper stores (which have ACLs) are asked.

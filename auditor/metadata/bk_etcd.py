@@ -1,4 +1,8 @@
-"""BookKeeper's own etcd driver, seen as the ZooKeeper layout the rest of the product reads.
+"""Everything above the store (the registry, LAYOUT reading, the election, the checks) names
+ZooKeeper's paths, and BookKeeper's own etcd driver spells a few of them differently; one
+view translates them, so that nothing there learns a second spelling.
+
+BookKeeper's own etcd driver, seen as the ZooKeeper layout the rest of the product reads.
 
 A cluster whose metadata service URI is `etcd://h1:2379/<scope>` keeps BookKeeper's
 metadata in etcd as BookKeeper's `metadata-drivers/etcd` writes it. Most of its keys
@@ -15,8 +19,6 @@ in `paths.py` and the walk), but a few names differ:
 | `<scope>/available/readonly`               | `<scope>/bookies/readonly`           |
 | `<scope>/available/readonly/<bookieId>`    | `<scope>/bookies/readonly/<bookieId>`|
 
-Everything above the store (the registry, LAYOUT reading, the election, the checks)
-names ZooKeeper's paths, and nothing there should learn a second spelling of them:
 `BookKeeperEtcdView` is a `MetadataStore` that delegates to the etcd store and translates
 those few paths on the way in (calls, watches) and on the way out (children, events,
 range items, created paths). It is the one place that knows BookKeeper's etcd names;

@@ -1,11 +1,14 @@
-"""A cluster to connect to, and connecting: the metadata store, ledgers root, ledger manager.
+"""The CLI, the daemon and the scan's partitions all connect to a cluster, and must reach the
+same store, ledgers root and ledger manager for the same target; connecting therefore sits
+in the metadata layer, below every one of them.
 
-The CLI, the daemon and the scan's partitions all connect through here, so it
-sits in the metadata layer, below every one of them (the flags that build a
-`ClusterTarget` from a command line stay in `auditor.cli.cluster`). It is also the one
-place that picks the metadata-store adapter (`open_store`): ZooKeeper, etcd as Pulsar
-keeps its tree there, or etcd as BookKeeper's own driver keys it (seen through
-`BookKeeperEtcdView`, so that everything above names ZooKeeper's paths).
+A cluster to connect to, and connecting: the metadata store, ledgers root, ledger manager.
+
+The flags that build a `ClusterTarget` from a command line stay in
+`auditor.cli.cluster`. This is also the one place that picks the metadata-store
+adapter (`open_store`): ZooKeeper, etcd as Pulsar keeps its tree there, or etcd as
+BookKeeper's own driver keys it (seen through `BookKeeperEtcdView`, so that everything
+above names ZooKeeper's paths).
 """
 
 from __future__ import annotations

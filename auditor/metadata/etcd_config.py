@@ -1,4 +1,8 @@
-"""Pulsar's etcd configuration file (`configFilePath` of a `metadata-store:etcd:` URI).
+"""A Pulsar on etcd keeps what its metadata URL cannot carry (TLS, the certificates'
+authority) in a YAML file of its own, and the auditor should connect as the brokers do,
+from that same file.
+
+Pulsar's etcd configuration file (`configFilePath` of a `metadata-store:etcd:` URI).
 
 Pulsar's etcd store reads this YAML file into its `EtcdConfig` for what the URL cannot
 carry: TLS (`useTls`, `tlsTrustCertsFilePath`, `tlsCertificateFilePath`,

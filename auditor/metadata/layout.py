@@ -1,4 +1,7 @@
-"""Which ledger manager a cluster uses, and where its ledgers root is.
+"""Where ledgers are kept, and how an id becomes a path, depend on the cluster's ledger
+manager, which the walk, the marks and every path need to know before anything is read.
+
+Which ledger manager a cluster uses, and where its ledgers root is.
 
 Two sources say it: the ledgers-root `LAYOUT` znode (text
 `<layoutFormatVersion>\\n<factoryClass-or-name>:<managerVersion>`, versions 1

@@ -1,8 +1,10 @@
-"""Versioned updates of a ledger's metadata, as BookKeeper's `MetadataUpdateLoop` makes them.
+"""The replication worker changes ledger metadata that other processes write too, and must
+neither lose their changes nor let them lose its own, nor write once its lock is gone.
 
-The replication worker changes metadata other processes write too: the ledger's
-writer adds ensembles and closes it, a recoverer closes it, another worker
-replaces bookies. A change is therefore a transform of the metadata, applied to
+Versioned updates of a ledger's metadata, as BookKeeper's `MetadataUpdateLoop` makes them.
+
+The ledger's writer adds ensembles and closes it, a recoverer closes it, another
+worker replaces bookies. A change is therefore a transform of the metadata, applied to
 what ZooKeeper holds now and written with that znode's version; when the
 version moved (someone else wrote), the metadata is read again and the
 transform applied again to the fresh copy, so the other change is kept and

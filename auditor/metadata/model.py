@@ -1,4 +1,7 @@
-"""Ledger metadata as the auditor sees it, independent of the stored format.
+"""Ledger metadata is stored in three formats, and nothing past decoding should care which:
+the checks, the index and the worker all read one value.
+
+Ledger metadata as the auditor sees it, independent of the stored format.
 
 One immutable value per ledger, holding exactly what BookKeeper's
 `LedgerMetadataSerDe` keeps after decoding, plus the format version so that a

@@ -1,4 +1,8 @@
-"""Ledger id <-> znode path, for each of BookKeeper's ledger managers.
+"""Each ledger manager spells ledger ids in paths (or keys) its own way, and ids come in from
+outside (znodes, marks, locks, the command line), where a bad one must be refused by one
+rule.
+
+Ledger id <-> znode path, for each of BookKeeper's ledger managers.
 
 BookKeeper's ZooKeeper managers spell the id in decimal path components; its own etcd
 driver (`LedgerManager.ETCD`) keys a ledger `<scope>/ledgers/<UUID>`, the

@@ -1,10 +1,12 @@
-"""The small ZooKeeper records around ledger metadata, as BookKeeper stores them.
+"""The auditor reads and writes the same small records as BookKeeper's Java nodes, and Java
+fixed each one's format (TextFormat or binary protobuf); a record in the wrong one makes
+the Java auditor fail.
 
-Each record is stored either as TextFormat or as binary protobuf, and the choice
-is not ours: Java reads `underreplication/checkallledgersctime` as binary but
-an under-replication mark as text, and a mismatch makes the Java auditor fail.
-So every record has its own pair of functions, and the format is stated next to
-each one.
+The small ZooKeeper records around ledger metadata, as BookKeeper stores them.
+
+Java reads `underreplication/checkallledgersctime` as binary but an
+under-replication mark as text, for example. So every record has its own pair of
+functions, and the format is stated next to each one.
 
 Decoders raise `RecordFormatError` (a FormatError) for anything Java could not
 read: bad syntax, a missing required field, a string that is not UTF-8.

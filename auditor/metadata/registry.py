@@ -1,4 +1,8 @@
-"""The bookie registry: who is writable, who is read-only, who ever existed.
+"""Whether a bookie is lost, where to reach it and which bookies ever existed are asked by
+every check and by the worker, of znodes whose shape BookKeeper fixes; they are read in one
+place, with one rule of what "available" means.
+
+The bookie registry: who is writable, who is read-only, who ever existed.
 
 Bookies announce themselves with ephemeral znodes `available/<id>` (writable)
 and `available/readonly/<id>` (read-only), whose data is a binary

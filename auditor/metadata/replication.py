@@ -1,7 +1,10 @@
-"""The replication worker's queue: taking a marked ledger, unmarking it, releasing it.
+"""Java's workers and ours take marks from the same `underreplication/ledgers` and
+`underreplication/locks`, so a ledger must be locked exactly as Java locks it; the order
+of takes, the cost of a take and the fencing of writes are ours to choose, and differ.
 
-Java's workers and ours share `underreplication/ledgers` and
-`underreplication/locks`, so a ledger is locked exactly as
+The replication worker's queue: taking a marked ledger, unmarking it, releasing it.
+
+A ledger is locked exactly as
 `ZkLedgerUnderreplicationManager.getLedgerToRereplicate` locks it: a leaf whose
 lock exists is passed over; otherwise its version is read and the ephemeral lock
 `locks/urL%010d` (TextFormat `LockDataFormat`, `bookieId: "<holder>"`) is

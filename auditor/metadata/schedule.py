@@ -1,4 +1,8 @@
-"""BookKeeper's round-robin distribution schedule, per entry.
+"""Which bookies must hold entry `e` is asked by the checks, the worker and the test writers
+alike, and all of them must answer with Java's formula, including where it differs from a
+naive one for large ids.
+
+BookKeeper's round-robin distribution schedule, per entry.
 
 Entry `e` of a segment with ensemble size E and write quorum W goes to the
 bookies at indexes `(e + k) mod E` for k in 0..W-1, in that order (the

@@ -1,8 +1,10 @@
-"""Ledger metadata znode bytes <-> `LedgerMetadata`, as BookKeeper's LedgerMetadataSerDe.
+"""A ledger keeps its stored format across updates and one corrupt znode must not stop a walk
+of the cluster, so the auditor reads all three formats as Java does, rewrites a record in
+exactly the bytes Java would write, and fails on bad input in one way only.
 
-Three stored formats exist, and a ledger keeps its format across updates, so the
-auditor must read all three and, to rewrite a record, reproduce the exact bytes
-Java would have written:
+Ledger metadata znode bytes <-> `LedgerMetadata`, as BookKeeper's LedgerMetadataSerDe.
+
+Three stored formats exist:
 
 * v1 (BookKeeper 4.0): TAB/LF-separated lines;
 * v2 (4.2): protobuf TextFormat of `LedgerMetadataFormat` (see `textformat`);

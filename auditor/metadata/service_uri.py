@@ -1,4 +1,8 @@
-"""A cluster's `metadataServiceUri`, read as the Java nodes that share the cluster read it.
+"""The Java nodes of a cluster find its metadata from a `metadataServiceUri`, and the auditor
+must land on the very tree they do, or it audits the wrong ledgers and joins the wrong
+election; BookKeeper's and Pulsar's drivers read such URIs differently.
+
+A cluster's `metadataServiceUri`, read as the Java nodes that share the cluster read it.
 
 Two drivers write BookKeeper metadata to ZooKeeper, and they disagree on where it is
 and on how the auditor election works, so the URI is parsed as each driver does:

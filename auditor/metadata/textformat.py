@@ -1,9 +1,11 @@
-"""Protobuf TextFormat exactly as BookKeeper's Java code writes and reads it.
+"""The auditor must read the protobuf TextFormat BookKeeper's Java code wrote and write bytes
+a Java bookie or auditor would have written itself, and Python's own printer and parser
+differ from Java's both ways.
 
-Several ZooKeeper records (v2 ledger metadata, under-replication marks, the
-rereplication LAYOUT, auditor votes, lock data, cookies) are stored as protobuf
-TextFormat, and the auditor must both read what Java wrote and write bytes a Java
-bookie or auditor would have written itself.
+Protobuf TextFormat exactly as BookKeeper's Java code writes and reads it.
+
+The records stored this way: v2 ledger metadata, under-replication marks, the
+rereplication LAYOUT, auditor votes, lock data, cookies.
 
 Why a printer of our own rather than `google.protobuf.text_format`: Python's
 printer escapes \\a, \\b, \\f and \\v as octal, which no Java writer does, and it

@@ -1,4 +1,8 @@
-"""Under-replication state in ZooKeeper, shared with BookKeeper's own auditor and workers.
+"""Marks and the other under-replication records are shared with BookKeeper's own auditor
+and workers, so they are written byte for byte as Java writes them, and read so that one
+bad mark never hides the others, in batches, since there may be a hundred thousand.
+
+Under-replication state in ZooKeeper, shared with BookKeeper's own auditor and workers.
 
 Byte-compatible with `ZkLedgerUnderreplicationManager`: marks live at
 `underreplication/ledgers/<4 x 4 hex>/urL<%010d>` as TextFormat

@@ -1,4 +1,8 @@
-"""Pulsar's ZooKeeper records, decoded as its brokers read them and encoded as they write them.
+"""Pulsar's own records are where it names the ledgers it owns, written by brokers of many
+versions in several encodings and compressions; the audit must read every one as a broker
+would, and the tests must write them as brokers do.
+
+Pulsar's ZooKeeper records, decoded as its brokers read them and encoded as they write them.
 
 Three records name ledgers (`MLDataFormats.proto`, `SchemaStorageFormat.proto`):
 

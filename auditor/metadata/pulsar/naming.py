@@ -1,4 +1,8 @@
-"""How Pulsar names a topic's storage: managed ledger names, topics, namespaces, schema ids.
+"""Pulsar's records name managed ledgers and schema ids, while operators think in topics and
+namespaces; going from one to the other takes Pulsar's own naming rules, old namespaces and
+URL-encoded names included.
+
+How Pulsar names a topic's storage: managed ledger names, topics, namespaces, schema ids.
 
 A persistent topic `persistent://tenant/ns/local` keeps its data in the managed
 ledger `tenant/ns/persistent/local` (Pulsar's "persistence naming"), whose znode

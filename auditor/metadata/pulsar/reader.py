@@ -1,4 +1,8 @@
-"""Reads which ledgers Pulsar references from its ZooKeeper tree (`PulsarRefs`).
+"""The Pulsar audit needs every ledger Pulsar references, from a tree that is large, changes
+while it is read, and may hold znodes that do not decode; none of that may stop the read or
+be taken for a leak.
+
+Reads which ledgers Pulsar references from its ZooKeeper tree (`PulsarRefs`).
 
 Where Pulsar keeps them, under its metadata root (`root`, "" for a Pulsar whose
 metadata store is ZooKeeper's root):

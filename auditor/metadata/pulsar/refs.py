@@ -1,14 +1,16 @@
-"""Which ledgers a Pulsar cluster references, and from where: the model the Pulsar audit joins.
+"""A ledger Pulsar lists but BookKeeper lost is data loss for that topic, and a ledger Pulsar
+created but lists nowhere is leaked storage; telling them apart needs Pulsar's side as plain
+values that the reader, the test writer and the audit's pure core share.
+
+Which ledgers a Pulsar cluster references, and from where: the model the Pulsar audit joins.
 
 Pulsar keeps its own record of the ledgers it owns, apart from BookKeeper's:
 each managed ledger (a topic's storage) lists its ledgers in `ManagedLedgerInfo`,
 each of its cursors names a cursor ledger (`ManagedCursorInfo.cursorsLedgerId`)
 and may name more in its properties (the compacted ledger of `__compaction`,
 delayed-delivery buckets), and each topic's schema history is a list of
-positions in schema ledgers (`SchemaLocator`). A ledger Pulsar lists but
-BookKeeper lost is data loss for that topic; a ledger Pulsar created but lists
-nowhere is leaked storage. Telling them apart needs both sides, so this module
-holds Pulsar's side as plain values: the reader (`reader.py`) builds them from
+positions in schema ledgers (`SchemaLocator`). This module holds that side as
+plain values: the reader (`reader.py`) builds them from
 ZooKeeper, the test writer writes the same shapes, and the audit's pure core
 (`auditor.checks.pulsar_audit`) takes them without any I/O.
 """
