@@ -1,8 +1,8 @@
-"""Running `bk-auditor` as a user does, in a child process, for the CLI tests.
+"""The CLI's contract (its exit status, exactly what it prints on stdout and stderr) is only
+testable in a child process, where nothing of the test's own process (logging set-up, event
+loop) leaks into it.
 
-A child process is what makes the CLI's contract testable: its exit status,
-exactly what it prints on stdout and stderr, and that nothing of the test's
-own process (logging set-up, event loop) leaks into it.
+Running `bk-auditor` as a user does, in a child process, for the CLI tests.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""Writes a BookKeeper cluster's ZooKeeper metadata exactly as BookKeeper 4.17/4.18 does.
+"""Tests and the demo need clusters whose metadata is byte for byte what BookKeeper writes,
+and large ones built in seconds.
 
-Tests and the demo build clusters with it: the ledgers-root layout (LAYOUT,
+Writes a BookKeeper cluster's ZooKeeper metadata exactly as BookKeeper 4.17/4.18 does.
+What it writes: the ledgers-root layout (LAYOUT,
 INSTANCEID, available, cookies, underreplication) and ledger metadata in format
 v3 by default (v2 and v1 on request). Bulk creation goes through ZooKeeper
 multi-ops so that 100k-ledger clusters take seconds, not minutes.

@@ -1,6 +1,8 @@
-"""A throwaway single-member etcd from Debian's `etcd-server` package (etcd 3.4).
+"""Tests run the etcd adapter against a real server, never a fake, and need one that starts
+in moments, on ports nobody else uses, and restarts with its data.
 
-Tests run the etcd adapter against a real server, never a fake: this starts
+A throwaway single-member etcd from Debian's `etcd-server` package (etcd 3.4).
+This starts
 `/usr/bin/etcd` on free loopback ports (client and peer) with its data in a
 temporary directory, and returns once its `/health` endpoint answers healthy
 (polled at a short interval, within a deadline). `stop()` keeps the data and the

@@ -1,8 +1,7 @@
-"""A whole test cluster in one object: ZooKeeper layout, emulated bookies, writers, contexts.
+"""Every check test and benchmark should start from the same real parts (a real ZooKeeper,
+bookies speaking the real protocol) with a few lines of setup, not its own assembly of them.
 
-Check tests and benchmarks build on it so that every scenario starts from the
-same real parts (a real ZooKeeper, bookies speaking the real protocol) with a
-few lines of setup.
+A whole test cluster in one object: ZooKeeper layout, emulated bookies, writers, contexts.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""A daemon in the test's own process, on the loop that serves the emulated bookies.
+"""Several integration tests (and the demo) run `Daemon` in-process so they can read its
+state, trigger checks and capture its logs, and all need the same quick configuration and a
+daemon that stops however the test ends.
 
-Several integration tests (and the demo) run `Daemon` in-process so they can
-read its state, trigger checks and capture its logs; this holds what they
-share: a configuration with fast retries and hour-long intervals (checks run
+A daemon in the test's own process, on the loop that serves the emulated bookies.
+What they share: a configuration with fast retries and hour-long intervals (checks run
 in the first round and when triggered), and a context manager that runs the
 daemon and stops it however the test ends.
 """

@@ -1,8 +1,9 @@
-"""What a test leaves behind: asyncio tasks, file descriptors, TCP connections to bookies.
+"""A fault (a crashed, paused or erroring bookie) must cost nothing that outlives the check
+that met it: no task still waiting for an answer, no connection the client forgot to close;
+only counting what is left afterwards shows that.
 
-A fault (a crashed, paused or erroring bookie) must cost nothing that outlives
-the check that met it: no task still waiting for an answer, no connection the
-client forgot to close. Fault tests take a `snapshot()` once their cluster is
+What a test leaves behind: asyncio tasks, file descriptors, TCP connections to bookies.
+Fault tests take a `snapshot()` once their cluster is
 built and call `assert_no_leaks` once their checks are done; the helpers read
 Linux's /proc, which is where these tests run.
 

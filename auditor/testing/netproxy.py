@@ -1,7 +1,9 @@
-"""A loopback TCP proxy that can be cut: a network partition for one client, in a test.
+"""Stopping a ZooKeeper server is not a partition: when it comes back it resets every
+session's clock, so sessions survive any downtime, and session expiry cannot be tested that
+way.
 
-Stopping a ZooKeeper server is not a partition: when it comes back it resets
-every session's clock, so sessions survive any downtime. A partition keeps
+A loopback TCP proxy that can be cut: a network partition for one client, in a test.
+A partition keeps
 the server running while one client cannot reach it, and the server expires
 that client's session on time. Put this proxy between the client and the
 server; `cut()` drops every connection and refuses new ones (the client sees

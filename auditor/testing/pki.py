@@ -1,10 +1,10 @@
-"""Throwaway certificate authorities for TLS tests, made with the openssl CLI.
+"""TLS tests need real chains (a CA, leaf certificates with the names a client checks, a
+second CA nobody trusts) so that verification fails for the reasons it fails in production.
 
-The openssl CLI needs no Python dependency (`cryptography` is only the `tls` extra's),
-and TLS tests need real chains (a CA, leaf
-certificates with the names a client checks, a second CA nobody trusts) so
-that verification fails for the reasons it fails in production. EC P-256 keys
-keep generation to milliseconds; certificates last two days.
+Throwaway certificate authorities for TLS tests, made with the openssl CLI.
+
+The openssl CLI needs no Python dependency (`cryptography` is only the `tls` extra's).
+EC P-256 keys keep generation to milliseconds; certificates last two days.
 """
 
 from __future__ import annotations

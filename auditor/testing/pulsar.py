@@ -1,6 +1,10 @@
-"""Writes a Pulsar cluster's metadata as Pulsar's brokers do, over ledgers on the emulated bookies.
+"""Tests of the Pulsar audit need both sides of a Pulsar cluster, its tree in the bytes a
+broker writes and the ledgers it names on the bookies, including what a broker leaves
+behind when things go wrong.
 
-Tests of the Pulsar audit build the two sides with it: Pulsar's tree in
+Writes a Pulsar cluster's metadata as Pulsar's brokers do, over ledgers on the emulated bookies.
+
+The two sides: Pulsar's tree in
 ZooKeeper (`/admin/policies`, `/managed-ledgers`, `/schemas`, under `root`) in
 the exact bytes a broker writes (`auditor.metadata.pulsar.formats`), and the
 ledgers it names, written to the bookies with the custom metadata Pulsar's

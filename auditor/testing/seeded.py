@@ -1,6 +1,9 @@
-"""A cluster with one seeded fault per category, on eight emulated bookies.
+"""The demo and the scan tests need one cluster where every finding of every check has a
+known ledger, so that what the leader (or each engine) finds can be held against what was
+planted.
 
-The demo shows it and the scan tests compare engines on it. Healthy ledgers
+A cluster with one seeded fault per category, on eight emulated bookies.
+Healthy ledgers
 1..2000 sit on rings of three bookies from three racks (every write quorum
 spans two racks) and hold all their copies; the racks are published in
 Pulsar's `/bookies` znode.

@@ -1,6 +1,10 @@
-"""What a throwaway server of the tests (ZooKeeper, etcd) does with its process and its
+"""The tests' throwaway ZooKeeper and etcd start differently, but must stop, restart and be
+removed alike, so that a restart test means the same on either store.
+
+What a throwaway server of the tests (ZooKeeper, etcd) does with its process and its
 directory, whatever the server: stop it (keeping its data and ports, for a restart),
-start it again, remove it."""
+start it again, remove it.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Waiting in tests for what a metadata store shows, woken by its watches.
+"""Many tests wait for a node to hold a value, a leader to change or a directory to empty;
+polling on a sleep is slow or flaky, and a watch alone can miss a change made before it was
+set.
 
-Many tests wait for a node to hold a value, a leader to change or a directory to empty.
+Waiting in tests for what a metadata store shows, woken by its watches.
 Each look sets a watch; the wait ends at that watch, or after a second at most (a look
 again covers a change made between the read and the watch being set), until the look is
 what the test wants or the time is up (an assertion naming what was last seen).

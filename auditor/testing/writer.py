@@ -1,4 +1,7 @@
-"""Writes ledgers as a BookKeeper client does: entries to bookies over the wire, then metadata.
+"""Check tests need bookies that hold exactly what a real client would have left on them,
+with metadata that agrees, before any fault is injected.
+
+Writes ledgers as a BookKeeper client does: entries to bookies over the wire, then metadata.
 
 Every entry goes by ADD_ENTRY to each bookie of its write set (round robin
 within the segment that covers it), with a real entry body (header, CRC32C

@@ -1,4 +1,7 @@
-"""A whole ZooKeeper subtree as a value, for tests that assert nothing was written.
+"""Tests that claim a command wrote nothing (a dry run, an audit that only reads) need an
+exact comparison of the tree before and after.
+
+A whole ZooKeeper subtree as a value, for tests that assert nothing was written.
 
 Data, version and child version of every znode: any write (a create, a set, a delete
 below it) changes one of them, so two equal dumps mean an untouched tree.

@@ -1,6 +1,8 @@
-"""A throwaway standalone ZooKeeper server from Debian's `zookeeper` package.
+"""Tests and the demo run against a real ZooKeeper, never a fake, TLS-only ones included,
+and need one that starts in moments on a port nobody else uses.
 
-Tests and the demo run against a real server, never a fake: this starts
+A throwaway standalone ZooKeeper server from Debian's `zookeeper` package.
+This starts
 `QuorumPeerMain` on a free loopback port with its own data directory, waits
 until it answers `ruok`/`srvr`, and removes everything on stop. The jar's
 manifest Class-Path pulls in its dependencies, so the class path is just the

@@ -1,8 +1,11 @@
-"""A bookie emulator that speaks BookKeeper's real v3 protocol over TCP.
+"""Tests and the demo need bookies the auditor reaches exactly as it reaches production ones,
+that hold big clusters cheaply and break on demand; a mock of the client would hide the
+very mistakes on the wire these tests are for.
 
-Tests and the demo need bookies the auditor reaches exactly as it reaches
-production ones: resolved through their ZooKeeper registration, over TCP,
-with v3 frames, answering with the statuses a real bookie uses (including its
+A bookie emulator that speaks BookKeeper's real v3 protocol over TCP.
+
+Its bookies are resolved through their ZooKeeper registration, reached over TCP
+with v3 frames, and answer with the statuses a real bookie uses (including its
 quirks: READ_LAC's ENOENTRY for an unknown ledger, and DbLedgerStorage's
 silence on list requests for ledgers it holds). So this is a protocol
 emulator, not a mock of the client: anything the client gets wrong on the

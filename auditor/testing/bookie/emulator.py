@@ -1,4 +1,8 @@
-"""The emulated bookie: its lifecycle and registration, faults, data, counters, request path.
+"""The emulator's parts (connections, storage, handlers, the fault table) need one owner that
+registers the bookie, puts each request through latency, pauses and faults in the order a
+bookie would, and counts what clients did.
+
+The emulated bookie: its lifecycle and registration, faults, data, counters, request path.
 
 `BookieEmulator` ties the parts together: it serves `peer.Peer` connections,
 keeps `storage.Ledger`s, consults its `faults.FaultTable`, and answers each

@@ -1,4 +1,7 @@
-"""The faults an emulated bookie answers with: latency, and statuses in place of handling.
+"""Tests break an emulated bookie per operation (slow reads, an error status on adds) as
+well as wholesale, and the request path must ask one place what to do to each request.
+
+The faults an emulated bookie answers with: latency, and statuses in place of handling.
 
 Both are set per operation or for every operation (`None`), the operation's
 own setting winning. Pausing (requests held, connections open), crashing and

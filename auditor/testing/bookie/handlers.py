@@ -1,9 +1,11 @@
-"""What each operation does to the emulated storage, and what it answers.
+"""What a bookie does for each request is what the conformance tests hold against a real
+bookie, and it should read apart from how the emulator receives, delays and holds requests
+(`emulator.py`).
+
+What each operation does to the emulated storage, and what it answers.
 
 One function per handled operation, each given the ledgers and the bits of
-the bookie's state it reads (read-only, the storage kind, disk figures), so
-that what a bookie does for a request reads apart from how the emulator
-receives, delays and holds requests (`emulator.py`).
+the bookie's state it reads (read-only, the storage kind, disk figures).
 """
 
 from __future__ import annotations

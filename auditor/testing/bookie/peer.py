@@ -1,4 +1,7 @@
-"""One client connection to an emulated bookie: framing, and turning into TLS on START_TLS.
+"""Framing and the START_TLS upgrade belong to each connection, whatever the emulator then
+does with its requests, and must be held to a bookie's behaviour on their own.
+
+One client connection to an emulated bookie: framing, and turning into TLS on START_TLS.
 
 A peer parses v3 frames and hands each request to its host (the emulator),
 except START_TLS, which the host answers at once and which may turn the

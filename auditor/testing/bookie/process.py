@@ -1,4 +1,7 @@
-"""An emulated bookie in a process of its own (benchmarks, `bk-auditor bookie-emulator`).
+"""Benchmarks need bookies whose work does not run on the client's CPU and event loop, and
+still need to know what the client sent them.
+
+An emulated bookie in a process of its own (benchmarks, `bk-auditor bookie-emulator`).
 
 Seeded from a file rather than over the wire, and reporting its counters to
 whoever started it through a file: written on SIGUSR1 (SIGUSR2 resets them

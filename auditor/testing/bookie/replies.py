@@ -1,8 +1,8 @@
-"""Answers worded as a bookie words them: which header, which sub-message, which ids echoed.
+"""A client is judged by how it reads a bookie's answers, so the emulator's answers must copy
+a bookie's shapes exactly, quirks included.
 
-A client is judged by how it reads a bookie's answers, so the emulator's
-answers copy the bookie's shapes exactly, quirks included: EBADREQ and AUTH
-answers carry the request's own header, every other answer a fresh response
+Answers worded as a bookie words them: which header, which sub-message, which ids echoed.
+EBADREQ and AUTH answers carry the request's own header, every other answer a fresh response
 header and the operation's sub-message echoing the ids the request named.
 """
 

@@ -1,8 +1,9 @@
-"""Seed files: a bookie's ledgers written once, loaded by an emulator in a process of its own.
+"""A benchmark's bookie holds 10^5 ledgers in a process of its own; seeding it over the wire
+would measure the emulator, and pickling its state would tie the file to the emulator's
+internals.
 
-A benchmark's bookie holds 10^5 ledgers in a process of its own; seeding it
-over the wire would measure the emulator, and pickling its state would tie
-the file to the emulator's internals. The format is this magic, then per
+Seed files: a bookie's ledgers written once, loaded by an emulator in a process of its own.
+The format is this magic, then per
 ledger its id and run count (12 bytes), then its half-open entry runs (16
 bytes each), little-endian.
 """

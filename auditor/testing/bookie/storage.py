@@ -1,7 +1,8 @@
-"""How an emulated bookie holds entries: seeded runs built on read, added bodies kept as sent.
+"""A test cluster may hold millions of entries, so an emulated bookie can keep nothing per
+entry it was seeded with, yet must give back what a client wrote byte for byte.
 
-A test cluster may hold millions of entries, so nothing is materialised per
-entry: seeded ledgers are sorted half-open runs of entry ids with a body
+How an emulated bookie holds entries: seeded runs built on read, added bodies kept as sent.
+Seeded ledgers are sorted half-open runs of entry ids with a body
 factory, and a body is generated when it is read. Entries that arrive over
 the wire (ADD_ENTRY) are kept byte for byte beside the runs. `Storage` says
 which of BookKeeper's ledger storages the emulator imitates, which changes
