@@ -1,4 +1,8 @@
-"""The root of every error the auditor raises on purpose.
+"""An operator should get one readable line and a meaningful exit code for every failure that
+is theirs to fix, and a traceback only for a bug; that takes one root for every error raised
+on purpose.
+
+The root of every error the auditor raises on purpose.
 
 The CLI turns any `AuditorError` into one readable line and a non-zero exit;
 anything else reaching the top is a bug. Modules subclass these near the code

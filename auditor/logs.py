@@ -1,4 +1,8 @@
-"""Structured logs (structlog) to stderr: key=value for people, JSON lines for collectors.
+"""People read the auditor's logs on a terminal and collectors parse them, while stdout
+carries command output that scripts parse; one set-up decides where every line goes and in
+which form.
+
+Structured logs (structlog) to stderr: key=value for people, JSON lines for collectors.
 
 Stdout belongs to command output (`--json` prints exactly one object there),
 so every log line goes to stderr. The daemon logs JSON lines unless a person

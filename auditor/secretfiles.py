@@ -1,8 +1,11 @@
-"""Secrets: files that hold them (the API token, ZooKeeper credentials) must be private,
+"""A secret file every user can read gives the secret to every user of the host, and an API
+token no client can send fails every protected call with a confusing error; the daemon, its
+API servers and the CLI refuse both, by the same rules.
+
+Secrets: files that hold them (the API token, ZooKeeper credentials) must be private,
 and the API token must be one that every client can send.
 
-A token or password file every user can read gives it to every user of the host. As SSH
-refuses a private key that others can read, every command and the daemon refuse such a
+As SSH refuses a private key that others can read, every command and the daemon refuse such a
 file, with the one line that says how to fix it. Group permissions are left alone: a
 service's secrets are commonly `root:<service group> 0640` (or a Kubernetes Secret mounted
 with an `fsGroup`).

@@ -1,10 +1,11 @@
-"""Times as every report writes them: ISO 8601 in UTC with a `Z`.
+"""Check reports, risk and what-if reports, snapshots and the admin API's JSON all carry
+instants, which should sort as text and read the same as the `timestamp` of the JSON log
+lines, so all of them write one form.
 
-For example `2024-05-01T12:00:00.500000Z`, or `2024-05-01T12:00:00Z` on a whole second.
+Times as every report writes them: ISO 8601 in UTC with a `Z`.
 
-Check reports, risk and what-if reports, snapshots and the admin API's JSON
-all carry instants in this one form, so they sort as text and read the same
-as the `timestamp` of the JSON log lines; `from_iso` reads them back.
+For example `2024-05-01T12:00:00.500000Z`, or `2024-05-01T12:00:00Z` on a whole second;
+`from_iso` reads them back.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Waiting for the first of several asyncio events, with a bound.
+"""The daemon, its cluster-freshness watcher and the replication worker all wait for "any of
+these watches fired, or a safety interval passed", and such a wait easily leaks its waiter
+tasks when it ends or is cancelled.
 
-The daemon, its cluster-freshness watcher and the replication worker all wait for "any
-of these watches fired, or a safety interval passed"; one function keeps the waiter
-tasks from leaking when the wait ends or is cancelled.
+Waiting for the first of several asyncio events, with a bound; one function keeps the
+waiter tasks from leaking.
 """
 
 from __future__ import annotations
