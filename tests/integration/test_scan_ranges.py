@@ -21,15 +21,15 @@ ENSEMBLE = ["192.0.2.1:3181", "192.0.2.2:3181", "192.0.2.3:3181"]
 EDGE_IDS = [0, 1, 9999, 10000, 123456789, 2147483646, 2147483647, 2147483648, 2**40 + 7, LONG_MAX]
 
 
-async def _write(zk: MetadataStore, manager: LedgerManager, ids: list[int]) -> None:
-    w = ClusterWriter(zk, "/ledgers", manager)
+async def _write(store: MetadataStore, manager: LedgerManager, ids: list[int]) -> None:
+    w = ClusterWriter(store, "/ledgers", manager)
     await w.init_cluster()
     for i in ids:
         await w.write_ledger(make_metadata(i, ENSEMBLE))
 
 
-async def _walk(zk: MetadataStore, manager: LedgerManager, r: IdRange | None) -> list[int]:
-    return [i async for i in LedgerWalker(zk, "/ledgers", manager, r).ledger_ids()]
+async def _walk(store: MetadataStore, manager: LedgerManager, r: IdRange | None) -> list[int]:
+    return [i async for i in LedgerWalker(store, "/ledgers", manager, r).ledger_ids()]
 
 
 @pytest.mark.parametrize(
