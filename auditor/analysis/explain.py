@@ -3,6 +3,7 @@ answers must never disagree with the checks, so they come from the checks' own a
 cores, fed with one ledger's inputs.
 
 Why one ledger is (or is not) flagged: every input and every check's verdict, in one document.
+
 The questions: which bookies should hold what, which racks they sit in, what each bookie
 actually holds, how many copies each entry range has against the quorums,
 whether the ledger is marked, and what each check concluded from that. This

@@ -3,6 +3,7 @@ taken through the drivers' own per-ledger functions; that I/O is kept apart from
 assembly in `explain.py`.
 
 Gathering what `explain` needs for one ledger, through the checks' own I/O paths.
+
 Metadata and the mark are fresh reads (never the leader's index: an
 explanation is about now); a corrupt mark is explained as one (its path and
 what is wrong), as the checks treat it. Everything else goes through the drivers' public

@@ -3,14 +3,14 @@ in the layers, so the audit's driver in `checks/` cannot call it; the whole audi
 together here instead.
 
 The whole Pulsar audit of one cluster: the checks it leans on, the risk, then the join.
-`checks/pulsar_audit_run.py` holds the audit's driver, which takes each ledger's
-risk as a callable. This
-module supplies it (`ledger_domains`: per closed ledger, the bookies, racks and
-regions whose single loss would make it worse, from `analysis.risk`) and runs
-the audit as `pulsar-audit` and the daemon do: the placement check (metadata
-only: the unplaced ledgers), the replicas check unless told not to (bookies are
-asked: the entries without a copy), the under-replication marks, then
-`run_pulsar_audit`. Nothing is written to ZooKeeper.
+
+`checks/pulsar_audit_run.py` holds the audit's driver, which takes each ledger's risk as
+a callable. This module supplies it (`ledger_domains`: per closed ledger, the bookies,
+racks and regions whose single loss would make it worse, from `analysis.risk`) and runs
+the audit as `pulsar-audit` and the daemon do: the placement check (metadata only: the
+unplaced ledgers), the replicas check unless told not to (bookies are asked: the entries
+without a copy), the under-replication marks, then `run_pulsar_audit`. Nothing is
+written to ZooKeeper.
 """
 
 from __future__ import annotations

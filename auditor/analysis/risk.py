@@ -1,8 +1,9 @@
 """An operator deciding what to repair first needs to know which one more loss would make
 which ledgers worse than they are today; the answer is worked out here without I/O, so the
-daemon, the CLI and a snapshot's what-if all get the same one.
+daemon, the CLI, `risk --from-snapshot` and the Pulsar audit all get the same one.
 
 Which single bookie, rack or region loss would hurt which ledgers: the pure risk core.
+
 For a closed ledger, an entry is hurt by a loss when its copies that survive
 fall below the ack quorum (`below_ack_quorum`) or to zero (`no_copy`). The
 question is asked for one more loss *given today's state*: bookies that are

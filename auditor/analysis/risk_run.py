@@ -3,6 +3,7 @@ without asking any bookie, and the same judging has to run over the live cluster
 snapshot; that reading and loop are kept apart from the pure core.
 
 The risk report's driver: walk the closed ledgers, locate their bookies, tally the risk.
+
 Only metadata, the bookie registry and the rack sources are read; no bookie is
 asked anything. In the daemon the walk reads the leader's metadata index
 (`CheckContext.walker`), so a run costs no ZooKeeper read per ledger. The same

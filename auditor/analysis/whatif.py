@@ -3,6 +3,7 @@ will say afterwards; the prediction is made by the checks' own code, so that it 
 check will say once the change is made.
 
 What a planned change would do, predicted from metadata alone: the pure what-if core.
+
 Two kinds of change:
 
 * **Placement** (a new rack map, another `minNumRacksPerWriteQuorum`): every

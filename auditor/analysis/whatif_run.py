@@ -3,6 +3,7 @@ answer exactly as the live cluster does, so both are reduced to one view before 
 loop runs on it.
 
 The what-if driver, on the live cluster or on a snapshot; it writes nothing.
+
 The view is a `ClusterView` (who is available, who is known, where each bookie
 is, ledger records in id order); it feeds `risk --from-snapshot` too.
 

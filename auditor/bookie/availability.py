@@ -3,6 +3,7 @@ request, and BookKeeper's own reading of that answer calls entries missing that 
 and walks ledgers entry by entry; the auditor needs a strict decoder and range arithmetic.
 
 Which entries of one ledger a bookie holds: BookKeeper's ``AvailabilityOfEntriesOfLedger``.
+
 A bookie answers GET_LIST_OF_ENTRIES_OF_LEDGER with a compact description of the
 entries it stores. The wire form is a 64-byte header (int32 version, int32 number of
 groups N, 56 reserved bytes) followed by N 24-byte *sequence groups*, big-endian:

@@ -3,6 +3,7 @@ must carry them all, pair each answer with its request although a bookie answers
 order, and give up on each at its own deadline, without a task or timer per request.
 
 One TCP connection to one bookie, multiplexing many requests.
+
 A bookie runs reads on per-ledger thread pools, so answers come back in any
 order; the only link between a response and its request is the
 (txnId, operation) pair in the response header. This connection keeps a table

@@ -2,6 +2,7 @@
 complete v3 message and what a broken bookie sends can only ever fail its own connection.
 
 BookKeeper's v3 bookie protocol: frames, requests, responses and entry bodies.
+
 A real bookie decides per connection whether it speaks v3 by parsing the
 first frame as a v3 `Request`; a malformed one silently switches that
 connection to the old binary protocol, after which nothing we send makes

@@ -3,6 +3,7 @@ such ledger") is evidence, a bookie that did not answer is not; no check may tak
 for "missing", so a bookie call's outcome is a value whose type says which it was.
 
 What one call to a bookie came to, as values a check can branch on.
+
 Every client call returns one of a few outcome types instead of raising, so that
 "missing" can only ever be concluded from an `Ok` or an `ErrorStatus`, and every
 kind of silence (`NoAnswer`, `CannotList`) is visibly something else:

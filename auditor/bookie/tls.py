@@ -3,6 +3,7 @@ BookKeeper's clients, and a store Python cannot read must stop the start rather 
 the auditor talking in clear to a bookie that expects TLS.
 
 Bookie TLS, configured by the keys BookKeeper's own client reads.
+
 A BookKeeper client turns TLS on with `tlsProviderFactoryClass`: every new
 connection then sends START_TLS, gets the answer in clear, and upgrades the
 same socket (the bookie is the TLS server). Operators already have those keys

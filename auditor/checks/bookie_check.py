@@ -3,6 +3,7 @@ ledgers among millions must cost memory for the affected ledgers only, not for t
 majority.
 
 Lost bookies and their ledgers: the pure core of the bookie check.
+
 A bookie is lost when some ensemble of some ledger (any segment, historical
 ones included; open and closed ledgers alike) names it and it is neither
 writable nor read-only. Ids that never registered at all are lost too: an

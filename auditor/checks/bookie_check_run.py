@@ -3,6 +3,7 @@ of a bookie that was only restarting, or that a worker has already moved; the dr
 the registry on both sides of the walk and each ledger again before it marks.
 
 The bookie check driver: read who is available, walk every ledger, mark the lost ones.
+
 One pass over the metadata in id order (reads pipelined by the walker), each
 ledger's lost bookies computed against the available set read before the
 walk; a ledger with none is settled at once, one with a lost bookie once the

@@ -1,6 +1,6 @@
 """The CLI, the daemon and a scan's partitions each give a driver its store, bookie client,
 configuration and permission to mark in their own way; one bundle lets every driver be
-written once, and makes one switch of whether it may write.
+written once, and holds the one switch for writes.
 
 The I/O a check driver needs, bundled: ZooKeeper, the bookie client, config, marking.
 

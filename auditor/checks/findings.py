@@ -2,6 +2,7 @@
 read what they report, so a finding has one shape and one JSON form wherever it was made.
 
 What a check finds, in one shape for the CLI, the daemon and the Spark job.
+
 A check produces one `CheckReport`: how many ledgers it analysed and skipped
 (and why), one `Violation` per (ledger, category) with the evidence an operator
 needs to act on it, and what it marked. The JSON form is the `check --json`

@@ -2,6 +2,7 @@
 checks it walks no ledgers, and a scan runs it once, on its driver, not in every partition.
 
 The grace check's driver: every under-replication mark, judged against the grace period.
+
 The rule is `grace`.
 
 A corrupt mark (data that does not decode, a name that is not `urL%010d` of a

@@ -3,9 +3,9 @@ by reading entries, and reading every entry of every ledger is out of the questi
 to read, and what the answers mean, are decided here without I/O.
 
 The ledger check's analysis (BookKeeper's LedgerChecker), with no I/O.
-As upstream, it reads a sample: per fragment and
-bookie, the first and last entry that bookie must store, plus
-`auditorLedgerVerificationPercentage` of the span between them.
+
+As upstream, it reads a sample: per fragment and bookie, the first and last entry that
+bookie must store, plus `auditorLedgerVerificationPercentage` of the span between them.
 
 The driver (`ledger_check_run`) does the talking; this module decides what to
 ask and what the answers mean, in three steps a test can drive with plain

@@ -3,6 +3,7 @@ on the bookies, stop cleanly when replication is switched off mid-run, and never
 ledger that changed under it.
 
 Runs the ledger check (BookKeeper's checkAllLedgers) over a whole cluster.
+
 The analysis is `auditor.checks.ledger_check`; this module gathers its inputs
 (metadata from the walk, each open ledger's LAC, the single-entry probe, the
 sampled entry reads) and records what it finds. How it behaves, and where it

@@ -3,6 +3,7 @@ only that question is wanted, and on a snapshot it is the one question a metadat
 answer completely.
 
 The metadata check: every ledger's metadata decodes, and nothing else is asked.
+
 The decoder's own validation (quorum sizes, segment order, closed-ledger
 fields) is the rule set, so every engine and every check agree on what
 "invalid" means. `MetadataRun` (the drivers' one shape: see `auditor.checks`)

@@ -3,12 +3,12 @@ persistent://shop/orders/payments are below ack quorum" is actionable where a li
 is not.
 
 Who a ledger belongs to, read from the custom metadata Pulsar writes on every ledger.
-Pulsar's brokers tag each ledger they create
-(`LedgerMetadataUtils`): `application=pulsar`, a `component`
-(`managed-ledger`, `compacted-ledger`, `schema`) and the owner's name under
-`pulsar/managed-ledger`, `pulsar/cursor`, `pulsar/compactedTopic` or
-`pulsar/schemaId`. Brokers before 2.7 used `psr/managed-ledger`,
-`psr/cursor`, `compactedTopic` and `schemaId`; both spellings are read.
+
+Pulsar's brokers tag each ledger they create (`LedgerMetadataUtils`):
+`application=pulsar`, a `component` (`managed-ledger`, `compacted-ledger`, `schema`) and
+the owner's name under `pulsar/managed-ledger`, `pulsar/cursor`, `pulsar/compactedTopic`
+or `pulsar/schemaId`. Brokers before 2.7 used `psr/managed-ledger`, `psr/cursor`,
+`compactedTopic` and `schemaId`; both spellings are read.
 
 A ledger without these keys has no owner (None), and reports carry nothing
 extra for it.

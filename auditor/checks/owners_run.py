@@ -3,12 +3,12 @@ index keeps no custom metadata (it would cost every healthy ledger bytes), so ow
 looked up after the check, for the flagged ledgers only.
 
 Finding the Pulsar owners of a report's flagged ledgers, after the check.
-Each lookup is a
-fresh read of the ledger's znode, `checks.ledger_concurrency` at a time (the
-checks' pool); a ledger deleted meanwhile simply has no owner. Equal owners are stored
-once, so memory follows the distinct owners and the flagged ledgers, never
-the whole cluster. The lookup is an annotation, not part of the verdict: if
-ZooKeeper fails during it, the report goes out with the owners found so far.
+
+Each lookup is a fresh read of the ledger's znode, `checks.ledger_concurrency` at a time
+(the checks' pool); a ledger deleted meanwhile simply has no owner. Equal owners are
+stored once, so memory follows the distinct owners and the flagged ledgers, never the
+whole cluster. The lookup is an annotation, not part of the verdict: if ZooKeeper fails
+during it, the report goes out with the owners found so far.
 """
 
 from __future__ import annotations

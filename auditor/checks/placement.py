@@ -1,6 +1,6 @@
-"""A write quorum kept in one rack is lost with that rack, and the check, `explain`, what-if
-and the worker's choice of targets must judge an ensemble by one rule, righter than
-upstream's where a bookie is down or regions matter.
+"""A write quorum kept in one rack is lost with that rack; the check, `explain`, what-if and
+the worker's choice of targets must judge an ensemble by one rule, and upstream's misjudges
+ensembles with a bookie down and never judges regions.
 
 Placement-policy adherence of ledger ensembles: the pure core of the placement check.
 

@@ -3,6 +3,7 @@ and a delay counted per ledger reported a bookie on its first silence (seed 5151
 soak); the delay has to be counted per bookie, in little memory per waiting ledger.
 
 BP-34's delayed re-check, kept per (ledger, bookie): when a silent bookie may be reported.
+
 The delay belongs to each bookie that falls silent, not to
 the ledger: a ledger set aside because bookie A answered EIO, whose bookie B
 crashes for two seconds just before A's last re-check, must not have B

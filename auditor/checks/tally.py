@@ -2,11 +2,11 @@
 millions of violations; a report must still give exact figures without growing with them.
 
 A report's violations with bounded memory: every one counted, the first N kept.
-`ViolationLog` keeps the exact figures an
-operator and a dashboard need (violations, ledgers per category, the smallest
-ledger ids of each category as samples) and lists only the first
-`limit` violations in report order (ledger id, category, bookie), so memory
-is bounded by the limit, not by the number of ledgers in trouble.
+
+`ViolationLog` keeps the exact figures an operator and a dashboard need (violations,
+ledgers per category, the smallest ledger ids of each category as samples) and lists
+only the first `limit` violations in report order (ledger id, category, bookie), so
+memory is bounded by the limit, not by the number of ledgers in trouble.
 
 Ledgers per category are counted once per (ledger, category): a check adds
 one ledger's violations of a category together (several bookies of one

@@ -3,6 +3,7 @@ keys to mean the same things, and refuses a bad value at start, naming the key, 
 meet it in the middle of a check.
 
 Configuration: BookKeeper's own knobs under their own names, and ours, validated.
+
 The checks honour BookKeeper's keys with the same meaning and units, in the
 `[bookkeeper]` table of a TOML file (`--set KEY=VALUE` overrides one). Knobs
 BookKeeper has no word for (retry of unanswering bookies, probing, rack sources,

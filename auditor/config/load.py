@@ -3,6 +3,7 @@ the daemon's layers of files, environment and BP-34 defaults, so its settings ar
 loader of their own.
 
 `load_config`: the one-shot commands' settings, from a TOML file and `--set` overrides.
+
 `check`, `scan`, `explain`, `risk` and the other one-shot commands read the
 `[bookkeeper]` and `[checks]` tables of the file the daemon also reads (the
 daemon's own tables are allowed there and ignored), then apply `--set KEY=VALUE`.

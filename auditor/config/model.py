@@ -3,6 +3,7 @@ pickle) must agree on what each setting is and which values it may take, so the 
 and each key's rule are written down once.
 
 The settings the checks read: BookKeeper's keys under BookKeeper's names, and ours.
+
 Operators already have a `bk_server.conf`; the checks honour the same keys
 with the same meaning, units and defaults (`BookKeeperConfig`). Knobs
 BookKeeper has no word for (retry of unanswering bookies, probing, rack

@@ -3,6 +3,7 @@ an operator with a bad value must be told which one holds it; every loader must 
 the same text into the same value, or refuse it the same way.
 
 Settings that remember where they came from, and how a table of them becomes a dataclass.
+
 Every configuration source (a TOML file, `bk_server.conf`, the environment,
 `--set`) yields raw values: strings, or TOML's numbers, booleans and tables.
 `build_section` turns them into one frozen dataclass: each value coerced to

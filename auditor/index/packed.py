@@ -3,6 +3,7 @@ design constraint (target: at most 200 bytes per ledger with the dict around it)
 `LedgerMetadata` object with its tuples and strings is several hundred bytes alone.
 
 One ledger's metadata packed into a short `bytes`, bookie ids and passwords interned.
+
 Packed, a closed E=3 ledger with one ensemble is 61 bytes of
 payload. Bookie ids repeat across millions of ledgers, so each is stored once
 in an `Interner` and referred to by a 16-bit number; so are passwords (Pulsar

@@ -1,13 +1,13 @@
-"""Every check walks every ledger, and on a large cluster one ZooKeeper read per ledger is
-most of a check's cost; the leader keeps the metadata in memory, so that its walks are a pass
-over memory instead.
+"""Every check walks every ledger, and on a large cluster a walk of one ZooKeeper read per
+ledger takes long and loads ZooKeeper; the leader keeps the metadata in memory, so that its
+walks are a pass over memory instead.
 
 The leader's in-memory ledger metadata index, and a walker that reads from it.
-`IndexWalker` has the interface of
-`LedgerWalker` (records in id order, stats, `max_ledger_id`, `read`), so the
-check drivers do not know which one they were given. `read` still goes to
-ZooKeeper: it is the fresh look BP-34 asks for before a violation is reported,
-and that must not come from a cache.
+
+`IndexWalker` has the interface of `LedgerWalker` (records in id order, stats,
+`max_ledger_id`, `read`), so the check drivers do not know which one they were given.
+`read` still goes to ZooKeeper: it is the fresh look BP-34 asks for before a violation
+is reported, and that must not come from a cache.
 
 Znodes the walk could not take as ledgers (`UnexpectedZnode`, a path spelling
 an id beyond 2^63-1 for one) are kept beside the records, from the last full

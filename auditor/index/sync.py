@@ -3,6 +3,7 @@ saying so; the order of the full read and the watch, and what a lost watch does,
 make sure of that.
 
 Keeping the index current: one full read, then a persistent recursive watch.
+
 The order matters. The watch on the ledgers root is added first, then every
 ledger is read; events that arrive meanwhile only mark ledgers dirty, and the
 dirty ones are read again once the full read is done. A read issued after an

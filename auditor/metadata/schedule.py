@@ -1,6 +1,6 @@
-"""Which bookies must hold entry `e` is asked by the checks, the worker and the test writers
-alike, and all of them must answer with Java's formula, including where it differs from a
-naive one for large ids.
+"""Which bookies must hold entry `e` of a segment is asked by the checks, the worker and the
+test writers alike, and all of them must answer by the one formula BookKeeper's client
+writes by.
 
 BookKeeper's round-robin distribution schedule, per entry.
 

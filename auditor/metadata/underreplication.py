@@ -1,6 +1,6 @@
 """Marks and the other under-replication records are shared with BookKeeper's own auditor
-and workers, so they are written byte for byte as Java writes them, and read so that one
-bad mark never hides the others, in batches, since there may be a hundred thousand.
+and workers, so they are written byte for byte as Java writes them; and there may be a
+hundred thousand marks, of which one bad one must not hide the others.
 
 Under-replication state in ZooKeeper, shared with BookKeeper's own auditor and workers.
 

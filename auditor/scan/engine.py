@@ -3,6 +3,7 @@
 it is written against this protocol only.
 
 What a scan engine does: run partitions of the checks somewhere, keep their rows.
+
 Two engines exist: in-process (`asyncio`) and Spark (`spark`).
 """
 

@@ -2,9 +2,10 @@
 with the same partitions, drivers and output as on Spark; only the place they run differs.
 
 The in-process engine: the scan's partitions as tasks on this event loop.
-Coverage rows (and a snapshot's ledger
-rows) stream into one Parquet file in batches, and a snapshot is judged a
-batch at a time, so memory stays flat however many ledgers there are.
+
+Coverage rows (and a snapshot's ledger rows) stream into one Parquet file in batches,
+and a snapshot is judged a batch at a time, so memory stays flat however many ledgers
+there are.
 """
 
 from __future__ import annotations

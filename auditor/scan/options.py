@@ -3,6 +3,7 @@ settings, and must accept and refuse the same ones in the same words, without lo
 checks' drivers to do it.
 
 What a user chooses for a scan engine: its name, and the Spark settings handed to it.
+
 Both the command line (`--engine`, repeated `--spark-conf spark.KEY=VALUE`)
 and the daemon's `[scan]` table (`daemon.engine`, `scan.spark_conf` as a TOML
 table, or `spark.KEY=VALUE;...` text from `--set` and the environment) take

@@ -1,6 +1,6 @@
 """A scan's results are read after it ends, by people and by other tools, whichever engine
 wrote them, so the layout and the columns are fixed in one place; and DIR is the operator's
-input, whose faults must be one line, found before the scan connects where they can be.
+input, whose faults must come as one line, before the scan connects wherever they can.
 
 A scan's output directory: the datasets' columns, the rows, and the summary.
 

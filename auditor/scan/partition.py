@@ -3,17 +3,16 @@ checks' own drivers against one id range, on connections of its own; a partition
 unit of work, the same when the in-process engine runs it.
 
 One partition of a scan: its own ZooKeeper session and bookie connections, the checks' drivers.
-This is what a Spark task (or the in-process engine) runs for one id range or
-one batch of ledgers to re-check. It is the checks' own drivers, given a
-context restricted to the range, with marks held back for the scan's driver
-and each ledger's outcome handed to a sink (the coverage dataset). With the
-Pulsar audit in the scan, a range's partition observes its ledgers against
-Pulsar's references (read once on the driver and shipped in `ScanSpec.pulsar`)
-after its other checks, with their verdicts, and sends back a `PulsarPartial`;
-the driver merges them, adds the referenced ids no partition saw and re-checks
-the candidates (`auditor.scan.job`). Everything
-here is picklable or built from picklable parts: Spark ships `ScanSpec` to the
-executors and nothing else.
+
+This is what a Spark task (or the in-process engine) runs for one id range or one batch
+of ledgers to re-check. It is the checks' own drivers, given a context restricted to the
+range, with marks held back for the scan's driver and each ledger's outcome handed to a
+sink (the coverage dataset). With the Pulsar audit in the scan, a range's partition
+observes its ledgers against Pulsar's references (read once on the driver and shipped in
+`ScanSpec.pulsar`) after its other checks, with their verdicts, and sends back a
+`PulsarPartial`; the driver merges them, adds the referenced ids no partition saw and
+re-checks the candidates (`auditor.scan.job`). Everything here is picklable or built
+from picklable parts: Spark ships `ScanSpec` to the executors and nothing else.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ partitions run at once, in this process or on Spark executors, and no single wal
 whole, yet the operator still wants a progress line and an ETA.
 
 How far a scan or a snapshot is: per stage, partitions done and the share of the work.
-A scan runs stages (the first pass, each retry, a snapshot's write). The engine
-keeps a `StageTally` of the stage it runs and the scan's driver reads it on a
-timer (`reporting_stages`), logging one
-"scan progress" line every `checks.progress_interval` seconds: the stage, the
-partitions done, the share of the stage done, ledgers walked where the engine
-knows them, and an ETA from the share. The CLI draws that event as a bar on a
-terminal (`auditor.cli.progress`).
+
+A scan runs stages (the first pass, each retry, a snapshot's write). The engine keeps a
+`StageTally` of the stage it runs and the scan's driver reads it on a timer
+(`reporting_stages`), logging one "scan progress" line every `checks.progress_interval`
+seconds: the stage, the partitions done, the share of the stage done, ledgers walked
+where the engine knows them, and an ETA from the share. The CLI draws that event as a
+bar on a terminal (`auditor.cli.progress`).
 
 What the share is made of differs by engine:
 - in process, each partition tells how far it is (`PartitionProgress`: the

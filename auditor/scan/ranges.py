@@ -3,6 +3,7 @@ itself (that is the work being spread out), and every ledger, even one created a
 plan, must fall in exactly one partition.
 
 Splitting the ledger id space into partitions from cheap listings of the tree.
+
 The driver can list directories: in the hierarchical layouts a directory spells a
 decimal prefix of every id below it, so listings alone tell where ledgers are.
 The plan descends level by level to the directories that hold leaves (at most

@@ -3,6 +3,7 @@ cluster, later and at no load on it, from a copy of every ledger's metadata that
 checks' judging code can read as it reads the cluster.
 
 A metadata snapshot: every ledger's metadata as Parquet, and the checks that run on it.
+
 `bk-auditor snapshot` reads the ledgers through the same partitions as a scan
 and writes DIR/ledgers/ (one row per ledger) and DIR/cluster.json (registered
 and known bookies, and the rack location of every bookie any ensemble names,

@@ -2,6 +2,7 @@
 over a Spark cluster, each task running the same asyncio checks as the in-process engine.
 
 The Spark engine: each partition is a Spark task running the checks with asyncio inside.
+
 A stage is one `mapPartitions` over id ranges (or over ledger ids to re-check).
 A task opens its own ZooKeeper session and bookie connections, runs the
 partition on a fresh event loop and yields one small result (partial reports,

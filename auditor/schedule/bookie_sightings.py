@@ -3,6 +3,7 @@
 already watching can say when that was.
 
 When this process first saw each bookie missing: the clock of the restart rule.
+
 A restart is not a failure. With the daemon beside each bookie, restarting a
 host restarts the leader and its bookie together; the next leader is elected
 while that bookie is still down. Upstream's auditor audits every missing bookie

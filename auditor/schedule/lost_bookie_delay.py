@@ -3,6 +3,7 @@ in callback code, so they live here without clock, timers or I/O, where tests ca
 upstream's scenarios as event sequences.
 
 When the daemon audits lost bookies: `lostBookieRecoveryDelay` as a pure state machine.
+
 BookKeeper's auditor waits `lostBookieRecoveryDelay` seconds after a bookie
 disappears before marking its ledgers, so that a bookie restarting for an
 upgrade does not trigger a wave of re-replication. For the rules (spec §1.4,

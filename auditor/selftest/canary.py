@@ -3,8 +3,8 @@ metadata decoding, the bookie client on the wire, the rack source and the driver
 known-bad ledgers on the real cluster, run through the real drivers, prove that path.
 
 The end-to-end canary: known-bad ledgers under a ledgers root of their own, real drivers.
-The leader
-keeps a few synthetic ledgers under `selftest.canary_root` (never the real
+
+The leader keeps a few synthetic ledgers under `selftest.canary_root` (never the real
 ledgers root) and runs both drivers over that root with marking off:
 
 * `NO_REPLICA_ID`: closed, entries 0..9, its ensemble the first (by id) up to

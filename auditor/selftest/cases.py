@@ -3,6 +3,7 @@ exactly that defect, with its exact answer known in advance; these are those inp
 apart from the harness that runs them.
 
 The self-test's fixtures: one known defect per category of every check, and controls.
+
 Each case builds a small synthetic input, calls the check's pure core through
 `Cores`, and reduces the answer to a plain value (category, ledger, entries,
 bookies) that must equal the expected one exactly. The fixtures are chosen

@@ -3,12 +3,12 @@ violations), and metrics of run counts and durations cannot tell the two apart (
 BK#3351, BK#4572); only known-bad inputs with known answers can.
 
 The detector self-test: known-bad inputs through the analysis cores, answers compared.
-The leader regularly feeds each check's pure
-analysis functions (the very ones its driver calls) synthetic inputs with
-one known defect each, plus clean controls, and compares every answer with
-the exact expected one: right category, right ledger, entries and bookies,
-nothing else. The fixtures live in `auditor.selftest.cases` (whose `run_selftest` runs
-them all); this module runs cases and shapes the result.
+
+The leader regularly feeds each check's pure analysis functions (the very ones its
+driver calls) synthetic inputs with one known defect each, plus clean controls, and
+compares every answer with the exact expected one: right category, right ledger, entries
+and bookies, nothing else. The fixtures live in `auditor.selftest.cases` (whose
+`run_selftest` runs them all); this module runs cases and shapes the result.
 
 The cores are passed in as a `Cores` value, so a test can hand in a broken
 one and watch exactly that check fail; the daemon always uses the defaults.

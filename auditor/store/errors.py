@@ -3,6 +3,7 @@ at another version, not empty) and must not learn which store answered, so both 
 raise one set of errors in place of their client libraries' own.
 
 What a metadata store's calls raise, whichever store it is (`auditor.zk`, `auditor.etcd`).
+
 `StoreUnavailableError` and its kinds are operator errors with a readable message and
 the exit code of an unreachable service (3).
 """

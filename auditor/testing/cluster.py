@@ -2,10 +2,11 @@
 and large ones built in seconds.
 
 Writes a BookKeeper cluster's ZooKeeper metadata exactly as BookKeeper 4.17/4.18 does.
-What it writes: the ledgers-root layout (LAYOUT,
-INSTANCEID, available, cookies, underreplication) and ledger metadata in format
-v3 by default (v2 and v1 on request). Bulk creation goes through ZooKeeper
-multi-ops so that 100k-ledger clusters take seconds, not minutes.
+
+What it writes: the ledgers-root layout (LAYOUT, INSTANCEID, available, cookies,
+underreplication) and ledger metadata in format v3 by default (v2 and v1 on request).
+Bulk creation goes through ZooKeeper multi-ops so that 100k-ledger clusters take
+seconds, not minutes.
 """
 
 from __future__ import annotations

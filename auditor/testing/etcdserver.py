@@ -2,12 +2,12 @@
 in moments, on ports nobody else uses, and restarts with its data.
 
 A throwaway single-member etcd from Debian's `etcd-server` package (etcd 3.4).
-This starts
-`/usr/bin/etcd` on free loopback ports (client and peer) with its data in a
-temporary directory, and returns once its `/health` endpoint answers healthy
-(polled at a short interval, within a deadline). `stop()` keeps the data and the
-ports, so a later `start()` is the same server restarted (lease and keys kept, as a
-restarted etcd keeps them); `destroy()` removes everything.
+
+This starts `/usr/bin/etcd` on free loopback ports (client and peer) with its data in a
+temporary directory, and returns once its `/health` endpoint answers healthy (polled at
+a short interval, within a deadline). `stop()` keeps the data and the ports, so a later
+`start()` is the same server restarted (lease and keys kept, as a restarted etcd keeps
+them); `destroy()` removes everything.
 """
 
 from __future__ import annotations

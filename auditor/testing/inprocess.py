@@ -3,6 +3,7 @@ state, trigger checks and capture its logs, and all need the same quick configur
 daemon that stops however the test ends.
 
 A daemon in the test's own process, on the loop that serves the emulated bookies.
+
 What they share: a configuration with fast retries and hour-long intervals (checks run
 in the first round and when triggered), and a context manager that runs the
 daemon and stops it however the test ends.

@@ -3,6 +3,7 @@ that met it: no task still waiting for an answer, no connection the client forgo
 only counting what is left afterwards shows that.
 
 What a test leaves behind: asyncio tasks, file descriptors, TCP connections to bookies.
+
 Fault tests take a `snapshot()` once their cluster is
 built and call `assert_no_leaks` once their checks are done; the helpers read
 Linux's /proc, which is where these tests run.

@@ -3,13 +3,13 @@ session's clock, so sessions survive any downtime, and session expiry cannot be 
 way.
 
 A loopback TCP proxy that can be cut: a network partition for one client, in a test.
-A partition keeps
-the server running while one client cannot reach it, and the server expires
-that client's session on time. Put this proxy between the client and the
-server; `cut()` drops every connection and refuses new ones (the client sees
-a dead network), `mend()` lets connections through again. `hold()` is a
-server that takes connections and never answers: each new one is accepted,
-its bytes read and dropped, until the client gives up on it.
+
+A partition keeps the server running while one client cannot reach it, and the server
+expires that client's session on time. Put this proxy between the client and the server;
+`cut()` drops every connection and refuses new ones (the client sees a dead network),
+`mend()` lets connections through again. `hold()` is a server that takes connections and
+never answers: each new one is accepted, its bytes read and dropped, until the client
+gives up on it.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ known ledger, so that what the leader (or each engine) finds can be held against
 planted.
 
 A cluster with one seeded fault per category, on eight emulated bookies.
-Healthy ledgers
-1..2000 sit on rings of three bookies from three racks (every write quorum
-spans two racks) and hold all their copies; the racks are published in
-Pulsar's `/bookies` znode.
+
+Healthy ledgers 1..2000 sit on rings of three bookies from three racks (every write
+quorum spans two racks) and hold all their copies; the racks are published in Pulsar's
+`/bookies` znode.
 
 The seeded faults (ledger ids) and what the leader must find:
 - 3001 on a bookie that died (cookie, no registration): `ledgers_on_lost_bookies`

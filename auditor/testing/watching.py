@@ -3,6 +3,7 @@ polling on a sleep is slow or flaky, and a watch alone can miss a change made be
 set.
 
 Waiting in tests for what a metadata store shows, woken by its watches.
+
 Each look sets a watch; the wait ends at that watch, or after a second at most (a look
 again covers a change made between the read and the watch being set), until the look is
 what the test wants or the time is up (an assertion naming what was last seen).

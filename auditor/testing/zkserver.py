@@ -2,11 +2,11 @@
 and need one that starts in moments on a port nobody else uses.
 
 A throwaway standalone ZooKeeper server from Debian's `zookeeper` package.
-This starts
-`QuorumPeerMain` on a free loopback port with its own data directory, waits
-until it answers `ruok`/`srvr`, and removes everything on stop. The jar's
-manifest Class-Path pulls in its dependencies, so the class path is just the
-config directory and `zookeeper.jar` (what Debian's own `environment` file sets).
+
+This starts `QuorumPeerMain` on a free loopback port with its own data directory, waits
+until it answers `ruok`/`srvr`, and removes everything on stop. The jar's manifest
+Class-Path pulls in its dependencies, so the class path is just the config directory and
+`zookeeper.jar` (what Debian's own `environment` file sets).
 
 With `tls`, the server also serves a `secureClientPort` through its Netty
 connection factory, from Java key and trust stores (`make_tls_material` makes

@@ -2,8 +2,9 @@
 (what-if, a replication worker's replacement choice) must read a location exactly as
 BookKeeper's placement policies do, or one would refuse what the other chose.
 
-Network locations as BookKeeper writes them: `/rack`, `/region/rack`, `/zone/upgradedomain`:
-the default locations each policy gives an unknown bookie, the normal form of
+Network locations as BookKeeper writes them: `/rack`, `/region/rack`, `/zone/upgradedomain`.
+
+Here: the default locations each policy gives an unknown bookie, the normal form of
 a location, and how the region-aware and zone-aware policies read one.
 """
 

@@ -3,6 +3,7 @@ operators keep locations in several places (a file, BookKeeper's topology script
 `/bookies`); one resolver asks them in a fixed order and refuses a half-read map.
 
 Where bookies are: network locations (racks, `/zone/upgradedomain`, `/region/rack`).
+
 Bookies that are down need one too: a location is a property of where a machine
 sits, not of whether it answers right now (upstream forgets the rack of a bookie
 as soon as it unregisters, which turns every outage into placement alarms).

@@ -3,6 +3,7 @@ waits on its answer; nothing it does may stall or flood the auditor, or quietly 
 rack.
 
 BookKeeper's topology script (`ScriptBasedMapping`), run as the outside input it is.
+
 Every call is bounded three ways:
 
 * Time: the script runs in a process group of its own (a new session), and

@@ -3,6 +3,7 @@ AutoRecovery runs that worker (`ReplicationWorker`) beside the auditor in every 
 the daemon does.
 
 The replication worker: copies under-replicated fragments to other bookies and commits them.
+
 It sits beside the daemon in the layers: the daemon runs
 it; it uses the checks' cores (which entries a bookie lacks, placement), the
 bookie client and the metadata layer (locks, marks, versioned metadata writes).

@@ -1,8 +1,9 @@
 """A repair's copy must put on the new bookie exactly the entries its position stores, as the
-writer wrote them, at a bounded cost to the bookies, and must never take a busy bookie for a
-lost entry; upstream's replicator does none of these fully.
+writer wrote them, and must never take a busy bookie for a lost entry; upstream's replicator
+copies more, re-packs the bodies and stops at the first entry it cannot read.
 
 Copying one position of one segment to a new bookie: read, verify, write unchanged.
+
 This is the data half of a repair (upstream `LedgerFragmentReplicator`); the metadata
 change comes after it, and only when the result is `complete`. Where it differs from
 upstream, it is on purpose:

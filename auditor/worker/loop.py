@@ -3,6 +3,7 @@ ledger must be held by one worker at a time, the most endangered taken first, an
 rules that neither retry it in a tight loop nor forget it.
 
 The replication worker's loop: take a marked ledger, repair it, decide the lock's fate.
+
 BookKeeper's `ReplicationWorker` step by step, with the changes the issue asks for (the
 per-ledger steps are in `worker/repair.py`, shared with `recover`):
 

@@ -3,6 +3,7 @@ positions are bad, and a ledger the worker calls repaired must be one the replic
 calls clean.
 
 What to repair in one ledger, and what must wait for fencing: the worker's pure plan.
+
 The decision is one pure function of the metadata, the bookie registry and the
 bookies' answers (`plan_ledger`), and reuses the replicas check's own analysis
 (`checks/replicas.analyse`) rather than a second reading of the answers.

@@ -3,6 +3,7 @@ adding entries, and entries past what it acknowledged may sit on only part of th
 set), so its tail cannot be copied until the ledger is ended as a client's recovery ends it.
 
 Fencing and recovering an open ledger, as BookKeeper's client does, before its tail is copied.
+
 The worker ends the ledger the way any BookKeeper client's recovery open does
 (spec §2), and only a closed ledger is repaired:
 

@@ -3,6 +3,7 @@ loop and the command repair by the same steps, kept apart from how either choose
 and holds their locks.
 
 One ledger's repair, once its lock is held: plan, copy, commit, verify, unmark.
+
 The worker's loop (`worker/loop.py`) takes marked ledgers and decides how long to hold
 a lock after a failure; `recover` locks the ledgers of the bookies it is told to empty
 and moves them (`replace`).

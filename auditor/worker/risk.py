@@ -3,9 +3,10 @@ lost one copy of three while a ledger down to its last copy waits; one more fail
 loses data that was one repair away from safety.
 
 Which marked ledger the worker takes first: the pure ranking of the queue by risk.
-Among the ledgers a worker could
-take, it takes first the one whose worst entry has the fewest readable copies left, then
-the one whose copies span the fewest racks, then the oldest mark.
+
+Among the ledgers a worker could take, it takes first the one whose worst entry has the
+fewest readable copies left, then the one whose copies span the fewest racks, then the
+oldest mark.
 
 The rank is computed from what the worker reads anyway, never from bookie answers:
 

@@ -3,6 +3,7 @@ ranking needs is kept as the queue reads it, and ranked again from what is kept 
 registry or the racks change.
 
 The take order by risk, driven: what the ranking (`worker/risk.py`) needs, gathered.
+
 `RiskOrder` is the replication queue's `TakeOrder`. The queue hands it each mark and its
 ledger's metadata as it reads them (once, and again only when the watch says the mark
 changed or the ledger's lock was released); this keeps, per marked ledger, the ledger's

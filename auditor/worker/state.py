@@ -3,6 +3,7 @@ it does in one place, and nowhere else, and both read it from there (as the daem
 `DaemonState` is read).
 
 What the replication worker has done and is doing, for `status`, the metrics and the logs.
+
 The metrics read it at scrape time and `status` shows the ledgers in hand. Counters
 only grow; the ledgers in hand and the unrecoverable ones are current.
 """

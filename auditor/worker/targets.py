@@ -3,6 +3,7 @@ rules, and upstream's choice may return a bookie that leaves the ensemble failin
 placement rule it was chosen under.
 
 Which bookies replace the bad positions of one segment: the worker's pure target choice.
+
 The choice is a pure function of the metadata, the writable
 bookies, the placement policy with bookie locations, and a random source.
 

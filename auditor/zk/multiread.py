@@ -3,6 +3,7 @@ request, a reply, a kazoo async result and a hop to the event loop each; ZooKeep
 a whole batch in one request, but kazoo has no API for it.
 
 ZooKeeper 3.6+ `multiRead` (opcode 22) on top of kazoo 2.11's protocol layer.
+
 `multiRead` carries many reads in one request and answers them in one
 reply, each read with its own result (a read that fails, say on a znode that
 is gone, does not fail the others). This module adds the request class kazoo's

@@ -1,8 +1,9 @@
-"""Replication workers must hear of marks anywhere under `underreplication` as they appear,
-without a one-shot watch per znode or a poll; ZooKeeper 3.6+ has one watch for a whole
-subtree, which kazoo cannot set.
+"""The leader's metadata index and the replication workers must hear of every change below a
+subtree (the ledgers root, `underreplication`) without a one-shot watch per znode or a
+poll; ZooKeeper 3.6+ has one watch for a whole subtree, which kazoo cannot set.
 
 Persistent recursive watches (ZooKeeper 3.6+ `addWatch`) on top of kazoo 2.11.
+
 kazoo has no API for them (python-zk/kazoo#715 is still open), so this adds
 the two pieces it lacks, in our own code, against kazoo's protocol layer:
 

@@ -3,6 +3,7 @@ the Java nodes do and create its znodes with the ACL BookKeeper would give them,
 world-writable holes; the credentials and that policy are settled here, once, at start.
 
 ZooKeeper credentials and the ACL policy of what the auditor creates.
+
 A secured BookKeeper (`zkEnableSecurity=true`) creates every znode with
 ZooKeeper's CREATOR_ALL_ACL: all permissions for the identities the creating
 session authenticated as, nobody else. The auditor's writes (under-replication

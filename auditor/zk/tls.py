@@ -3,6 +3,7 @@ settings those Java nodes already have, not a second dialect of them, and kazoo'
 (file names only, its trust store added to the system's CAs) cannot honour them.
 
 ZooKeeper over TLS, configured with the client properties Java deployments already have.
+
 A ZooKeeper that serves only its `secureClientPort` is reached by Java
 clients through system properties (`-Dzookeeper.client.secure=true`,
 `-Dzookeeper.ssl.trustStore.location=...`), set in Pulsar's and BookKeeper's

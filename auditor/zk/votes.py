@@ -3,6 +3,7 @@ has to be cast exactly as theirs; the recipe that casts it makes blocking kazoo 
 stay inside the adapter.
 
 BookKeeper's auditor votes, cast with kazoo's Lock recipe (ZooKeeper only).
+
 BookKeeper's ZooKeeper driver elects its auditor with ephemeral-sequential votes
 `V_<seq>` under `<root>/underreplication/auditorelection`; the lowest sequence leads.
 kazoo's Lock recipe with its node name set to "V_" casts exactly such votes (`<uuid>V_<seq>`:

@@ -2,6 +2,7 @@
 a bookie's shapes exactly, quirks included.
 
 Answers worded as a bookie words them: which header, which sub-message, which ids echoed.
+
 EBADREQ and AUTH answers carry the request's own header, every other answer a fresh response
 header and the operation's sub-message echoing the ids the request named.
 """

@@ -3,9 +3,9 @@ would measure the emulator, and pickling its state would tie the file to the emu
 internals.
 
 Seed files: a bookie's ledgers written once, loaded by an emulator in a process of its own.
-The format is this magic, then per
-ledger its id and run count (12 bytes), then its half-open entry runs (16
-bytes each), little-endian.
+
+The format is this magic, then per ledger its id and run count (12 bytes), then its
+half-open entry runs (16 bytes each), little-endian.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 entry it was seeded with, yet must give back what a client wrote byte for byte.
 
 How an emulated bookie holds entries: seeded runs built on read, added bodies kept as sent.
+
 Seeded ledgers are sorted half-open runs of entry ids with a body
 factory, and a body is generated when it is read. Entries that arrive over
 the wire (ADD_ENTRY) are kept byte for byte beside the runs. `Storage` says
