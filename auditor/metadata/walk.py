@@ -63,6 +63,7 @@ from auditor.metadata.ranged_walk import RangedWalk
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.store import MetadataStore, NoNodeError, Stat
 
+#: The walk's own names, and those of `ledger_tree` that the walk's callers import from here.
 __all__ = [
     "BATCH_MAX",
     "FLAT_LEAF",
@@ -129,7 +130,8 @@ class NotRangedError(ConfigError):
 
 
 class LedgerWalker:
-    """Walks one ledgers root. `stats` fills in as the walk proceeds."""
+    """Walks one ledgers root: by listings and batched reads, or by key ranges where the
+    store serves them (`RangedWalk`). `stats` fills in as the walk proceeds."""
 
     def __init__(
         self,
