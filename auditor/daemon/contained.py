@@ -14,8 +14,8 @@ kept in `DaemonState.invalid_znodes` for `status`, and shown by the
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Callable
 
 from structlog.typing import FilteringBoundLogger
 
@@ -65,14 +65,14 @@ class ContainedReads:
         log: FilteringBoundLogger,
         *,
         configured_delay: int,
-        read: asyncio.Event | None = None,
+        on_read: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         self.urm = urm
         self.log = log
         self.configured_delay = configured_delay
-        #: Set after each read of a contained znode, usable or not (tests wait on it).
-        self.read = read
+        #: Told after each read of a contained znode, usable or not.
+        self.on_read = on_read
 
     # --- check ctimes -------------------------------------------------------------------
 
@@ -83,7 +83,7 @@ class ContainedReads:
         """
         path = f"{self.urm.base}/{kind.znode}"
         try:
-            data, _ = await self.urm.zk.get(path)
+            data, _ = await self.urm.store.get(path)
         except NoNodeError:
             return UNASSIGNED_CTIME
         try:
@@ -115,7 +115,7 @@ class ContainedReads:
         """The delay the leader uses now: the znode's, 0 when it is absent (as before),
         the configured one when its value is bad."""
         try:
-            data, _ = await self.urm.zk.get(self.delay_path)
+            data, _ = await self.urm.store.get(self.delay_path)
         except NoNodeError:
             return 0
         return self.delay_of(data)
@@ -150,5 +150,5 @@ class ContainedReads:
         self._read()
 
     def _read(self) -> None:
-        if self.read is not None:
-            self.read.set()
+        if self.on_read is not None:
+            self.on_read()

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import random
 import signal
 import time
@@ -168,6 +169,18 @@ def backoff_of(config: DaemonConfig) -> Backoff:
     )
 
 
+class Happening(enum.StrEnum):
+    """What the daemon tells its `listeners` about."""
+
+    DECIDED = "decided"  # a leadership decision (in `state.decisions`)
+    LEADER_READ = "leader_read"  # who leads, and the disable flag, read again
+    CHECK_ENDED = "check_ended"  # a check run ended, whatever its outcome
+    ACLS_CHECKED = "acls_checked"  # the relied-on znodes' ACLs read (`state.open_acls`)
+    ZNODE_READ = "znode_read"  # the leader read a check ctime or the delay znode
+    SELFTEST_REPORTED = "selftest_reported"  # self-test results arrived (`selftest`)
+    RISK_REPORTED = "risk_reported"  # a risk report arrived (`risk_report`)
+
+
 def _ending(task: asyncio.Task[None]) -> str:
     """How a finished task ended, in a few words."""
     if task.cancelled():
@@ -225,24 +238,14 @@ class Daemon:
         self._rng = rng if rng is not None else random.Random()
         self._notify: Notifier | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        #: Set at every leadership decision (tests clear it before waiting).
-        self.decided = asyncio.Event()
-        #: Set each time `_follow_leader` has read who leads (tests clear it before waiting).
-        self.leader_read = asyncio.Event()
-        #: Set each time a check run ends, whatever its outcome (likewise).
-        self.check_ended = asyncio.Event()
-        #: Set after each read of the relied-on znodes' ACLs (`_check_acls`).
-        self.acls_checked = asyncio.Event()
-        #: Set each time the leader reads a ctime or the delay znode (likewise).
-        self.znode_read = asyncio.Event()
+        #: Told each time something in `Happening` happened, after the state that shows it
+        #: changed: for whoever follows the daemon from outside without polling (the
+        #: `auditor.testing.observe` events).
+        self.listeners: list[Callable[[Happening], None]] = []
         #: The last detector self-test and canary results, by check label.
         self.selftest: dict[str, SelfTestResult] = {}
-        #: Set each time self-test results arrive (tests wait on it; clear before waiting).
-        self.selftest_reported = asyncio.Event()
-        #: The leader's last risk report, and an event set each time one arrives (tests
-        #: clear it before waiting).
+        #: The leader's last risk report.
         self.risk_report: RiskReport | None = None
-        self.risk_reported = asyncio.Event()
         #: The metadata indexes (the standby one, a leader's for its term), once the
         #: ledger layout is known.
         self.indexes: IndexSupervisor | None = None
@@ -328,10 +331,14 @@ class Daemon:
         if self._notify is not None:  # `systemctl status` shows where it stands
             self._notify.show(self.state)
         self._readiness()
-        self.decided.set()
+        self._tell(Happening.DECIDED)
         return d
 
     # --- reports and state ------------------------------------------------------------------
+
+    def _tell(self, what: Happening) -> None:
+        for listener in self.listeners:
+            listener(what)
 
     def _on_state(self, check: Check, what: RunState, next_run: float | None) -> None:
         self.state.check_run_state(check, what, next_run)
@@ -340,12 +347,12 @@ class Daemon:
         for r in results:
             self.selftest[r.check] = r
         self.state.selftest_done(results, time.time())
-        self.selftest_reported.set()
+        self._tell(Happening.SELFTEST_REPORTED)
 
     def _on_risk(self, report: RiskReport) -> None:
         self.risk_report = report
         self.state.tallies.record_risk(report, self.config.risk.top)
-        self.risk_reported.set()
+        self._tell(Happening.RISK_REPORTED)
 
     def _on_pulsar(self, audit: PulsarAudit) -> None:
         self.state.pulsar_done(audit, self.config.pulsar.top)
@@ -361,7 +368,7 @@ class Daemon:
 
     def _on_report(self, check: Check, outcome: RunOutcome) -> None:
         self.state.check_ended(check, outcome, time.time())
-        self.check_ended.set()
+        self._tell(Happening.CHECK_ENDED)
         if isinstance(outcome, RunCompleted):
             report = outcome.report
             self.log.info(
@@ -442,10 +449,10 @@ class Daemon:
             found = await find_open_acls(acls_of, self.root)
         except (StoreUnavailableError, StoreAuthError) as exc:
             self.log.warning("znode ACLs not checked", error=str(exc))
-            self.acls_checked.set()
+            self._tell(Happening.ACLS_CHECKED)
             return
         self.state.open_acls = tuple(found)
-        self.acls_checked.set()  # after the state it announces
+        self._tell(Happening.ACLS_CHECKED)  # after the state it announces
         for item in found:
             self.log.warning(
                 "relied-on znode is open to anyone",
@@ -573,7 +580,7 @@ class Daemon:
                     ctx.urm,
                     self.log,
                     configured_delay=bk.lostBookieRecoveryDelay,
-                    read=self.znode_read,
+                    on_read=partial(self._tell, Happening.ZNODE_READ),
                 )
                 # After a fail-over the stored ctimes say when checks last ran.
                 for check, kind in CTIME_KIND.items():
@@ -741,7 +748,7 @@ class Daemon:
                     self.state.leader = holder.auditor if holder is not None else None
                 self._note_unreadable_vote(holder)
                 self.state.replication_enabled = disabled is None
-                self.leader_read.set()
+                self._tell(Happening.LEADER_READ)
             if not waits:  # ZooKeeper unavailable: try again shortly
                 await asyncio.sleep(1.0)
                 continue

@@ -20,6 +20,7 @@ from typing import Any
 from auditor.daemon.config import DaemonConfig, load_daemon_config
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
+from auditor.testing.observe import events_of
 
 #: Every periodic check once an hour (so: in the first round, then on trigger), short
 #: timeouts and retry delays, no jitter.
@@ -60,6 +61,7 @@ async def running(
 ) -> AsyncIterator[Daemon]:
     """`api_factory` as `Daemon.run` takes it: the daemon serves its API (health probes)."""
     daemon = Daemon(config, metrics=metrics)
+    events_of(daemon)  # listening before it runs: tests wait on its events
     run = asyncio.ensure_future(daemon.run(api_factory=api_factory, signals=False))
     try:
         yield daemon
@@ -81,7 +83,8 @@ async def running(
 async def until(
     event: asyncio.Event, done: Callable[[], bool], what: str, within: float = 60
 ) -> None:
-    """Waits on `event` (which the daemon sets at each change) until `done()` holds.
+    """Waits on `event` (one of `events_of(daemon)`, set at each change) until `done()`
+    holds.
 
     The event is cleared before each look, so a change between the look and the wait
     is never missed; an AssertionError names `what` when `within` seconds pass.

@@ -21,6 +21,7 @@ from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.testing.harness import test_cluster
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.observe import events_of
 from auditor.zk import ZkClient
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,9 @@ def _coverage(metrics: Metrics) -> dict[str, float | None]:
 
 async def _first_replicas_run(daemon: Daemon) -> None:
     replicas = daemon.state.checks[Check.REPLICAS]
-    await until(daemon.check_ended, lambda: replicas.last_finished is not None, "replicas run")
+    await until(
+        events_of(daemon).check_ended, lambda: replicas.last_finished is not None, "replicas run"
+    )
 
 
 async def test_progress_while_walking_the_index_and_coverage_after(

@@ -16,6 +16,7 @@ from typing import Any
 from auditor.daemon.metrics import Metrics
 from auditor.testing.harness import test_cluster
 from auditor.testing.inprocess import fast_config, running
+from auditor.testing.observe import events_of
 from auditor.zk import ZkClient
 from tests.integration.test_risk_whatif import RACKS, three_racks
 
@@ -52,7 +53,7 @@ async def test_the_leader_publishes_the_top_domains_at_risk(
         )
         metrics = Metrics()
         async with running(cfg, metrics) as daemon:
-            await asyncio.wait_for(daemon.risk_reported.wait(), 60)
+            await asyncio.wait_for(events_of(daemon).risk_reported.wait(), 60)
             report = daemon.risk_report
             assert report is not None and report.ledgers_checked == 5
             # From the leader's metadata index: no ZooKeeper read per ledger.
@@ -80,8 +81,8 @@ async def test_the_leader_publishes_the_top_domains_at_risk(
             spread = ["/east/r1", "/east/r2", "/west/r3", "/east/r1", "/east/r2", "/west/r3"]
             racks.write_text(json.dumps(dict(zip(b, spread, strict=True))))
             while at_risk(metrics, "rack", "/rack-a", "no_copy") is not None:
-                daemon.risk_reported.clear()
-                await asyncio.wait_for(daemon.risk_reported.wait(), 30)
+                events_of(daemon).risk_reported.clear()
+                await asyncio.wait_for(events_of(daemon).risk_reported.wait(), 30)
             got = series(metrics)
             assert {(d, n) for d, n, _, _ in got if d == "rack"} <= {
                 ("rack", r) for r in set(spread)

@@ -46,6 +46,7 @@ from auditor.testing.cluster import ClusterWriter
 from auditor.testing.etcdserver import EtcdServer
 from auditor.testing.harness import test_cluster
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.observe import events_of
 from auditor.testing.watching import until_watched
 from auditor.testing.zkserver import free_port
 
@@ -230,7 +231,9 @@ async def test_pulsars_election_on_etcd_follows_a_java_leader_then_leads_and_rel
         before = await revision(raw)
         async with running(pulsar_config(server, "pulsar-a:3181")) as daemon:
             assert daemon.driver is MetadataDriver.PULSAR
-            await until(daemon.leader_read, lambda: daemon.state.leader == JAVA, "follows")
+            await until(
+                events_of(daemon).leader_read, lambda: daemon.state.leader == JAVA, "follows"
+            )
             assert daemon.state.phase is Phase.VOTING and not daemon.state.is_leader
             assert daemon.state.election == "pulsar"
             # It wrote nothing at all: not a key, not a revision.
@@ -240,7 +243,9 @@ async def test_pulsars_election_on_etcd_follows_a_java_leader_then_leads_and_rel
 
             await lease.revoke()  # the Java node is gone
             gone = time.monotonic()
-            await until(daemon.decided, lambda: daemon.state.is_leader, "leads", JAVA_TTL + 2)
+            await until(
+                events_of(daemon).decided, lambda: daemon.state.is_leader, "leads", JAVA_TTL + 2
+            )
             assert time.monotonic() - gone < JAVA_TTL + 2
             assert daemon.zk is not None and daemon.zk.session is not None
             got = await raw.get(PULSAR_KEY.encode())
@@ -281,12 +286,16 @@ async def test_bookkeepers_etcd_driver_elects_on_our_key_reports_and_never_marks
             before = await revision(raw)
             async with running(config) as daemon:
                 assert daemon.driver is MetadataDriver.ETCD
-                await until(daemon.leader_read, lambda: daemon.state.leader == JAVA, "follows")
+                await until(
+                    events_of(daemon).leader_read, lambda: daemon.state.leader == JAVA, "follows"
+                )
                 assert not daemon.state.is_leader
                 assert await revision(raw) == before  # nothing written while it follows
 
                 await lease.revoke()
-                await until(daemon.decided, lambda: daemon.state.is_leader, "leads", JAVA_TTL + 2)
+                await until(
+                    events_of(daemon).decided, lambda: daemon.state.is_leader, "leads", JAVA_TTL + 2
+                )
                 assert daemon.zk is not None
                 got = await raw.get(OUR_KEY.encode())
                 assert got is not None
@@ -298,7 +307,7 @@ async def test_bookkeepers_etcd_driver_elects_on_our_key_reports_and_never_marks
                     cs = daemon.state.checks[Check.BOOKIES]
                     return cs.last_report is not None
 
-                await until(daemon.check_ended, reported, "the bookie check ran")
+                await until(events_of(daemon).check_ended, reported, "the bookie check ran")
                 report = daemon.state.checks[Check.BOOKIES].last_report
                 assert report is not None
                 assert report.lost_bookies == [tc.ids[2]]
@@ -445,7 +454,7 @@ async def test_a_lost_lease_stops_every_write_until_a_new_one_then_it_leads_agai
         await UnderreplicationManager(meta, ROOT).mark_underreplicated(2, [b[0], b[1]])
         lock = ur_lock_path(BASE, 2)
         async with running(worker_config(server, "w-a:3181")) as daemon:
-            await until(daemon.decided, lambda: daemon.state.is_leader, "leads")
+            await until(events_of(daemon).decided, lambda: daemon.state.is_leader, "leads")
             await wait_key(meta, lock, present=True)
             store = daemon.zk
             assert isinstance(store, EtcdStore)
@@ -473,7 +482,7 @@ async def test_a_lost_lease_stops_every_write_until_a_new_one_then_it_leads_agai
             # It steps down at once (its key went with the lease: its vote is lost) or when
             # etcd answers a keep-alive of that lease (the session is LOST), and says why.
             await until(
-                daemon.decided,
+                events_of(daemon).decided,
                 lambda: (
                     Reason.SESSION_LOST
                     in [d.reason for d in daemon.state.decisions if d.at >= t_revoke]
@@ -499,7 +508,9 @@ async def test_a_lost_lease_stops_every_write_until_a_new_one_then_it_leads_agai
             assert await revision(raw) == revoked  # nothing written without a lease
 
             granting.set()
-            await until(daemon.decided, lambda: daemon.state.is_leader, "leads again", 10)
+            await until(
+                events_of(daemon).decided, lambda: daemon.state.is_leader, "leads again", 10
+            )
             new = store.session
             assert new not in (None, old)
             await wait_key(meta, lock, present=True)

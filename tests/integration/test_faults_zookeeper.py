@@ -49,6 +49,7 @@ from auditor.testing.bookie import BookieEmulator
 from auditor.testing.inprocess import fast_config, running
 from auditor.testing.leaks import assert_no_leaks, snapshot
 from auditor.testing.netproxy import TcpProxy
+from auditor.testing.observe import events_of
 from auditor.testing.seeded import ROOT, build_seeded_cluster
 from auditor.testing.zkserver import ZooKeeperServer
 from auditor.zk import SessionState, ZkClient, ZkUnavailableError
@@ -634,7 +635,7 @@ async def test_risk_report_cut_by_a_restart_runs_again_once_connected(
             60,
         )
         await asyncio.to_thread(_restart_frozen, own_zk)
-        await asyncio.wait_for(daemon.risk_reported.wait(), 120)
+        await asyncio.wait_for(events_of(daemon).risk_reported.wait(), 120)
         cut = [e for e in info_logs if e["event"] == retry]
         assert [e["task"] for e in cut] == ["risk"], cut
         assert (

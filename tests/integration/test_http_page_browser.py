@@ -23,6 +23,7 @@ import pytest
 
 from auditor.checks.findings import Check
 from auditor.checks.owners import owner_of
+from auditor.testing.observe import events_of
 from auditor.testing.seeded import build_pulsar_topics
 from auditor.zk import ZkClient
 from tests.integration.test_http_views import PULSAR_CUSTOM, PULSAR_LEDGER, seed, serving, stop_all
@@ -93,7 +94,7 @@ async def test_the_page_renders_in_headless_chromium(zk: ZkClient, tmp_path: Pat
     try:
         extra = ["worker.enabled=true", "pulsar.interval=3600"]
         async with serving(zk, "page-auditor:1", extra) as (daemon, views):
-            await asyncio.wait_for(daemon.risk_reported.wait(), 90)
+            await asyncio.wait_for(events_of(daemon).risk_reported.wait(), 90)
             pulsar = daemon.state.checks[Check.PULSAR]
             for _ in range(900):
                 if pulsar.last_report is not None:

@@ -41,6 +41,7 @@ from auditor.testing.bookie import BookieEmulator
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.harness import test_cluster
 from auditor.testing.inprocess import fast_config
+from auditor.testing.observe import events_of
 from auditor.testing.pki import issue, new_ca
 from auditor.testing.seeded import ROOT, build_seeded_cluster
 from auditor.testing.zkserver import free_port
@@ -154,6 +155,7 @@ async def serving(
     with `first_round`, once every check has reported."""
     cfg = fast_config(zk.hosts, identity, ["api.http_port=0", *extra])
     daemon = Daemon(cfg)
+    events_of(daemon)  # listening from the start: tests wait on its events
 
     async def views_factory(d: Daemon) -> HttpViews:
         api = cfg.api

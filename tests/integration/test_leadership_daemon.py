@@ -41,6 +41,7 @@ from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.observe import events_of
 from auditor.testing.watching import until_watched
 from auditor.zk import ZkClient
 
@@ -56,7 +57,7 @@ async def first_round(daemon: Daemon, *, but: tuple[Check, ...] = ()) -> None:
     """Until every periodic check (all but `but`, which are off) has run once."""
     checks = [c for c in ALL_CHECKS if c not in but]
     await until(
-        daemon.check_ended,
+        events_of(daemon).check_ended,
         lambda: all(daemon.state.checks[c].last_finished for c in checks),
         "the first round of checks",
         120,
@@ -142,9 +143,11 @@ async def test_a_corrupt_ctime_of_a_check_that_is_off_shows_in_status_and_metric
         assert gauge == 1
         assert len(events(info_logs, CTIME_WARNING)) == 1
         # A triggered run stores a good ctime: the trouble is over, and says so.
-        daemon.check_ended.clear()
+        events_of(daemon).check_ended.clear()
         await daemon.trigger_check(Check.REPLICAS)
-        await until(daemon.check_ended, lambda: daemon.state.invalid_znodes == {}, "repaired")
+        await until(
+            events_of(daemon).check_ended, lambda: daemon.state.invalid_znodes == {}, "repaired"
+        )
         assert await urm.get_check_ctime(CTIME_KIND[Check.REPLICAS]) != UNASSIGNED_CTIME
         assert (
             sample(daemon.metrics, "bookkeeper_auditor_znode_invalid", znode="replicascheckctime")
@@ -185,7 +188,7 @@ async def test_a_bad_lost_bookie_recovery_delay_falls_back_without_flapping(
             await zk.set(delay_path, value)
             shown = repr(value)
             await until(
-                daemon.znode_read,
+                events_of(daemon).znode_read,
                 lambda: (
                     (z := daemon.state.invalid_znodes.get("lostBookieRecoveryDelay")) is not None
                     and z.value == shown
@@ -197,13 +200,13 @@ async def test_a_bad_lost_bookie_recovery_delay_falls_back_without_flapping(
         for value in (str(MAX_DELAY + 1).encode(), b"-5", b"1_0", b"\xff\xfe", b"-5"):
             await write(value)
         # The same bad value written again is not news.
-        daemon.znode_read.clear()
+        events_of(daemon).znode_read.clear()
         await zk.set(delay_path, b"-5")
-        await asyncio.wait_for(daemon.znode_read.wait(), 30)
+        await asyncio.wait_for(events_of(daemon).znode_read.wait(), 30)
         assert len(events(info_logs, DELAY_WARNING)) == 6
         await zk.set(delay_path, b"12")
         await until(
-            daemon.znode_read,
+            events_of(daemon).znode_read,
             lambda: (
                 "lostBookieRecoveryDelay" not in daemon.state.invalid_znodes
                 and work.delay.delay_before_change == 12
@@ -249,7 +252,9 @@ async def test_a_leader_whose_work_fails_steps_down_and_backs_off(
         def backoffs() -> list[float]:
             return [d.backoff for d in daemon.state.decisions if d.action is Action.BACK_OFF]
 
-        await until(daemon.decided, lambda: len(backoffs()) >= 4, "four failed terms", 60)
+        await until(
+            events_of(daemon).decided, lambda: len(backoffs()) >= 4, "four failed terms", 60
+        )
         log = list(daemon.state.decisions)
         terms = [d for d in log if d.reason in (Reason.ELECTED, Reason.LEADER_WORK_FAILED)]
         assert [d.reason for d in terms][:8] == [Reason.ELECTED, Reason.LEADER_WORK_FAILED] * 4
@@ -281,7 +286,7 @@ async def test_a_leader_whose_work_fails_steps_down_and_backs_off(
         # The cause goes: the next election leads for good.
         await zk.set(f"{BASE}/LAYOUT", encode_rereplication_layout())
         await until(
-            daemon.check_ended,
+            events_of(daemon).check_ended,
             lambda: daemon.state.checks[Check.BOOKIES].last_report is not None,
             "a check after the layout was repaired",
             60,
@@ -300,7 +305,9 @@ async def test_a_daemon_whose_election_task_dies_exits_non_zero_not_serving_firs
     daemon = Daemon(fast_config(zk_hosts, "mortal:1"), metrics=Metrics())
     run = asyncio.ensure_future(daemon.run(api_factory=_api, signals=False))
     try:
-        await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leading", 30)
+        await until(
+            events_of(daemon).decided, lambda: daemon.state.phase is Phase.LEADING, "leading", 30
+        )
         assert daemon.api is not None and daemon.election is not None
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{daemon.api.port}")
         health = health_pb2_grpc.HealthStub(channel)
@@ -380,10 +387,14 @@ async def test_a_second_daemon_with_the_same_identity_refuses_to_vote(
     first = Daemon(cfg, metrics=Metrics())
     second = Daemon(cfg, metrics=Metrics())
     async with _started(first):
-        await until(first.decided, lambda: first.state.phase is Phase.LEADING, "first leads")
+        await until(
+            events_of(first).decided, lambda: first.state.phase is Phase.LEADING, "first leads"
+        )
         [vote] = await zk.get_children(VOTES)
         async with _started(second):
-            await until(second.decided, lambda: second.state.phase is Phase.REFUSED, "refused")
+            await until(
+                events_of(second).decided, lambda: second.state.phase is Phase.REFUSED, "refused"
+            )
             assert second.state.duplicate_vote == f"{VOTES}/{vote}"
             refusal = second.state.decisions[-1]
             assert (refusal.action, refusal.reason) == (Action.REFUSE, Reason.DUPLICATE_IDENTITY)
@@ -414,7 +425,11 @@ async def test_a_second_daemon_with_the_same_identity_refuses_to_vote(
             assert await zk.get_children(VOTES) == [vote]
             # The first one goes: the second votes, and leads.
             first.stop()
-            await until(second.decided, lambda: second.state.phase is Phase.LEADING, "second leads")
+            await until(
+                events_of(second).decided,
+                lambda: second.state.phase is Phase.LEADING,
+                "second leads",
+            )
             assert [r for r in reasons(second) if r is not Reason.CONNECTED][-3:] == [
                 Reason.DUPLICATE_IDENTITY,
                 Reason.DUPLICATE_CLEARED,
@@ -433,14 +448,14 @@ async def test_a_stale_vote_of_our_own_session_is_withdrawn_not_refused(
     ahead of our new vote."""
     await cluster(zk)
     async with running(fast_config(zk_hosts, "self:1")) as daemon:
-        await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leads")
+        await until(events_of(daemon).decided, lambda: daemon.state.phase is Phase.LEADING, "leads")
         assert daemon.zk is not None
         stale = await daemon.zk.create(
             f"{VOTES}/deadbeefV_", encode_auditor_vote("self:1"), ephemeral=True, sequence=True
         )
         await daemon.step_down("test")
         await until(
-            daemon.decided,
+            events_of(daemon).decided,
             lambda: reasons(daemon)[-2:] == [Reason.STEP_DOWN_REQUESTED, Reason.ELECTED],
             "stepped down and elected again",
         )
@@ -490,8 +505,12 @@ async def test_a_foreign_v_1_leads_and_the_daemon_waits_behind_it_without_loopin
         await other.create(f"{VOTES}/V_1", encode_auditor_vote("java:3181"), ephemeral=True)
         daemon = Daemon(fast_config(zk_hosts, "behind:1"), metrics=Metrics())
         async with _started(daemon):
-            await until(daemon.decided, lambda: daemon.state.phase is Phase.VOTING, "votes")
-            await until(daemon.leader_read, lambda: daemon.state.leader == "java:3181", "follows")
+            await until(
+                events_of(daemon).decided, lambda: daemon.state.phase is Phase.VOTING, "votes"
+            )
+            await until(
+                events_of(daemon).leader_read, lambda: daemon.state.leader == "java:3181", "follows"
+            )
             votes = await until_watched(
                 lambda: zk.get_children_watched(VOTES), lambda v: len(v) == 2, 30, "our vote"
             )
@@ -502,7 +521,9 @@ async def test_a_foreign_v_1_leads_and_the_daemon_waits_behind_it_without_loopin
             assert daemon.state.phase is Phase.VOTING
             assert daemon.state.unreadable_vote is None
             await other.close()
-            await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leads")
+            await until(
+                events_of(daemon).decided, lambda: daemon.state.phase is Phase.LEADING, "leads"
+            )
             assert reasons(daemon).count(Reason.ELECTED) == 1
 
 
@@ -524,16 +545,24 @@ async def test_a_foreign_v_1_appearing_under_a_leader_ends_its_leadership_once(
         # A leader well into its term (a check has run): the vote appears under a settled
         # leadership, not in the instant of its election.
         replicas = daemon.state.checks[Check.REPLICAS]
-        await until(daemon.check_ended, lambda: replicas.last_finished is not None, "a check")
+        await until(
+            events_of(daemon).check_ended, lambda: replicas.last_finished is not None, "a check"
+        )
         async with ZkClient(zk_hosts) as other:
             await other.create(f"{VOTES}/V_1", encode_auditor_vote("java:3181"), ephemeral=True)
-            await until(daemon.decided, lambda: Reason.VOTE_LOST in reasons(daemon), "steps down")
-            await until(daemon.leader_read, lambda: daemon.state.leader == "java:3181", "follows")
+            await until(
+                events_of(daemon).decided, lambda: Reason.VOTE_LOST in reasons(daemon), "steps down"
+            )
+            await until(
+                events_of(daemon).leader_read, lambda: daemon.state.leader == "java:3181", "follows"
+            )
             await asyncio.sleep(QUIET)
             assert daemon.state.phase is Phase.VOTING
             assert reasons(daemon).count(Reason.ELECTED) == 1
             assert reasons(daemon).count(Reason.VOTE_LOST) == 1
-        await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leads again")
+        await until(
+            events_of(daemon).decided, lambda: daemon.state.phase is Phase.LEADING, "leads again"
+        )
         assert reasons(daemon).count(Reason.ELECTED) == 2
 
 
@@ -556,7 +585,9 @@ async def test_a_garbage_vote_first_in_line_is_said_loudly(
         daemon = Daemon(fast_config(zk_hosts, "loud:1"), metrics=metrics)
         async with _started(daemon):
             await until(
-                daemon.leader_read, lambda: daemon.state.unreadable_vote is not None, "noticed"
+                events_of(daemon).leader_read,
+                lambda: daemon.state.unreadable_vote is not None,
+                "noticed",
             )
             held = daemon.state.unreadable_vote
             assert held is not None
@@ -585,7 +616,13 @@ async def test_a_garbage_vote_first_in_line_is_said_loudly(
                 f"UNREADABLE VOTE: the election is held by {garbage} (session 0x{session:x}" in out
             )
             await other.close()
-            await until(daemon.decided, lambda: daemon.state.phase is Phase.LEADING, "leads")
-            await until(daemon.leader_read, lambda: daemon.state.unreadable_vote is None, "cleared")
+            await until(
+                events_of(daemon).decided, lambda: daemon.state.phase is Phase.LEADING, "leads"
+            )
+            await until(
+                events_of(daemon).leader_read,
+                lambda: daemon.state.unreadable_vote is None,
+                "cleared",
+            )
             assert sample(metrics, "bookkeeper_auditor_election_vote_unreadable") == 0
             assert await _readiness(daemon.api) == SERVING

@@ -35,6 +35,7 @@ from auditor.proto import auditor_service_pb2_grpc as pb_grpc
 from auditor.testing.cli import bk
 from auditor.testing.cluster import ClusterWriter
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.observe import events_of
 from auditor.testing.watching import until_watched
 from auditor.testing.zkdump import dump_tree
 from auditor.zk import ZkClient
@@ -133,7 +134,9 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
         async with running(pulsar_config(zk_hosts, "pulsar-a:3181")) as daemon:
             assert daemon.driver is MetadataDriver.PULSAR
             await until(
-                daemon.leader_read, lambda: daemon.state.leader == JAVA_ID, "follows the key"
+                events_of(daemon).leader_read,
+                lambda: daemon.state.leader == JAVA_ID,
+                "follows the key",
             )
             assert daemon.state.phase is Phase.VOTING and not daemon.state.is_leader
             assert daemon.state.election == "pulsar"
@@ -147,7 +150,9 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
             # The Java node goes: its session closes and the key with it.
             await java.close()
             gone = time.monotonic()
-            await until(daemon.decided, lambda: daemon.state.is_leader, "takes over", SESSION + 2)
+            await until(
+                events_of(daemon).decided, lambda: daemon.state.is_leader, "takes over", SESSION + 2
+            )
             assert time.monotonic() - gone < SESSION + 2
             assert daemon.zk is not None and daemon.zk.session is not None
             data, stat = await zk.get(KEY)
@@ -159,7 +164,7 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
             before = await dump_tree(zk, BASE)
             async with running(pulsar_config(zk_hosts, "pulsar-b:3181")) as second:
                 await until(
-                    second.leader_read,
+                    events_of(second).leader_read,
                     lambda: second.state.leader == "pulsar-a:3181",
                     "the second follows the first",
                 )
@@ -173,7 +178,9 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
 
                 # The leader stops: it deletes its key, and the second takes over.
                 daemon.stop()
-                await until(second.decided, lambda: second.state.is_leader, "second leads")
+                await until(
+                    events_of(second).decided, lambda: second.state.is_leader, "second leads"
+                )
                 data, _ = await zk.get(KEY)
                 assert data == b'"pulsar-b:3181"'
 
@@ -191,7 +198,9 @@ async def test_a_bookkeeper_daemon_stays_out_while_pulsars_election_is_held(
         run = asyncio.ensure_future(daemon.run(api_factory=_api, signals=False))
         try:
             await until(
-                daemon.decided, lambda: daemon.state.phase is Phase.OTHER_ELECTION, "stays out"
+                events_of(daemon).decided,
+                lambda: daemon.state.phase is Phase.OTHER_ELECTION,
+                "stays out",
             )
             refusal = daemon.state.decisions[-1]
             assert (refusal.action, refusal.reason) == (
@@ -219,7 +228,9 @@ async def test_a_bookkeeper_daemon_stays_out_while_pulsars_election_is_held(
             assert not daemon.state.is_leader
 
             await java.close()
-            await until(daemon.decided, lambda: daemon.state.is_leader, "leads", SESSION + 2)
+            await until(
+                events_of(daemon).decided, lambda: daemon.state.is_leader, "leads", SESSION + 2
+            )
             assert [d.reason for d in daemon.state.decisions][-2:] == [
                 Reason.OTHER_ELECTION_CLEARED,
                 Reason.ELECTED,
@@ -241,7 +252,9 @@ async def test_a_pulsar_daemon_stays_out_while_bookkeepers_election_is_held(
     async with running(pulsar_config(zk_hosts, "pulsar-a:3181")) as daemon:
         try:
             await until(
-                daemon.decided, lambda: daemon.state.phase is Phase.OTHER_ELECTION, "stays out"
+                events_of(daemon).decided,
+                lambda: daemon.state.phase is Phase.OTHER_ELECTION,
+                "stays out",
             )
             assert daemon.state.decisions[-1].detail == f"{JAVA_ID} at {vote}"
             assert await zk.exists(KEY) is None
@@ -249,7 +262,7 @@ async def test_a_pulsar_daemon_stays_out_while_bookkeepers_election_is_held(
         finally:
             await voter.__aexit__(None, None, None)
         # The Java voter's session has closed: the daemon leads in Pulsar's election.
-        await until(daemon.decided, lambda: daemon.state.is_leader, "leads", SESSION + 2)
+        await until(events_of(daemon).decided, lambda: daemon.state.is_leader, "leads", SESSION + 2)
         data, _ = await zk.get(KEY)
         assert data == b'"pulsar-a:3181"'
 
@@ -259,11 +272,11 @@ async def test_a_leader_steps_down_when_the_other_election_gets_a_holder(
 ) -> None:
     await cluster(zk)
     async with running(bookkeeper_config(zk_hosts, "bk-a:3181")) as daemon:
-        await until(daemon.decided, lambda: daemon.state.is_leader, "leads")
+        await until(events_of(daemon).decided, lambda: daemon.state.is_leader, "leads")
         assert len(await zk.get_children(VOTES)) == 1
         async with java_pulsar_leader(zk_hosts):
             await until(
-                daemon.decided,
+                events_of(daemon).decided,
                 lambda: daemon.state.phase is Phase.OTHER_ELECTION,
                 "steps down and stays out",
             )
@@ -271,7 +284,7 @@ async def test_a_leader_steps_down_when_the_other_election_gets_a_holder(
             await children_gone(zk, VOTES)
             assert not daemon.state.is_leader
             assert Reason.OTHER_ELECTION_LEADER in [d.reason for d in daemon.state.decisions]
-        await until(daemon.decided, lambda: daemon.state.is_leader, "leads again")
+        await until(events_of(daemon).decided, lambda: daemon.state.is_leader, "leads again")
 
 
 async def test_a_key_of_another_session_with_our_identity_is_a_duplicate_not_taken(
@@ -283,13 +296,15 @@ async def test_a_key_of_another_session_with_our_identity_is_a_duplicate_not_tak
         java_pulsar_leader(zk_hosts, "twin:3181") as twin,
         running(pulsar_config(zk_hosts, "twin:3181")) as daemon,
     ):
-        await until(daemon.decided, lambda: daemon.state.phase is Phase.REFUSED, "refused")
+        await until(
+            events_of(daemon).decided, lambda: daemon.state.phase is Phase.REFUSED, "refused"
+        )
         assert daemon.state.duplicate_vote == KEY
         assert twin.client_id is not None
         _, stat = await zk.get(KEY)
         assert int(stat.ephemeralOwner) == twin.client_id[0]
         await twin.close()
-        await until(daemon.decided, lambda: daemon.state.is_leader, "leads", SESSION + 2)
+        await until(events_of(daemon).decided, lambda: daemon.state.is_leader, "leads", SESSION + 2)
 
 
 async def test_whoisauditor_reads_both_elections(zk: ZkClient, zk_hosts: str) -> None:

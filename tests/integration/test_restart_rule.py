@@ -23,6 +23,7 @@ from auditor.daemon.service import Daemon
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.observe import events_of
 from auditor.zk import ZkClient
 from tests.integration.test_leadership_daemon import events
 
@@ -56,7 +57,7 @@ async def _run_now(daemon: Daemon, check: Check) -> CheckReport:
     before = daemon.state.checks[check].last_finished
     await daemon.trigger_check(check)
     await until(
-        daemon.check_ended,
+        events_of(daemon).check_ended,
         lambda: daemon.state.checks[check].last_finished != before,
         f"a triggered {check} run",
     )
@@ -88,7 +89,7 @@ async def _held(daemon: Daemon, want: frozenset[str], within: float = 60) -> Non
 async def _leader(zk_hosts: str, identity: str, delay: int) -> AsyncIterator[Daemon]:
     config = fast_config(zk_hosts, identity, [f"lostBookieRecoveryDelay={delay}"])
     async with running(config) as daemon:
-        await until(daemon.check_ended, lambda: daemon.state.is_leader, "leadership", 60)
+        await until(events_of(daemon).check_ended, lambda: daemon.state.is_leader, "leadership", 60)
         yield daemon
 
 
@@ -133,7 +134,7 @@ async def test_a_bookie_down_past_the_delay_is_marked_exactly_once(
                 report = daemon.state.checks[Check.BOOKIES].last_report
                 return report is not None and bool(report.marked_underreplicated)
 
-            await until(daemon.check_ended, audited, "the delayed audit's marks")
+            await until(events_of(daemon).check_ended, audited, "the delayed audit's marks")
         # Held at the election for the whole delay (never seen up: from the election) ...
         delayed = events(info_logs, "lost-bookie audit delayed")
         assert [e["held"] for e in delayed] == [[down]]
@@ -159,7 +160,9 @@ async def test_the_delay_counts_from_when_a_follower_saw_the_bookie_go(
         leader_cfg = fast_config(zk_hosts, "restart:lead", ["lostBookieRecoveryDelay=300"])
         follower_cfg = fast_config(zk_hosts, "restart:follow", ["lostBookieRecoveryDelay=300"])
         async with running(leader_cfg) as leader:
-            await until(leader.check_ended, lambda: leader.state.is_leader, "leadership", 60)
+            await until(
+                events_of(leader).check_ended, lambda: leader.state.is_leader, "leadership", 60
+            )
             async with running(follower_cfg) as follower:
                 await _eventually(lambda: follower.sightings.observed, "the follower's first look")
                 await tc.by_id(down).crash()

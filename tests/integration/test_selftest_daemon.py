@@ -37,6 +37,7 @@ from auditor.selftest.canary import (
 from auditor.selftest.harness import SELFTEST_CHECKS, FixtureFailure
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config, running
+from auditor.testing.observe import events_of
 from auditor.zk import NoNodeError, ZkClient
 
 ROOT = "/ledgers"
@@ -49,8 +50,8 @@ async def _reported(daemon: Daemon, checks: set[str], within: float = 60) -> Non
     """Waits for self-test results of every one of `checks` (on the daemon's event)."""
     async with asyncio.timeout(within):
         while not checks <= daemon.selftest.keys():
-            daemon.selftest_reported.clear()
-            await daemon.selftest_reported.wait()
+            events_of(daemon).selftest_reported.clear()
+            await events_of(daemon).selftest_reported.wait()
 
 
 def _success(metrics: Metrics, check: str) -> float | None:
@@ -127,7 +128,7 @@ async def test_self_test_off_exports_interval_zero(zk: ZkClient) -> None:
         cfg = fast_config(zk.hosts, "selftest-off:1", ["selftest.enabled=false"])
         async with running(cfg, metrics) as daemon:
             # The risk report runs at election too (its first one), after the gauges are set.
-            await asyncio.wait_for(daemon.risk_reported.wait(), 60)
+            await asyncio.wait_for(events_of(daemon).risk_reported.wait(), 60)
             assert (
                 metrics.registry.get_sample_value("bookkeeper_auditor_selftest_interval_seconds")
                 == 0

@@ -27,6 +27,7 @@ from auditor.testing.cluster import make_metadata
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config, running, until
 from auditor.testing.leaks import assert_no_leaks, snapshot
+from auditor.testing.observe import events_of
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
 from auditor.zk import ZkClient
 
@@ -50,13 +51,17 @@ def _config(zk: ZkClient, identity: str, *extra: str) -> Any:
 
 
 async def _leading(daemon: Daemon) -> None:
-    await until(daemon.decided, lambda: daemon.state.is_leader, f"{daemon.state.identity} leads")
+    await until(
+        events_of(daemon).decided, lambda: daemon.state.is_leader, f"{daemon.state.identity} leads"
+    )
 
 
 async def _in_line(daemon: Daemon) -> None:
     """Until `daemon` waits in the election behind the leader."""
     await until(
-        daemon.decided, lambda: daemon.state.phase is Phase.VOTING, f"{daemon.state.identity} votes"
+        events_of(daemon).decided,
+        lambda: daemon.state.phase is Phase.VOTING,
+        f"{daemon.state.identity} votes",
     )
 
 
@@ -83,7 +88,7 @@ async def _first_check_after(daemon: Daemon, t0: float) -> float:
     """When the new leader's first check (the start audit: the bookie check) started."""
     bookies = daemon.state.checks[Check.BOOKIES]
     await until(
-        daemon.check_ended,
+        events_of(daemon).check_ended,
         lambda: (bookies.last_finished or 0) > t0,
         "the new leader's first check",
         within=30,
@@ -191,7 +196,9 @@ async def test_without_standby_a_follower_holds_no_index_and_a_new_leader_loads_
             await _leading(old)
             async with running(_config(zk, "new:1", off)) as new:
                 await _in_line(new)
-                await until(new.leader_read, lambda: new.state.leader == "old:1", "leader seen")
+                await until(
+                    events_of(new).leader_read, lambda: new.state.leader == "old:1", "leader seen"
+                )
                 assert new.index is None
                 assert _sample(new, "index_ledgers") == 0
                 assert _sample(new, "index_loads_total") == 0
@@ -215,7 +222,7 @@ async def test_without_standby_a_follower_holds_no_index_and_a_new_leader_loads_
                 # The old leader, in line again, dropped its index with its term (in line
                 # again only once its term has wound down: it stepped down before voting).
                 await until(
-                    old.decided,
+                    events_of(old).decided,
                     lambda: old.state.phase is Phase.VOTING and not old.state.is_leader,
                     "old steps down and votes again",
                 )
@@ -248,7 +255,9 @@ async def test_a_failed_standby_index_is_counted_and_replaced_while_the_leader_l
         await _ledgers(tc)
         async with running(_config(zk, "solo:1")) as solo:
             await _leading(solo)
-            await until(solo.znode_read, lambda: solo.work is not None, "the leader's work")
+            await until(
+                events_of(solo).znode_read, lambda: solo.work is not None, "the leader's work"
+            )
             assert solo.work is not None and solo.work.ctx.index is loads[0]
             fail.set()
             await asyncio.wait_for(second.wait(), 30)
@@ -267,7 +276,7 @@ async def test_a_failed_standby_index_is_counted_and_replaced_while_the_leader_l
             placed = solo.state.checks[Check.PLACEMENT].last_finished
             await solo.trigger_check(Check.PLACEMENT)
             await until(
-                solo.check_ended,
+                events_of(solo).check_ended,
                 lambda: solo.state.checks[Check.PLACEMENT].last_finished != placed,
                 "placement again",
             )

@@ -38,6 +38,7 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
 )
 from auditor.testing.cluster import ClusterWriter, make_metadata
+from auditor.testing.observe import events_of
 from auditor.testing.zkserver import ZooKeeperServer
 from auditor.zk import (
     ZkAuthError,
@@ -453,7 +454,7 @@ async def test_relied_on_znodes_open_to_anyone_are_named(hosts: str, tmp_path: P
     daemon = Daemon(cfg, metrics=metrics)
     run = asyncio.ensure_future(daemon.run(signals=False))
     try:
-        await asyncio.wait_for(daemon.acls_checked.wait(), 15)
+        await asyncio.wait_for(events_of(daemon).acls_checked.wait(), 15)
         gauge = "bookkeeper_auditor_zk_open_acl_znodes"
         assert metrics.registry.get_sample_value(gauge, {}) == 2
         everything = ("write", "create", "delete", "admin")
