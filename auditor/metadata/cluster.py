@@ -127,7 +127,7 @@ def target_store(target: ClusterTarget) -> MetadataStore:
 
 
 async def read_manager(
-    zk: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    store: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
 ) -> LedgerManager:
     """The ledger manager whose paths the cluster's ledgers are at.
 
@@ -142,9 +142,9 @@ async def read_manager(
     was the hierarchical manager too) is read as on any cluster.
     """
     try:
-        data, _ = await zk.get(f"{root}/LAYOUT")
+        data, _ = await store.get(f"{root}/LAYOUT")
     except NoNodeError as exc:
-        if driver is MetadataDriver.PULSAR and await zk.exists(f"{root}/available"):
+        if driver is MetadataDriver.PULSAR and await store.exists(f"{root}/available"):
             return LedgerManager.HIERARCHICAL
         raise NoClusterError(
             f"no BookKeeper cluster at {root}: {root}/LAYOUT does not exist"
@@ -157,17 +157,17 @@ async def read_manager(
 
 @asynccontextmanager
 async def connect(target: ClusterTarget) -> AsyncIterator[tuple[MetadataStore, LedgerManager]]:
-    zk = target_store(target)
-    await zk.start()
+    store = target_store(target)
+    await store.start()
     try:
         try:
-            manager = target.manager or await read_manager(zk, target.root, target.driver)
+            manager = target.manager or await read_manager(store, target.root, target.driver)
         except NoClusterError as exc:
             _, slash, chroot = target.hosts.partition("/")
             if target.store is not StoreKind.ZOOKEEPER or not slash or not chroot:
                 raise
             # The root is inside the chroot: say so, or the path shown looks absolute.
             raise NoClusterError(f"{exc} (under ZooKeeper chroot /{chroot})") from exc
-        yield zk, manager
+        yield store, manager
     finally:
-        await zk.close()
+        await store.close()

@@ -78,8 +78,8 @@ class UpdateResult:
 
 
 async def update_ledger(
-    zk_fenced: MetadataStore,
-    zk: MetadataStore,
+    fenced_store: MetadataStore,
+    store: MetadataStore,
     path: str,
     ledger_id: int,
     transform: Transform,
@@ -88,7 +88,7 @@ async def update_ledger(
     before_write: Callable[[], object] | None = None,
 ) -> UpdateResult:
     """Applies `transform` to the ledger's metadata at `path` and writes the result with a
-    version check, reading with `zk` and writing with `zk_fenced`; on a concurrent write,
+    version check, reading with `store` and writing with `fenced_store`; on a concurrent write,
     reads again and re-applies, up to `attempts` times.
 
     `before_write` is called after each read, right before its write, and stops the
@@ -97,14 +97,14 @@ async def update_ledger(
     session that ended while the read was answered (and a lock another worker took
     meanwhile, at the same version as ours) would let the write through.
 
-    LedgerDeletedError when the ledger is gone; FencedOutError (from `zk_fenced`) when the
+    LedgerDeletedError when the ledger is gone; FencedOutError (from `fenced_store`) when the
     fence is; ConcurrentUpdateError when every attempt met another write;
     LedgerMetadataFormatError when the stored metadata does not decode; what
     `before_write` raises.
     """
     for _ in range(max(1, attempts)):
         try:
-            data, stat = await zk.get(path)
+            data, stat = await store.get(path)
         except NoNodeError:
             raise LedgerDeletedError(ledger_id, path) from None
         version = int(stat.version)
@@ -121,7 +121,7 @@ async def update_ledger(
         if before_write is not None:
             before_write()
         try:
-            await zk_fenced.set(path, encoded, version)
+            await fenced_store.set(path, encoded, version)
         except BadVersionError:
             continue
         except NoNodeError:

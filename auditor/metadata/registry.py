@@ -104,29 +104,29 @@ def address_from_id(bookie_id: str) -> tuple[str, int] | None:
     return (host, p) if 0 < p < 65536 else None
 
 
-async def _children(zk: MetadataStore, path: str) -> list[str]:
+async def _children(store: MetadataStore, path: str) -> list[str]:
     try:
-        return await zk.get_children(path)
+        return await store.get_children(path)
     except NoNodeError:
         return []
 
 
-async def read_bookies(zk: MetadataStore, root: str) -> BookieSet:
+async def read_bookies(store: MetadataStore, root: str) -> BookieSet:
     writable, readonly = await asyncio.gather(
-        _children(zk, f"{root}/available"), _children(zk, f"{root}/available/{READONLY}")
+        _children(store, f"{root}/available"), _children(store, f"{root}/available/{READONLY}")
     )
     return BookieSet(frozenset(b for b in writable if b != READONLY), frozenset(readonly))
 
 
-async def all_known_bookies(zk: MetadataStore, root: str) -> frozenset[str]:
+async def all_known_bookies(store: MetadataStore, root: str) -> frozenset[str]:
     """Every bookie that ever registered (its cookie survives it)."""
-    return frozenset(await _children(zk, f"{root}/cookies"))
+    return frozenset(await _children(store, f"{root}/cookies"))
 
 
-async def resolve_bookie(zk: MetadataStore, root: str, bookie_id: str) -> tuple[str, int] | None:
+async def resolve_bookie(store: MetadataStore, root: str, bookie_id: str) -> tuple[str, int] | None:
     for readonly in (False, True):
         try:
-            data, _ = await zk.get(available_path(root, bookie_id, readonly=readonly))
+            data, _ = await store.get(available_path(root, bookie_id, readonly=readonly))
         except NoNodeError:
             continue
         addr = address_from_service_info(data)
@@ -137,7 +137,7 @@ async def resolve_bookie(zk: MetadataStore, root: str, bookie_id: str) -> tuple[
 
 
 async def register_bookie(
-    zk: MetadataStore,
+    store: MetadataStore,
     root: str,
     bookie_id: str,
     host: str,
@@ -152,36 +152,36 @@ async def register_bookie(
     one, as BookKeeper does, so the bookie is never missing from both.
     """
     with contextlib.suppress(NodeExistsError):
-        await zk.create(cookie_path(root, bookie_id), cookie_bytes(bookie_id), makepath=True)
+        await store.create(cookie_path(root, bookie_id), cookie_bytes(bookie_id), makepath=True)
     data = service_info_bytes(host, port, tls=tls)
-    await zk.ensure_path(f"{root}/available/{READONLY}")
+    await store.ensure_path(f"{root}/available/{READONLY}")
     try:
-        await zk.create(available_path(root, bookie_id, readonly=readonly), data, ephemeral=True)
+        await store.create(available_path(root, bookie_id, readonly=readonly), data, ephemeral=True)
     except NodeExistsError:
-        await zk.set(available_path(root, bookie_id, readonly=readonly), data)
+        await store.set(available_path(root, bookie_id, readonly=readonly), data)
     with contextlib.suppress(NoNodeError):
-        await zk.delete(available_path(root, bookie_id, readonly=not readonly))
+        await store.delete(available_path(root, bookie_id, readonly=not readonly))
 
 
-async def unregister_bookie(zk: MetadataStore, root: str, bookie_id: str) -> None:
+async def unregister_bookie(store: MetadataStore, root: str, bookie_id: str) -> None:
     for readonly in (False, True):
         with contextlib.suppress(NoNodeError):
-            await zk.delete(available_path(root, bookie_id, readonly=readonly))
+            await store.delete(available_path(root, bookie_id, readonly=readonly))
 
 
-async def watch_bookies(zk: MetadataStore, root: str) -> AsyncGenerator[BookieSet, None]:
+async def watch_bookies(store: MetadataStore, root: str) -> AsyncGenerator[BookieSet, None]:
     """The current bookie set, then each changed set as bookies come and go.
 
     Built on one-shot child watches re-armed after every change, so no change
     between two reads is lost: a change that lands while we re-read simply
     fires the freshly set watch.
     """
-    await zk.ensure_path(f"{root}/available/{READONLY}")
+    await store.ensure_path(f"{root}/available/{READONLY}")
     last: BookieSet | None = None
     while True:
         (w, w_changed), (r, r_changed) = await asyncio.gather(
-            zk.get_children_watched(f"{root}/available"),
-            zk.get_children_watched(f"{root}/available/{READONLY}"),
+            store.get_children_watched(f"{root}/available"),
+            store.get_children_watched(f"{root}/available/{READONLY}"),
         )
         current = BookieSet(frozenset(b for b in w if b != READONLY), frozenset(r))
         if current != last:

@@ -285,7 +285,7 @@ class ReplicationQueue:
 
     def __init__(
         self,
-        zk: MetadataStore,
+        store: MetadataStore,
         root: str,
         holder: str,
         *,
@@ -294,7 +294,7 @@ class ReplicationQueue:
         rate_limit: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.zk = zk
+        self.store = store
         self.root = root.rstrip("/")
         self.base = f"{self.root}/underreplication"
         self.ledgers = f"{self.base}/ledgers"
@@ -432,11 +432,11 @@ class ReplicationQueue:
         since ranked (then ranked again, here)."""
         if self.order is None:
             try:
-                data, stat = await self.zk.get(path)
+                data, stat = await self.store.get(path)
             except NoNodeError:
                 return None
             return data, stat, False
-        mark, md = await self.zk.get_many([path, self.order.ledger_path(lid)])
+        mark, md = await self.store.get_many([path, self.order.ledger_path(lid)])
         if mark is None:
             return None
         known = self._known.get(lid)
@@ -545,7 +545,7 @@ class ReplicationQueue:
             paths.append(path)
             if self.order is not None:
                 paths.append(self.order.ledger_path(lid))
-        found = iter(await self.zk.get_many(paths))
+        found = iter(await self.store.get_many(paths))
         items: list[tuple[int, str, tuple[bytes, Stat], tuple[bytes, Stat] | None]] = []
         gone: list[int] = []
         for lid, path in where.items():
@@ -673,7 +673,7 @@ class ReplicationQueue:
         try:
             if not await self._create_lock(lock_path):
                 return None
-            lock = await self.zk.exists(lock_path)
+            lock = await self.store.exists(lock_path)
         except BaseException:
             if session is not None:
                 self._orphans[lock_path] = session
@@ -687,12 +687,12 @@ class ReplicationQueue:
         """Whether we created the lock (False: someone holds it)."""
         for _ in range(2):
             try:
-                await self.zk.create(lock_path, self._lock_data, ephemeral=True)
+                await self.store.create(lock_path, self._lock_data, ephemeral=True)
                 return True
             except NodeExistsError:
                 return False
             except NoNodeError:
-                await self.zk.ensure_path(self.locks)  # `locks` itself is missing
+                await self.store.ensure_path(self.locks)  # `locks` itself is missing
         return False
 
     async def _list(self, path: str, visited: set[str]) -> list[str] | None:
@@ -732,7 +732,7 @@ class ReplicationQueue:
             self._reading[path] = self._reading.get(path, 0) + 1
         changed: set[str] = set()
         try:
-            found = await self.zk.get_children_many(paths)
+            found = await self.store.get_children_many(paths)
         finally:
             for path in paths:
                 if path in self._stale:
@@ -769,7 +769,7 @@ class ReplicationQueue:
         session = int(lock.ephemeralOwner)
         replicas: tuple[str, ...] = ()
         try:
-            data, _ = await self.zk.get(mark_path)
+            data, _ = await self.store.get(mark_path)
             replicas = tuple(decode_underreplicated_ledger(data).replicas)
         except (NoNodeError, RecordFormatError):
             pass
@@ -818,7 +818,7 @@ class ReplicationQueue:
         """Returns once `underreplication/disable` is absent (at once if it is)."""
         path = f"{self.base}/disable"
         while True:
-            stat, gone = await self.zk.exists_watched(path)
+            stat, gone = await self.store.exists_watched(path)
             if stat is None:
                 return
             await gone.wait()
@@ -828,7 +828,7 @@ class ReplicationQueue:
             if self._watch is not None or not self._watch_supported:
                 return
             try:
-                events = await self.zk.watch_tree(self.base)
+                events = await self.store.watch_tree(self.base)
             except WatchUnsupportedError:
                 self._watch_supported = False
                 return
@@ -900,7 +900,7 @@ class ReplicationQueue:
     # --- holding, unmarking, releasing -------------------------------------------
 
     def fenced(self, taken: TakenLedger) -> MetadataStore:
-        """The ZooKeeper view whose writes happen only while our lock on `taken` is at its
+        """The store view whose writes happen only while our lock on `taken` is at its
         version; FencedOutError at once when the lock is not held by this queue or the
         session that took it is gone."""
         hold = self._held.get(taken.lock_path)
@@ -908,17 +908,17 @@ class ReplicationQueue:
             raise FencedOutError(f"replication lock {taken.lock_path} is not held by this worker")
         if self._session() != hold.owner:
             raise FencedOutError(
-                f"replication lock {taken.lock_path} was taken in a ZooKeeper session "
+                f"replication lock {taken.lock_path} was taken in a metadata store session "
                 "that has ended"
             )
-        return self.zk.fenced(taken.lock_path, taken.lock_version)
+        return self.store.fenced(taken.lock_path, taken.lock_version)
 
     async def still_held(self, taken: TakenLedger) -> bool:
         """Whether our lock on `taken` is still there, unchanged, in our live session."""
         hold = self._held.get(taken.lock_path)
         if hold is None or hold.taken != taken or self._session() != hold.owner:
             return False
-        stat = await self.zk.exists(taken.lock_path)
+        stat = await self.store.exists(taken.lock_path)
         return (
             stat is not None
             and int(stat.ephemeralOwner) == hold.owner
@@ -951,11 +951,11 @@ class ReplicationQueue:
         parent = taken.mark_path.rsplit("/", 1)[0]
         with contextlib.suppress(StoreUnavailableError):
             while parent.startswith(self.ledgers + "/"):
-                stat = await self.zk.exists(parent)
+                stat = await self.store.exists(parent)
                 if stat is None or stat.numChildren:
                     break
                 try:
-                    await self.zk.delete(parent, int(stat.version))
+                    await self.store.delete(parent, int(stat.version))
                 except (NotEmptyError, NoNodeError, BadVersionError):
                     break
                 parent = parent.rsplit("/", 1)[0]
@@ -995,10 +995,10 @@ class ReplicationQueue:
             raise StoreUnavailableError(f"{lock_path}: no session while the connection is down")
         if session != owner:
             return  # that session is over, and its ephemeral lock with it
-        stat = await self.zk.exists(lock_path)
+        stat = await self.store.exists(lock_path)
         if stat is not None and int(stat.ephemeralOwner) == owner:
             with contextlib.suppress(NoNodeError, BadVersionError):
-                await self.zk.delete(lock_path, int(stat.version))
+                await self.store.delete(lock_path, int(stat.version))
 
     async def _reap_orphans(self) -> None:
         for lock_path, owner in list(self._orphans.items()):
@@ -1022,7 +1022,7 @@ class ReplicationQueue:
                 await self._watch
             self._watch = None
             with contextlib.suppress(AuditorError):
-                await self.zk.unwatch_tree(self.base)
+                await self.store.unwatch_tree(self.base)
         for taken in self.held():
             with contextlib.suppress(AuditorError):
                 await self.release(taken)
@@ -1030,4 +1030,4 @@ class ReplicationQueue:
             await self._reap_orphans()
 
     def _session(self) -> int | None:
-        return self.zk.session
+        return self.store.session

@@ -256,8 +256,8 @@ class UnderreplicationManager:
     (default true).
     """
 
-    def __init__(self, zk: MetadataStore, root: str, *, store_ctime: bool = True) -> None:
-        self.zk = zk
+    def __init__(self, store: MetadataStore, root: str, *, store_ctime: bool = True) -> None:
+        self.store = store
         self.root = root.rstrip("/")
         self.base = f"{self.root}/underreplication"
         self.store_ctime = store_ctime
@@ -269,14 +269,14 @@ class UnderreplicationManager:
         path = f"{self.base}/LAYOUT"
         if create:
             try:
-                await self.zk.create(path, encode_rereplication_layout(), makepath=True)
+                await self.store.create(path, encode_rereplication_layout(), makepath=True)
             except NodeExistsError:
                 pass
             else:
-                await self.zk.ensure_path(f"{self.base}/ledgers")
-                await self.zk.ensure_path(f"{self.base}/locks")
+                await self.store.ensure_path(f"{self.base}/ledgers")
+                await self.store.ensure_path(f"{self.base}/locks")
                 return
-        data, _ = await self.zk.get(path)
+        data, _ = await self.store.get(path)
         try:
             layout = decode_rereplication_layout(data)
         except RecordFormatError as exc:
@@ -287,8 +287,8 @@ class UnderreplicationManager:
                 f"{path} is type {found} version {layout.version}; "
                 "only BASIC version 1 is supported"
             )
-        await self.zk.ensure_path(f"{self.base}/ledgers")
-        await self.zk.ensure_path(f"{self.base}/locks")
+        await self.store.ensure_path(f"{self.base}/ledgers")
+        await self.store.ensure_path(f"{self.base}/locks")
 
     # --- marks ----------------------------------------------------------------
 
@@ -310,7 +310,7 @@ class UnderreplicationManager:
         ledger marked again for bookies it no longer has."""
         path = ur_ledger_path(self.base, ledger_id)
         wanted = list(dict.fromkeys(missing_replicas))
-        writer = self.zk if judged is None else self.zk.guarded(*judged)
+        writer = self.store if judged is None else self.store.guarded(*judged)
         for _ in range(_MAX_CAS_ATTEMPTS):
             ctime = (now_ms if now_ms is not None else _now_ms()) if self.store_ctime else None
             try:
@@ -319,7 +319,7 @@ class UnderreplicationManager:
             except NodeExistsError:
                 pass
             try:
-                data, stat = await self.zk.get(path)
+                data, stat = await self.store.get(path)
             except NoNodeError:
                 continue  # removed meanwhile: create again
             existing = decode_mark(ledger_id, data, int(stat.version))
@@ -339,7 +339,7 @@ class UnderreplicationManager:
 
     async def get(self, ledger_id: int) -> UnderreplicatedLedger | None:
         try:
-            data, stat = await self.zk.get(ur_ledger_path(self.base, ledger_id))
+            data, stat = await self.store.get(ur_ledger_path(self.base, ledger_id))
         except NoNodeError:
             return None
         return decode_mark(ledger_id, data, int(stat.version))
@@ -348,7 +348,7 @@ class UnderreplicationManager:
         """A ledger's mark, a CorruptMark if its data does not decode, or None."""
         path = ur_ledger_path(self.base, ledger_id)
         try:
-            data, stat = await self.zk.get(path)
+            data, stat = await self.store.get(path)
         except NoNodeError:
             return None
         return self._decoded(path, ledger_id, data, int(stat.version))
@@ -385,7 +385,7 @@ class UnderreplicationManager:
                     if window and len(queue) < LIST_BATCH:
                         break
                     dirs = [queue.popleft() for _ in range(min(LIST_BATCH, len(queue)))]
-                    listed = self.zk.get_children_many([path for path, _ in dirs])
+                    listed = self.store.get_children_many([path for path, _ in dirs])
                     window.append((dirs, asyncio.ensure_future(listed)))
                 dirs, pending = window.popleft()
                 for (path, depth), found in zip(dirs, await pending, strict=True):
@@ -418,7 +418,7 @@ class UnderreplicationManager:
         """A batch of the listing in its order: each mark read (one `get_many` for all of
         them) and decoded, each corrupt one as it is, a mark removed meanwhile left out."""
         found = iter(
-            await self.zk.get_many([e[0] for e in batch if not isinstance(e, CorruptMark)])
+            await self.store.get_many([e[0] for e in batch if not isinstance(e, CorruptMark)])
         )
         items: list[UnderreplicatedLedger | CorruptMark] = []
         for entry in batch:
@@ -503,13 +503,13 @@ class UnderreplicationManager:
             return sum([1 async for _, ledger_id, _ in names if ledger_id is not None])
 
     async def is_being_replicated(self, ledger_id: int) -> bool:
-        return await self.zk.exists(ur_lock_path(self.base, ledger_id)) is not None
+        return await self.store.exists(ur_lock_path(self.base, ledger_id)) is not None
 
     async def replication_worker(self, ledger_id: int) -> str | None:
         """Who holds the replication lock of a ledger (LockDataFormat's bookieId)."""
         path = ur_lock_path(self.base, ledger_id)
         try:
-            data, _ = await self.zk.get(path)
+            data, _ = await self.store.get(path)
         except NoNodeError:
             return None
         try:
@@ -522,22 +522,22 @@ class UnderreplicationManager:
     # --- the disable flag ---------------------------------------------------------
 
     async def is_replication_enabled(self) -> bool:
-        return await self.zk.exists(f"{self.base}/disable") is None
+        return await self.store.exists(f"{self.base}/disable") is None
 
     async def disable_replication(self) -> None:
         with contextlib.suppress(NodeExistsError):
-            await self.zk.create(f"{self.base}/disable", b"", makepath=True)
+            await self.store.create(f"{self.base}/disable", b"", makepath=True)
 
     async def enable_replication(self) -> None:
         with contextlib.suppress(NoNodeError):
-            await self.zk.delete(f"{self.base}/disable")
+            await self.store.delete(f"{self.base}/disable")
 
     # --- lostBookieRecoveryDelay -------------------------------------------------
 
     async def init_lost_bookie_recovery_delay(self, seconds: int) -> None:
         """Creates the znode from config if absent (an existing value wins, as upstream)."""
         with contextlib.suppress(NodeExistsError):
-            await self.zk.create(
+            await self.store.create(
                 f"{self.base}/lostBookieRecoveryDelay", str(seconds).encode(), makepath=True
             )
 
@@ -545,7 +545,7 @@ class UnderreplicationManager:
         """The delay in seconds; UnderreplicationFormatError, naming the znode, unless it is
         0..2^31-1 as Java's `Integer.parseInt` reads it (surrounding whitespace forgiven)."""
         path = f"{self.base}/lostBookieRecoveryDelay"
-        data, _ = await self.zk.get(path)
+        data, _ = await self.store.get(path)
         value = parse_lost_bookie_recovery_delay(data)
         if value is None:
             text = data.decode("ascii", errors="replace").strip()
@@ -559,7 +559,7 @@ class UnderreplicationManager:
     async def set_lost_bookie_recovery_delay(self, seconds: int) -> None:
         path = f"{self.base}/lostBookieRecoveryDelay"
         try:
-            await self.zk.set(path, str(seconds).encode())
+            await self.store.set(path, str(seconds).encode())
         except NoNodeError:
             await self.init_lost_bookie_recovery_delay(seconds)
 
@@ -568,7 +568,7 @@ class UnderreplicationManager:
     async def get_check_ctime(self, which: CheckKind) -> int:
         path = f"{self.base}/{which.znode}"
         try:
-            data, _ = await self.zk.get(path)
+            data, _ = await self.store.get(path)
         except NoNodeError:
             return UNASSIGNED_CTIME
         try:
@@ -580,9 +580,9 @@ class UnderreplicationManager:
         path = f"{self.base}/{which.znode}"
         data = encode_check_ctime(which, ctime_ms)
         try:
-            await self.zk.set(path, data)
+            await self.store.set(path, data)
         except NoNodeError:
             try:
-                await self.zk.create(path, data, makepath=True)
+                await self.store.create(path, data, makepath=True)
             except NodeExistsError:
-                await self.zk.set(path, data)
+                await self.store.set(path, data)

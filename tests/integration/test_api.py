@@ -90,7 +90,11 @@ class MinimalControl:
     async def explain(self, ledger_id: int) -> dict[str, Any]:
         """As the daemon: a fresh context on the cluster (defaults, hierarchical layout)."""
         return await explain_on_cluster(
-            self.urm.zk, self.urm.root, LedgerManager.HIERARCHICAL, load_config(None, []), ledger_id
+            self.urm.store,
+            self.urm.root,
+            LedgerManager.HIERARCHICAL,
+            load_config(None, []),
+            ledger_id,
         )
 
 
@@ -404,7 +408,7 @@ async def test_list_underreplicated(api: Api) -> None:
     urm = api.control.urm
     await urm.mark_underreplicated(70000, [OTHER, "10.0.0.3:3181"], now_ms=1_700_000_000_123)
     await urm.mark_underreplicated(5, [OTHER], now_ms=1_700_000_000_000)
-    await UnderreplicationManager(urm.zk, "/ledgers", store_ctime=False).mark_underreplicated(
+    await UnderreplicationManager(urm.store, "/ledgers", store_ctime=False).mark_underreplicated(
         2**40 + 1, ["10.0.0.3:3181"]
     )
 
@@ -432,7 +436,7 @@ async def test_list_underreplicated(api: Api) -> None:
 
 
 async def test_mutations_need_the_token(api: Api) -> None:
-    zk = api.control.urm.zk
+    zk = api.control.urm.store
     delay_path = "/ledgers/underreplication/lostBookieRecoveryDelay"
     calls: list[Callable[[Any], Any]] = [
         lambda md: api.stub.TriggerCheck(

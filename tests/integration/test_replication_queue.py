@@ -565,7 +565,7 @@ async def test_a_release_the_store_did_not_answer_is_retried_at_the_next_take(
     async with behind_a_proxy(zk_hosts) as (queue, proxy):
         taken = await queue.take()
         assert taken is not None and taken.ledger_id == 7
-        states = queue.zk.states()  # subscribed before the cut: no change is missed
+        states = queue.store.states()  # subscribed before the cut: no change is missed
         proxy.cut()
         with pytest.raises(ZkUnavailableError):
             await queue.release(taken)
@@ -589,10 +589,10 @@ async def test_a_release_while_the_connection_is_suspended_is_retried_at_the_nex
     async with behind_a_proxy(zk_hosts) as (queue, proxy):
         taken = await queue.take()
         assert taken is not None and taken.ledger_id == 7
-        states = queue.zk.states()
+        states = queue.store.states()
         proxy.cut()
         await until_state(states, SessionState.SUSPENDED)
-        assert queue.zk.session is None
+        assert queue.store.session is None
         with pytest.raises(StoreUnavailableError):
             await queue.release(taken)
         proxy.mend()

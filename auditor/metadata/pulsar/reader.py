@@ -61,10 +61,10 @@ def schemas_root(root: str) -> str:
     return f"{root.rstrip('/')}/{SCHEMAS}"
 
 
-async def _children(zk: MetadataStore, path: str) -> list[str] | None:
+async def _children(store: MetadataStore, path: str) -> list[str] | None:
     """Sorted children, or None when the znode is gone."""
     try:
-        return sorted(await zk.get_children(path))
+        return sorted(await store.get_children(path))
     except NoNodeError:
         return None
 
@@ -91,16 +91,16 @@ class _ManagedLedger:
     path: str
 
 
-async def _managed_ledger_names(zk: MetadataStore, root: str) -> list[_ManagedLedger]:
+async def _managed_ledger_names(store: MetadataStore, root: str) -> list[_ManagedLedger]:
     """Every managed ledger znode under `<root>/managed-ledgers`, in name order."""
     base = managed_ledgers_root(root)
-    tenants = await _children(zk, base) or []
+    tenants = await _children(store, base) or []
 
     async def level2(tenant: str) -> list[tuple[str, list[str]]]:
-        names = await _children(zk, f"{base}/{tenant}") or []
+        names = await _children(store, f"{base}/{tenant}") or []
 
         async def level3(name: str) -> tuple[str, list[str]]:
-            return f"{tenant}/{name}", await _children(zk, f"{base}/{tenant}/{name}") or []
+            return f"{tenant}/{name}", await _children(store, f"{base}/{tenant}/{name}") or []
 
         return await _bounded(names, level3)
 
@@ -117,24 +117,24 @@ async def _managed_ledger_names(zk: MetadataStore, root: str) -> list[_ManagedLe
                 v1_namespaces.append(f"{prefix}/{name}")
 
     async def v1(namespace: str) -> list[str]:
-        names = await _children(zk, f"{base}/{namespace}") or []
+        names = await _children(store, f"{base}/{namespace}") or []
         return [f"{namespace}/{n}" for n in names if n == PERSISTENT]
 
     for group in await _bounded(v1_namespaces, v1):
         domains.extend(group)
 
     async def topics(domain: str) -> list[str]:
-        return [f"{domain}/{t}" for t in await _children(zk, f"{base}/{domain}") or []]
+        return [f"{domain}/{t}" for t in await _children(store, f"{base}/{domain}") or []]
 
     names = sorted(n for group in await _bounded(domains, topics) for n in group)
     return [_ManagedLedger(n, f"{base}/{n}") for n in names]
 
 
-async def _read_managed_ledgers(zk: MetadataStore, mls: Sequence[_ManagedLedger]) -> PulsarRefs:
+async def _read_managed_ledgers(store: MetadataStore, mls: Sequence[_ManagedLedger]) -> PulsarRefs:
     out = PulsarRefs()
     for batch in _batches(mls):
-        datas = await zk.get_many([m.path for m in batch])
-        cursor_lists = await _bounded(batch, lambda m: _children(zk, m.path))
+        datas = await store.get_many([m.path for m in batch])
+        cursor_lists = await _bounded(batch, lambda m: _children(store, m.path))
         cursors: list[tuple[_ManagedLedger, str, str]] = []
         for ml, got, names in zip(batch, datas, cursor_lists, strict=True):
             if got is None or names is None:
@@ -146,7 +146,7 @@ async def _read_managed_ledgers(zk: MetadataStore, mls: Sequence[_ManagedLedger]
                 out.bad_znodes.append(BadPulsarZnode(ml.path, str(exc)))
             cursors.extend((ml, c, f"{ml.path}/{c}") for c in names)
         for cbatch in _batches(cursors):
-            cdatas = await zk.get_many([p for _, _, p in cbatch])
+            cdatas = await store.get_many([p for _, _, p in cbatch])
             for (ml, name, path), cgot in zip(cbatch, cdatas, strict=True):
                 if cgot is None:
                     continue
@@ -161,13 +161,13 @@ async def _read_managed_ledgers(zk: MetadataStore, mls: Sequence[_ManagedLedger]
     return out
 
 
-async def _schema_ids(zk: MetadataStore, root: str) -> list[str]:
+async def _schema_ids(store: MetadataStore, root: str) -> list[str]:
     """Every znode three levels under `<root>/schemas` (tenant, namespace, topic)."""
     base = schemas_root(root)
 
     async def below(prefix: str) -> list[str]:
         path = f"{base}/{prefix}" if prefix else base
-        return [f"{prefix}/{n}" if prefix else n for n in await _children(zk, path) or []]
+        return [f"{prefix}/{n}" if prefix else n for n in await _children(store, path) or []]
 
     level: list[str] = [""]
     for _ in range(3):
@@ -175,10 +175,12 @@ async def _schema_ids(zk: MetadataStore, root: str) -> list[str]:
     return level
 
 
-async def _read_schemas(zk: MetadataStore, root: str, ids: Sequence[str], out: PulsarRefs) -> None:
+async def _read_schemas(
+    store: MetadataStore, root: str, ids: Sequence[str], out: PulsarRefs
+) -> None:
     base = schemas_root(root)
     for batch in _batches(ids):
-        datas = await zk.get_many([f"{base}/{i}" for i in batch])
+        datas = await store.get_many([f"{base}/{i}" for i in batch])
         for schema_id, got in zip(batch, datas, strict=True):
             if got is None or not got[0]:
                 continue  # deleted while we read, or no locator
@@ -194,7 +196,7 @@ async def _read_schemas(zk: MetadataStore, root: str, ids: Sequence[str], out: P
 ADMIN = "admin"
 
 
-async def read_pulsar_refs(zk: MetadataStore, root: str = "") -> PulsarRefs:
+async def read_pulsar_refs(store: MetadataStore, root: str = "") -> PulsarRefs:
     """Every ledger reference in Pulsar's tree under `root`: managed ledgers, their
     cursors, schemas. Bad znodes are named in `bad_znodes`; nothing read is dropped.
 
@@ -202,9 +204,12 @@ async def read_pulsar_refs(zk: MetadataStore, root: str = "") -> PulsarRefs:
     wrong `pulsar_root`, or the chroot named twice): it is a bad znode of its own, so
     that no ledger is called an orphan for want of references nobody could read."""
     ml_root = managed_ledgers_root(root)
-    out = await _read_managed_ledgers(zk, await _managed_ledger_names(zk, root))
-    await _read_schemas(zk, root, await _schema_ids(zk, root), out)
-    if await zk.exists(ml_root) is None and await zk.exists(f"{root.rstrip('/')}/{ADMIN}") is None:
+    out = await _read_managed_ledgers(store, await _managed_ledger_names(store, root))
+    await _read_schemas(store, root, await _schema_ids(store, root), out)
+    if (
+        await store.exists(ml_root) is None
+        and await store.exists(f"{root.rstrip('/')}/{ADMIN}") is None
+    ):
         out.bad_znodes.append(
             BadPulsarZnode(
                 ml_root,
@@ -216,18 +221,18 @@ async def read_pulsar_refs(zk: MetadataStore, root: str = "") -> PulsarRefs:
     return out
 
 
-async def read_managed_ledger(zk: MetadataStore, root: str, name: str) -> PulsarRefs:
+async def read_managed_ledger(store: MetadataStore, root: str, name: str) -> PulsarRefs:
     """One managed ledger (`tenant/ns/persistent/topic`) and its cursors, read again.
     A managed ledger that is gone gives empty refs (`name not in managed_ledgers`)."""
     ml = _ManagedLedger(name, f"{managed_ledgers_root(root)}/{name}")
-    return await _read_managed_ledgers(zk, [ml])
+    return await _read_managed_ledgers(store, [ml])
 
 
-async def read_schema(zk: MetadataStore, root: str, schema_id: str) -> PulsarRefs:
+async def read_schema(store: MetadataStore, root: str, schema_id: str) -> PulsarRefs:
     """One schema locator (`tenant/ns/topic`), read again; gone: empty refs."""
     out = PulsarRefs()
     path = f"{schemas_root(root)}/{schema_id}"
-    (got,) = await zk.get_many([path])
+    (got,) = await store.get_many([path])
     if got is None or not got[0]:
         return out
     out.schemas.add(schema_id)
