@@ -147,12 +147,12 @@ class IndexWalker:
     """A `LedgerWalker` whose walk reads the index; fresh reads go to ZooKeeper."""
 
     def __init__(
-        self, index: MetadataIndex, zk: MetadataStore, id_range: IdRange | None = None
+        self, index: MetadataIndex, store: MetadataStore, id_range: IdRange | None = None
     ) -> None:
         self.index = index
         self.id_range = id_range
         self.stats = WalkStats()
-        self._zk = LedgerWalker(zk, index.root, index.manager, id_range)
+        self._walker = LedgerWalker(store, index.root, index.manager, id_range)
 
     async def max_ledger_id(self) -> int | None:
         ids = self.index.ids()
@@ -175,4 +175,4 @@ class IndexWalker:
             yield rec.ledger_id
 
     async def read(self, ledger_id: int, path: str | None = None) -> LedgerRecord | None:
-        return await self._zk.read(ledger_id, path)
+        return await self._walker.read(ledger_id, path)

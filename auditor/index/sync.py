@@ -126,7 +126,7 @@ class IndexSync:
 
     def __init__(
         self,
-        zk: MetadataStore,
+        store: MetadataStore,
         index: MetadataIndex,
         *,
         concurrency: int = 100,
@@ -134,7 +134,7 @@ class IndexSync:
         on_resync: Callable[[str], None] | None = None,
         retry_delay: float = 1.0,
     ) -> None:
-        self.zk = zk
+        self.store = store
         self.index = index
         self.concurrency = concurrency
         self.log = log.bind(component="index")
@@ -153,7 +153,7 @@ class IndexSync:
         self._failed = asyncio.Event()
         #: Told after each full load (metrics: size, bytes per ledger).
         self.on_loaded: Callable[[IndexSync], None] | None = None
-        self._walker = LedgerWalker(zk, index.root, index.manager)
+        self._walker = LedgerWalker(store, index.root, index.manager)
 
     async def run(self) -> None:
         """Until cancelled; a failure it cannot retry (an old server) ends it, and
@@ -181,7 +181,7 @@ class IndexSync:
             self.ready.clear()
             self._failed.set()
             self.log.error(
-                "metadata index stopped; checks walk ZooKeeper",
+                "metadata index stopped; checks walk the metadata store",
                 error=f"{type(exc).__name__}: {exc}",
             )
 
@@ -203,7 +203,7 @@ class IndexSync:
     async def _watch(self) -> asyncio.Queue[Event | Gap]:
         while True:
             try:
-                return await self.zk.watch_tree(self.index.root)
+                return await self.store.watch_tree(self.index.root)
             except WatchUnsupportedError:
                 raise
             except StoreUnavailableError as exc:
@@ -216,7 +216,7 @@ class IndexSync:
         self.dirty.clear()  # everything is read now; what changes meanwhile is queued
         before = array("q", self.index.ids())
         pos = 0
-        walker = LedgerWalker(self.zk, self.index.root, self.index.manager)
+        walker = LedgerWalker(self.store, self.index.root, self.index.manager)
         async for rec in walker.ledgers(concurrency=self.concurrency):
             while pos < len(before) and before[pos] < rec.ledger_id:
                 self.index.remove(before[pos])

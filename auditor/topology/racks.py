@@ -267,10 +267,10 @@ def parse_pulsar_racks(data: bytes, source: str) -> StaticMapping:
     return StaticMapping(f"znode:{source}", by_key, hosts, tuple(problems))
 
 
-async def load_rack_znode(zk: MetadataStore, path: str) -> StaticMapping | None:
+async def load_rack_znode(store: MetadataStore, path: str) -> StaticMapping | None:
     """The Pulsar rack znode, or None when it does not exist."""
     try:
-        data, _ = await zk.get(path)
+        data, _ = await store.get(path)
     except NoNodeError:
         return None
     return parse_pulsar_racks(data, path)
@@ -329,7 +329,7 @@ class RackResolver:
 
 
 async def open_rack_resolver(
-    zk: MetadataStore,
+    store: MetadataStore,
     root: str,
     config: AuditorConfig,
     *,
@@ -363,23 +363,23 @@ async def open_rack_resolver(
             raise ConfigError(
                 f"checks.racks_znode must be an absolute znode path, got {checks.racks_znode!r}"
             )
-        znode = await load_rack_znode(zk, checks.racks_znode.rstrip("/") or "/")
+        znode = await load_rack_znode(store, checks.racks_znode.rstrip("/") or "/")
         if znode is not None:
             sources.append(znode)
-    return RackResolver(sources, _registered_address(zk, root))
+    return RackResolver(sources, _registered_address(store, root))
 
 
-def _registered_address(zk: MetadataStore, root: str) -> AddressOf:
+def _registered_address(store: MetadataStore, root: str) -> AddressOf:
     """A bookie's address as its registration (or cookie) gives it."""
 
     async def address_of(bookie: str) -> Address | None:
-        return await resolve_bookie(zk, root, bookie)
+        return await resolve_bookie(store, root, bookie)
 
     return address_of
 
 
 async def open_rack_resolver_or_blind(
-    zk: MetadataStore, root: str, config: AuditorConfig, *, log: Any = None
+    store: MetadataStore, root: str, config: AuditorConfig, *, log: Any = None
 ) -> tuple[RackResolver, str | None]:
     """`open_rack_resolver`, or, when a configured source cannot be read (an invalid
     `/bookies`, a YAML racks file), a resolver that locates no bookie and why.
@@ -390,6 +390,6 @@ async def open_rack_resolver_or_blind(
     failure visible (a failed verdict, a warning, a non-zero exit).
     """
     try:
-        return await open_rack_resolver(zk, root, config, log=log), None
+        return await open_rack_resolver(store, root, config, log=log), None
     except (ConfigError, RackSourceError) as exc:
-        return RackResolver([], _registered_address(zk, root)), str(exc)
+        return RackResolver([], _registered_address(store, root)), str(exc)
