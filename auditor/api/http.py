@@ -21,30 +21,35 @@ set, a client certificate (then the server asks for one on every connection and
 the handshake refuses a peer without one the CA signed). With TLS configured for
 the API the views are served over HTTPS with the same certificate.
 
-The request parser is strict and small: one request line and at most
-`MAX_HEADERS` headers within `MAX_HEAD_BYTES`, read within the header timeout
-(`api.http_header_timeout`, which is also how long a kept-alive connection may sit
-idle); no request body; errors answer with a JSON body `{"error": ...}`.
+aiohttp parses the requests and writes the answers (`auditor.httpserve`: its
+low-level server on the daemon's loop). Requests are bounded: a request line and each
+header at most `MAX_LINE_BYTES`, at most `MAX_HEADERS` headers and `MAX_HEAD_BYTES` in
+all, sent within the header timeout (`api.http_header_timeout`, which is also how long
+a kept-alive connection may sit idle and a TLS handshake may take); HTTP/1.0 or 1.1
+only (a 1.1 request names its `Host`, as RFC 9112 asks: aiohttp refuses one without),
+with a path as target and no request body; errors answer with a JSON body
+`{"error": ...}`.
 
 Connections: at most `api.http_max_connections` open at once. A connection waiting
 for a request head is *idle*; one whose request is being answered is *busy*. When
 the limit is reached, a new connection takes the place of the oldest idle one
 (closed at once), so clients that open connections and send nothing (or trickle a
 head) can never lock real requests out; only when every connection is busy is the
-newcomer answered 503.
+newcomer answered 503. aiohttp has no such cap, nor a bound on a head as a whole: the
+two are `auditor.httpserve`'s, a few lines on aiohttp's connection protocol.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
 import ssl
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion10, HttpVersion11
 
 from auditor.analysis.explain import document_text
 from auditor.api import AUTH_SCHEME, convert
@@ -53,14 +58,17 @@ from auditor.api.server import tls_wanted
 from auditor.checks.findings import Check
 from auditor.daemon.state import DaemonControl, NotLeaderError
 from auditor.errors import AuditorError, ConfigError, NotFoundError, ServiceUnavailableError
+from auditor.httpserve import HttpServer, sent_version
 from auditor.logs import get_logger
 from auditor.metadata.underreplication import CorruptMark
 from auditor.secretfiles import check_api_token
 from auditor.store import NoNodeError
 
-#: Bounds of one request's head (request line and headers).
-MAX_HEAD_BYTES = 16 * 1024
+#: Bounds of one request's head: its request line and each header line, the number of
+#: headers, and all of it.
+MAX_LINE_BYTES = 8190
 MAX_HEADERS = 64
+MAX_HEAD_BYTES = 16 * 1024
 #: Default seconds a client has to send a whole request head; also how long a
 #: kept-alive connection may sit idle (`api.http_header_timeout`).
 HEAD_TIMEOUT = 5.0
@@ -73,16 +81,17 @@ BK_LIST_UNDER_REPLICATED = "/api/v1/autorecovery/list_under_replicated_ledger"
 _JSON = "application/json"
 _TEXT = "text/plain; charset=utf-8"
 _HTML = "text/html; charset=utf-8"
+#: Headers of every answer, errors too.
+_ALWAYS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+_PAGE_POLICY = "default-src 'none'; style-src 'unsafe-inline'"
 
 _log = get_logger("auditor.api.http")
 
 
-class _BadRequest(Exception):
-    """The client's request cannot be parsed; answered with 400 and the connection closed."""
-
-
 @dataclass(slots=True)
 class Request:
+    """What the views read of a request: its path unquoted and its query parsed."""
+
     method: str
     path: str
     query: dict[str, list[str]]
@@ -98,92 +107,45 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-
-
 def _json(status: int, doc: Any, *, compact: bool = False) -> Response:
     text = json.dumps(doc, separators=(",", ":")) if compact else json.dumps(doc, sort_keys=False)
     return Response(status, _JSON, (text + ("" if compact else "\n")).encode())
 
 
+def _error_body(message: str) -> bytes:
+    return (json.dumps({"error": message}) + "\n").encode()
+
+
 def _error(status: int, message: str, **headers: str) -> Response:
-    body = (json.dumps({"error": message}) + "\n").encode()
-    return Response(status, _JSON, body, tuple(headers.items()))
+    return Response(status, _JSON, _error_body(message), tuple(headers.items()))
 
 
 def _text(status: int, text: str) -> Response:
     return Response(status, _TEXT, text.encode())
 
 
-async def read_request(reader: asyncio.StreamReader) -> Request | None:
-    """One request head; None when the peer closed before sending one."""
-    used = 0
+def _malformed(request: web.BaseRequest) -> str | None:
+    """Why aiohttp's parsed request is still refused (400); None when it is not."""
+    version = sent_version(request)
+    if version not in (HttpVersion10, HttpVersion11):
+        return f"unsupported protocol version HTTP/{version.major}.{version.minor}"
+    if not request.raw_path.startswith("/"):
+        return "the request target must be a path"
+    if hdrs.TRANSFER_ENCODING in request.headers or request.content_length:
+        return "a request body is not accepted"
+    return None
 
-    async def line() -> bytes:
-        nonlocal used
-        try:
-            raw = await reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError as exc:
-            if not exc.partial and used == 0:
-                return b""
-            raise _BadRequest("the request ended early") from None
-        except asyncio.LimitOverrunError:
-            raise _BadRequest("a request line or header is too long") from None
-        used += len(raw)
-        if used > MAX_HEAD_BYTES:
-            raise _BadRequest("the request head is too large")
-        return raw
 
-    first = await line()
-    if not first:
-        return None
-    parts = first.decode("latin-1").rstrip("\r\n").split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[0].isupper():
-        raise _BadRequest("malformed request line")
-    method, target, version = parts
-    if version not in ("HTTP/1.0", "HTTP/1.1"):
-        raise _BadRequest(f"unsupported protocol version {version[:16]!r}")
-    if not target.startswith("/"):
-        raise _BadRequest("the request target must be a path")
-    headers: dict[str, str] = {}
-    while True:
-        raw = await line()
-        if raw in (b"\r\n", b"\n"):
-            break
-        if not raw:
-            raise _BadRequest("the request ended early")
-        if len(headers) >= MAX_HEADERS:
-            raise _BadRequest("too many headers")
-        name, sep, value = raw.decode("latin-1").partition(":")
-        if not sep or not name or name != name.strip():
-            raise _BadRequest("malformed header")
-        headers[name.lower()] = value.strip()
-    if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in (
-        "",
-        "0",
-    ):
-        raise _BadRequest("a request body is not accepted")
-    split = urlsplit(target)
+def _view(request: web.BaseRequest) -> Request:
+    version = sent_version(request)
+    split = urlsplit(request.raw_path)
     return Request(
-        method=method,
+        method=request.method,
         path=unquote(split.path),
         query=parse_qs(split.query, keep_blank_values=True),
-        version=version,
-        headers=headers,
+        version=f"HTTP/{version.major}.{version.minor}",
+        headers={name.lower(): value for name, value in request.headers.items()},
     )
-
-
-Handler = Callable[[Request, str], Awaitable[Response]]
 
 
 class HttpViews:
@@ -205,106 +167,48 @@ class HttpViews:
         self._protect_reads = protect_reads
         self.max_connections = max_connections
         self.header_timeout = header_timeout
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
-        #: The idle connections (waiting for a request head), oldest first.
-        self._idle: dict[asyncio.StreamWriter, None] = {}
+        self._http: HttpServer | None = None
         self.port = 0
         self.tls = False
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
-        self._server = await asyncio.start_server(
+        http = HttpServer(
             self._serve,
-            host,
-            port,
-            ssl=tls,
-            limit=MAX_HEAD_BYTES,
-            # A TLS client that never finishes its handshake is cut as an idle one is.
-            ssl_handshake_timeout=self.header_timeout if tls is not None else None,
+            error=lambda _status, message: (_JSON, _error_body(message)),
+            idle_timeout=self.header_timeout,
+            headers=_ALWAYS,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES,
+            max_headers=MAX_HEADERS,
+            max_head_bytes=MAX_HEAD_BYTES,
+            max_connections=self.max_connections,
         )
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self.port = await http.start(host, port, tls)
+        self._http = http
         self.tls = tls is not None
 
     async def stop(self, grace: float = 0.0) -> None:
         """Stops listening and closes open connections (requests are short: no grace)."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        for writer in list(self._connections):
-            writer.transport.abort()
-        self._connections.clear()
+        http, self._http = self._http, None
+        if http is not None:
+            http.close()
 
-    # --- connections ------------------------------------------------------------------
-
-    def _make_room(self) -> bool:
-        """Room for one more connection: True when there is (an idle one closed if need
-        be), False when every connection is busy answering a request."""
-        if len(self._connections) < self.max_connections:
-            return True
-        if not self._idle:
-            return False
-        oldest = next(iter(self._idle))
-        self._idle.pop(oldest)
-        self._connections.discard(oldest)
-        oldest.transport.abort()
-        return True
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self._make_room():
-            busy = _error(
-                503, f"too many requests at once (at most {self.max_connections} connections)"
-            )
-            with contextlib.suppress(ConnectionError, ssl.SSLError):
-                await self._send(writer, busy, keep=False, head=False)
-            writer.close()
-            return
-        self._connections.add(writer)
-        try:
-            while True:
-                self._idle[writer] = None
-                try:
-                    async with asyncio.timeout(self.header_timeout):
-                        request = await read_request(reader)
-                except _BadRequest as exc:
-                    self._idle.pop(writer, None)
-                    await self._send(writer, _error(400, str(exc)), keep=False, head=False)
-                    await _discard(reader)
-                    return
-                if request is None:
-                    return
-                self._idle.pop(writer, None)
-                keep = request.version == "HTTP/1.1" and (
-                    request.headers.get("connection", "").lower() != "close"
-                )
-                peer = writer.get_extra_info("peername")
-                response = await self.answer(request, str(peer))
-                await self._send(writer, response, keep=keep, head=request.method == "HEAD")
-                if not keep:
-                    return
-        except (TimeoutError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
-            pass  # a client that went away, idled or failed the handshake: nothing to answer
-        finally:
-            self._idle.pop(writer, None)
-            self._connections.discard(writer)
-            writer.close()
-
-    async def _send(
-        self, writer: asyncio.StreamWriter, r: Response, *, keep: bool, head: bool
-    ) -> None:
-        lines = [
-            f"HTTP/1.1 {r.status} {_REASONS.get(r.status, 'Error')}",
-            f"Content-Type: {r.ctype}",
-            f"Content-Length: {len(r.body)}",
-            "Cache-Control: no-store",
-            "X-Content-Type-Options: nosniff",
-            f"Connection: {'keep-alive' if keep else 'close'}",
-            *(f"{k}: {v}" for k, v in r.headers),
-        ]
-        if r.ctype == _HTML:
-            lines.append("Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'")
-        head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        writer.write(head_bytes + (b"" if head else r.body))
-        await writer.drain()
+    async def _serve(self, request: web.BaseRequest) -> web.Response:
+        """aiohttp's request, refused or answered."""
+        malformed = _malformed(request)
+        if malformed is not None:
+            response = _error(400, malformed)
+        else:
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            response = await self.answer(_view(request), str(peer))
+        out = web.Response(status=response.status, body=response.body)
+        out.headers[hdrs.CONTENT_TYPE] = response.ctype
+        out.headers.extend(response.headers)
+        if response.ctype == _HTML:
+            out.headers["Content-Security-Policy"] = _PAGE_POLICY
+        if malformed is not None:
+            out.force_close()
+        return out
 
     # --- requests ---------------------------------------------------------------------
 
@@ -422,18 +326,6 @@ class HttpViews:
         if printing:
             return _json(200, {str(lid): reps for lid, reps in found.items()}, compact=True)
         return _json(200, list(found), compact=True)
-
-
-async def _discard(reader: asyncio.StreamReader) -> None:
-    """Reads what the client still sends (bounded) before closing, so that the kernel does
-    not answer it with a reset that could destroy the response in flight."""
-    left = MAX_HEAD_BYTES * 4
-    try:
-        async with asyncio.timeout(1.0):
-            while left > 0 and (chunk := await reader.read(min(left, 65536))):
-                left -= len(chunk)
-    except (TimeoutError, ConnectionError, ssl.SSLError):
-        pass
 
 
 def _server_tls(
