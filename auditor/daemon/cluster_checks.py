@@ -63,7 +63,7 @@ class CtimeWatch:
     def needs_arming(self) -> bool:
         return self.changed is None or self.changed.is_set()
 
-    async def read(self, zk: MetadataStore) -> bytes | None:
+    async def read(self, store: MetadataStore) -> bytes | None:
         """The znode's bytes (None when absent), arming a watch when the last one fired.
 
         A read without a watch (the safety re-read) leaves the armed one in place, so
@@ -71,18 +71,18 @@ class CtimeWatch:
         """
         if not self.needs_arming():
             try:
-                data, _ = await zk.get(self.path)
+                data, _ = await store.get(self.path)
             except NoNodeError:
                 return None
             return data
         while True:
             try:
-                data, _, self.changed = await zk.get_watched(self.path)
+                data, _, self.changed = await store.get_watched(self.path)
                 return data
             except NoNodeError:
                 # ZooKeeper sets no data watch on a missing node; `exists` does. If the
                 # node appeared in between, read it again (with its watch).
-                stat, self.changed = await zk.exists_watched(self.path)
+                stat, self.changed = await store.exists_watched(self.path)
                 if stat is None:
                     return None
 
@@ -125,7 +125,7 @@ def record_ctime(
 
 
 async def follow_cluster_checks(
-    zk: MetadataStore,
+    store: MetadataStore,
     root: str,
     state: DaemonState,
     log: FilteringBoundLogger,
@@ -145,13 +145,13 @@ async def follow_cluster_checks(
     last_error: str | None = None
     while True:
         apply_intervals(state, bookkeeper())
-        if zk.session != session:  # a new session has none of the old one's watches
-            session = zk.session
+        if store.session != session:  # a new session has none of the old one's watches
+            session = store.session
             for w in watches:
                 w.changed = None
         try:
             for w in watches:
-                record_ctime(state, log, w, await w.read(zk))
+                record_ctime(state, log, w, await w.read(store))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # ZooKeeper away or refusing: this loop must live on

@@ -82,19 +82,19 @@ def election_path(root: str) -> str:
 
 
 async def current_auditor(
-    zk: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
+    store: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.BOOKKEEPER
 ) -> str | None:
     """Who leads `driver`'s election, read as BookKeeper's or Pulsar's `getCurrentAuditor`."""
-    holder = await holder_of(zk, root, driver)
+    holder = await holder_of(store, root, driver)
     return holder.auditor if holder is not None else None
 
 
 @dataclass(frozen=True, slots=True)
 class Leadership:
-    """Proof of leadership: our vote node, and a ZooKeeper view fenced on it."""
+    """Proof of leadership: our vote node, and a view of the metadata store fenced on it."""
 
     vote_path: str
-    zk: MetadataStore
+    store: MetadataStore
 
 
 class Elector:
@@ -224,12 +224,12 @@ class PulsarElector:
 
     def __init__(
         self,
-        zk: MetadataStore,
+        store: MetadataStore,
         root: str,
         identity: str,
         driver: MetadataDriver = MetadataDriver.PULSAR,
     ) -> None:
-        self.zk = zk
+        self.store = store
         self.root = root.rstrip("/")
         self.identity = identity
         self.path = leader_key_path(driver, root)
@@ -237,17 +237,17 @@ class PulsarElector:
         self._campaigning = False
 
     def _session(self) -> int | None:
-        return self.zk.session
+        return self.store.session
 
     async def _take(self) -> bool:
         """Creates the key (ephemeral); False when another session was first."""
         try:
-            await self.zk.create(self.path, self._value, ephemeral=True)
+            await self.store.create(self.path, self._value, ephemeral=True)
         except NodeExistsError:
             return False
         except NoNodeError:
             parent = self.path.rsplit("/", 1)[0]
-            await self.zk.ensure_path(parent)
+            await self.store.ensure_path(parent)
             return False  # look again: the key may have appeared meanwhile
         return True
 
@@ -256,18 +256,20 @@ class PulsarElector:
         self._campaigning = True
         try:
             while True:
-                stat, changed = await self.zk.exists_watched(self.path)
+                stat, changed = await self.store.exists_watched(self.path)
                 if stat is None:
                     await self._take()
                     continue  # read it back: leadership is the key owned by our session
                 ours = self._session()
                 if ours is not None and int(stat.ephemeralOwner) == ours:
-                    data, stat = await self.zk.get(self.path)
+                    data, stat = await self.store.get(self.path)
                     if data == self._value:
-                        return Leadership(self.path, self.zk.fenced(self.path, int(stat.version)))
+                        return Leadership(
+                            self.path, self.store.fenced(self.path, int(stat.version))
+                        )
                     # Our session holds it under another value (Pulsar's rule): replace it.
                     with contextlib.suppress(NoNodeError):
-                        await self.zk.delete(self.path, version=int(stat.version))
+                        await self.store.delete(self.path, version=int(stat.version))
                     continue
                 await changed.wait()  # another session leads: wait until its key goes
         except asyncio.CancelledError:
@@ -282,14 +284,14 @@ class PulsarElector:
 
     async def rivals(self) -> tuple[list[str], asyncio.Event]:
         """The key, when another session holds it with our identity; an event when it changes."""
-        stat, changed = await self.zk.exists_watched(self.path)
+        stat, changed = await self.store.exists_watched(self.path)
         if stat is None:
             return [], changed
         ours = self._session()
         if ours is not None and int(stat.ephemeralOwner) == ours:
             return [], changed
         try:
-            data, _ = await self.zk.get(self.path)
+            data, _ = await self.store.get(self.path)
         except NoNodeError:
             return [], changed
         try:
@@ -303,37 +305,37 @@ class PulsarElector:
         return rivals
 
     async def still_leading(self, leadership: Leadership) -> bool:
-        stat = await self.zk.exists(leadership.vote_path)
+        stat = await self.store.exists(leadership.vote_path)
         ours = self._session()
         return stat is not None and ours is not None and int(stat.ephemeralOwner) == ours
 
     async def resign(self) -> None:
         """Deletes the key if our session holds it (the next node takes it at once)."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._release(), self.zk.timeout)
+            await asyncio.wait_for(self._release(), self.store.timeout)
 
     async def _release(self) -> None:
-        stat = await self.zk.exists(self.path)
+        stat = await self.store.exists(self.path)
         ours = self._session()
         if stat is None or ours is None or int(stat.ephemeralOwner) != ours:
             return
         with contextlib.suppress(NoNodeError):
-            await self.zk.delete(self.path, version=int(stat.version))
+            await self.store.delete(self.path, version=int(stat.version))
 
 
 def make_elector(
-    driver: MetadataDriver, zk: MetadataStore, root: str, identity: str
+    driver: MetadataDriver, store: MetadataStore, root: str, identity: str
 ) -> Elector | PulsarElector:
     """The election the cluster's Java nodes use with `driver`."""
     if driver is not MetadataDriver.BOOKKEEPER:
-        return PulsarElector(zk, root, identity, driver)
-    if not isinstance(zk, ZkClient):
-        raise TypeError(f"BookKeeper's vote election runs on ZooKeeper, not {zk.where}")
-    return Elector(zk, root, identity)
+        return PulsarElector(store, root, identity, driver)
+    if not isinstance(store, ZkClient):
+        raise TypeError(f"BookKeeper's vote election runs on ZooKeeper, not {store.where}")
+    return Elector(store, root, identity)
 
 
 async def watch_election(
-    zk: MetadataStore, root: str, driver: MetadataDriver, *, live_only: bool = False
+    store: MetadataStore, root: str, driver: MetadataDriver, *, live_only: bool = False
 ) -> tuple[ElectionHolder | None, asyncio.Event]:
     """The holder of `driver`'s election, and an event set when it may have changed.
 
@@ -341,30 +343,30 @@ async def watch_election(
     (or has not voted in yet) without writing anything there.
     """
     if driver is not MetadataDriver.BOOKKEEPER:
-        stat, changed = await zk.exists_watched(leader_key_path(driver, root))
+        stat, changed = await store.exists_watched(leader_key_path(driver, root))
         if stat is None or (live_only and int(stat.ephemeralOwner) == 0):
             return None, changed
-        holder = await pulsar_holder(zk, root, driver)
+        holder = await pulsar_holder(store, root, driver)
         if holder is not None and live_only and not holder.live:
             holder = None
         return holder, changed
     directory = bookkeeper_election_path(root)
-    stat, changed = await zk.exists_watched(directory)
+    stat, changed = await store.exists_watched(directory)
     if stat is None:
         return None, changed
     try:
-        _, changed = await zk.get_children_watched(directory)
+        _, changed = await store.get_children_watched(directory)
     except NoNodeError:
         return None, changed  # gone since: the exists watch fires for its re-creation
-    return await bookkeeper_holder(zk, root, live_only=live_only), changed
+    return await bookkeeper_holder(store, root, live_only=live_only), changed
 
 
 async def watch_other_election(
-    zk: MetadataStore, root: str, driver: MetadataDriver
+    store: MetadataStore, root: str, driver: MetadataDriver
 ) -> tuple[ElectionHolder | None, asyncio.Event]:
     """The live holder of the election `driver` does NOT use (see `watch_election`); on
     etcd's own driver there is none, and the event never fires."""
     other = other_driver(driver)
     if other is None:
         return None, asyncio.Event()
-    return await watch_election(zk, root, other, live_only=True)
+    return await watch_election(store, root, other, live_only=True)

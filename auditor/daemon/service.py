@@ -216,7 +216,8 @@ class Daemon:
         self.machine = LeadershipMachine(
             backoff_of(config), rng, store=STORE_NAMES.get(config.metadata_store, "ZooKeeper")
         )
-        self.zk: MetadataStore | None = None
+        #: The metadata store's client, once `run` opened it.
+        self.store: MetadataStore | None = None
         self.root = config.daemon.ledgers_root
         self.manager: LedgerManager | None = None
         self.api: ApiHandle | None = None
@@ -260,10 +261,10 @@ class Daemon:
 
     # --- DaemonControl ----------------------------------------------------------------
 
-    def _zk(self) -> MetadataStore:
-        if self.zk is None:
+    def _store(self) -> MetadataStore:
+        if self.store is None:
             raise NotLeaderError("not connected to the metadata store yet")
-        return self.zk
+        return self.store
 
     async def trigger_check(self, check: Check) -> None:
         if not self.state.is_leader or self.work is None:
@@ -272,10 +273,10 @@ class Daemon:
         self.work.triggers[check].set()
 
     async def current_leader(self) -> str | None:
-        return await current_auditor(self._zk(), self.root, self.driver)
+        return await current_auditor(self._store(), self.root, self.driver)
 
     def _urm(self) -> UnderreplicationManager:
-        return UnderreplicationManager(self._zk(), self.root)
+        return UnderreplicationManager(self._store(), self.root)
 
     async def set_lost_bookie_recovery_delay(self, seconds: int) -> None:
         await self._urm().set_lost_bookie_recovery_delay(seconds)
@@ -298,7 +299,7 @@ class Daemon:
         if self.manager is None:
             raise NotLeaderError("the ledger layout has not been read yet")
         return await explain_on_cluster(
-            self._zk(), self.root, self.manager, self.config.auditor, ledger_id
+            self._store(), self.root, self.manager, self.config.auditor, ledger_id
         )
 
     async def step_down(self, by: str) -> Decision:
@@ -397,10 +398,10 @@ class Daemon:
         self.state.retry_queue = n
 
     async def _count_marks(self) -> None:
-        if self.zk is None:
+        if self.store is None:
             return
         with contextlib.suppress(Exception):
-            urm = UnderreplicationManager(self.zk, self.root)
+            urm = UnderreplicationManager(self.store, self.root)
             self.state.tallies.underreplicated = await urm.count_underreplicated()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -410,8 +411,8 @@ class Daemon:
 
     # --- connection, heartbeat, signals -------------------------------------------------------
 
-    async def _follow_connection(self, zk: MetadataStore) -> None:
-        async for st in zk.states():
+    async def _follow_connection(self, store: MetadataStore) -> None:
+        async for st in store.states():
             if st == SessionState.CONNECTED:
                 self.state.zk_connected = True
                 self.state.tallies.zk_connected()
@@ -419,8 +420,8 @@ class Daemon:
                 self._connected.set()
                 self._disarm_suspension_limit()
                 self._decide(Connected())
-                if isinstance(zk, ZkClient) and self.config.zk_security.credentials:
-                    self._spawn(self._check_acls(zk))
+                if isinstance(store, ZkClient) and self.config.zk_security.credentials:
+                    self._spawn(self._check_acls(store))
             elif st == SessionState.SUSPENDED:
                 self.state.zk_connected = False
                 self.state.tallies.zk_suspended()
@@ -537,7 +538,7 @@ class Daemon:
         """Runs the leader's work until a decision ends the term; returns that decision."""
         self.state.lead(time.time())
         # The standby index when there is one; else (as without standby) one for this term.
-        index = self.indexes.start_term(leadership.zk) if self.indexes is not None else None
+        index = self.indexes.start_term(leadership.store) if self.indexes is not None else None
         try:
             while True:
                 self._restart_work.clear()
@@ -561,7 +562,7 @@ class Daemon:
         reading = contextlib.ExitStack()  # the index the checks read, for this run
         try:
             async with open_context(
-                leadership.zk,
+                leadership.store,
                 self.root,
                 self.manager,
                 self.config.auditor,
@@ -570,7 +571,7 @@ class Daemon:
             ) as ctx:
                 ctx.log = ctx.log.bind(identity=self.state.identity)
                 if self.indexes is not None:
-                    reading.enter_context(self.indexes.reading(ctx, leadership.zk, index))
+                    reading.enter_context(self.indexes.reading(ctx, leadership.store, index))
                 ctx.bookies.observer = self.state.tallies.bookie_request
                 ctx.on_retry_queue = self._set_retry_queue
                 ctx.on_progress = partial(self._on_progress, ctx)
@@ -669,7 +670,7 @@ class Daemon:
         )
         await campaign.run(self._term)
 
-    async def _watch_bookies(self, zk: MetadataStore) -> None:
+    async def _watch_bookies(self, store: MetadataStore) -> None:
         """Notes when each bookie disappears, leader or not (the restart rule's clock).
 
         A new leader waits `lostBookieRecoveryDelay` from the moment this
@@ -679,7 +680,7 @@ class Daemon:
         really went, which only makes the wait longer, never a false alarm.
         """
         while True:
-            stream = watch_bookies(zk, self.root)
+            stream = watch_bookies(store, self.root)
             try:
                 async for bookies in stream:
                     self.sightings.observe(bookies.available, time.monotonic())
@@ -689,11 +690,11 @@ class Daemon:
             finally:
                 await stream.aclose()
 
-    async def _replicate(self, zk: MetadataStore) -> None:
+    async def _replicate(self, store: MetadataStore) -> None:
         """The replication worker, on every daemon (leader or not), until stopped."""
         assert self.manager is not None
         w = self.config.worker
-        async with open_context(zk, self.root, self.manager, self.config.auditor) as ctx:
+        async with open_context(store, self.root, self.manager, self.config.auditor) as ctx:
             ctx.log = ctx.log.bind(identity=self.state.identity, component="worker")
             worker = ReplicationWorker(
                 ctx,
@@ -730,19 +731,19 @@ class Daemon:
             self.log.info("the election is no longer held by an unreadable vote", znode=held.path)
             self._readiness()
 
-    async def _follow_leader(self, zk: MetadataStore) -> None:
+    async def _follow_leader(self, store: MetadataStore) -> None:
         """Who leads and whether auto-recovery is on, for status and metrics.
 
         Re-read when the election (votes or Pulsar's key) or the disable flag change
         (watches); a slow safety re-read covers watches lost with a session.
         """
-        urm = UnderreplicationManager(zk, self.root)
+        urm = UnderreplicationManager(store, self.root)
         while True:
             waits: list[asyncio.Event] = []
             with contextlib.suppress(Exception):
                 # Watches only: a follower writes nothing in the election it waits in.
-                holder, votes_changed = await watch_election(zk, self.root, self.driver)
-                disabled, flag_changed = await zk.exists_watched(f"{urm.base}/disable")
+                holder, votes_changed = await watch_election(store, self.root, self.driver)
+                disabled, flag_changed = await store.exists_watched(f"{urm.base}/disable")
                 waits = [votes_changed, flag_changed]
                 if not self.state.is_leader:
                     self.state.leader = holder.auditor if holder is not None else None
@@ -779,7 +780,7 @@ class Daemon:
             notify.show(self.state)  # "waiting for ZooKeeper"
         if signals:
             self._install_signals()
-        zk = open_store(
+        store = open_store(
             d.zk,
             store=self.config.metadata_store,
             driver=self.driver,
@@ -789,18 +790,18 @@ class Daemon:
             security=self.config.zk_security,
             etcd=self.config.etcd,
         )
-        self.zk = zk
-        follow = asyncio.ensure_future(self._follow_connection(zk))
-        await zk.start()
+        self.store = store
+        follow = asyncio.ensure_future(self._follow_connection(store))
+        await store.start()
         self.state.zk_connected = True
         self._connected.set()
         code = 0
         try:
             self.manager = self.config.ledger_manager or await read_manager(
-                zk, self.root, self.driver
+                store, self.root, self.driver
             )
             indexes = self.indexes = IndexSupervisor(
-                zk,
+                store,
                 root=self.root,
                 manager=self.manager,
                 config=lambda: self.config,
@@ -819,10 +820,14 @@ class Daemon:
                 await self.metrics.start_http(self.config.metrics.host, self.config.metrics.port)
             side = [
                 asyncio.ensure_future(self._heartbeat(notify)),
-                asyncio.ensure_future(self._follow_leader(zk)),
+                asyncio.ensure_future(self._follow_leader(store)),
                 asyncio.ensure_future(
                     follow_cluster_checks(
-                        zk, self.root, self.state, self.log, lambda: self.config.auditor.bookkeeper
+                        store,
+                        self.root,
+                        self.state,
+                        self.log,
+                        lambda: self.config.auditor.bookkeeper,
                     )
                 ),
             ]
@@ -846,8 +851,8 @@ class Daemon:
                 self.log.warning(
                     "ignoring etcd configuration keys", keys=list(self.config.etcd.ignored)
                 )
-            watch = asyncio.ensure_future(self._watch_bookies(zk))
-            election = self.election = asyncio.ensure_future(self._elect(zk))
+            watch = asyncio.ensure_future(self._watch_bookies(store))
+            election = self.election = asyncio.ensure_future(self._elect(store))
             supervised = {
                 election: "election",
                 follow: "connection follower",
@@ -859,7 +864,7 @@ class Daemon:
                     "under-replication manager, so there are no marks to work on"
                 )
             elif self.config.worker.enabled:
-                supervised[asyncio.ensure_future(self._replicate(zk))] = "replication worker"
+                supervised[asyncio.ensure_future(self._replicate(store))] = "replication worker"
             stopping = asyncio.ensure_future(self._stop.wait())
             await asyncio.wait([stopping, *supervised], return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
@@ -894,7 +899,7 @@ class Daemon:
         finally:
             follow.cancel()
             await asyncio.gather(follow, return_exceptions=True)
-            await zk.close()
+            await store.close()
         self.log.info("daemon stopped", exit_code=code)
         return code
 

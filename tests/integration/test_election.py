@@ -103,7 +103,7 @@ async def test_a_leader_whose_session_expired_writes_nothing(
     states = leader_zk.states()
     try:
         leadership = await Elector(leader_zk, ROOT, "a:1").campaign()
-        urm = UnderreplicationManager(leadership.zk, ROOT)
+        urm = UnderreplicationManager(leadership.store, ROOT)
         await urm.mark_underreplicated(1, ["b:3181"])  # a leader's write goes through
         cid = leader_zk.client_id
         assert cid is not None

@@ -247,12 +247,12 @@ async def test_pulsars_election_on_etcd_follows_a_java_leader_then_leads_and_rel
                 events_of(daemon).decided, lambda: daemon.state.is_leader, "leads", JAVA_TTL + 2
             )
             assert time.monotonic() - gone < JAVA_TTL + 2
-            assert daemon.zk is not None and daemon.zk.session is not None
+            assert daemon.store is not None and daemon.store.session is not None
             got = await raw.get(PULSAR_KEY.encode())
             assert got is not None
-            assert (got.value, got.lease) == (b'"pulsar-a:3181"', daemon.zk.session)
+            assert (got.value, got.lease) == (b'"pulsar-a:3181"', daemon.store.session)
             assert got.version == 1
-            session = daemon.zk.session
+            session = daemon.store.session
         # stop() (what SIGTERM calls) deleted the key, and the lease went with the session.
         assert await raw.get(PULSAR_KEY.encode()) is None
         info = await raw.get_lease_info(session)
@@ -296,10 +296,10 @@ async def test_bookkeepers_etcd_driver_elects_on_our_key_reports_and_never_marks
                 await until(
                     events_of(daemon).decided, lambda: daemon.state.is_leader, "leads", JAVA_TTL + 2
                 )
-                assert daemon.zk is not None
+                assert daemon.store is not None
                 got = await raw.get(OUR_KEY.encode())
                 assert got is not None
-                assert (got.value, got.lease) == (b'"bk-a:3181"', daemon.zk.session)
+                assert (got.value, got.lease) == (b'"bk-a:3181"', daemon.store.session)
 
                 # The leader's first bookie check finds the lost bookie's ledgers: reported,
                 # never marked, and no worker started to act on marks.
@@ -341,8 +341,8 @@ async def test_the_worker_on_etcd_locks_on_its_lease_copies_commits_and_unmarks(
         before = await revision(raw)
         async with running(worker_config(server, "w-a:3181")) as daemon:
             await wait_key(meta, mark, present=False)
-            assert daemon.zk is not None and daemon.worker is not None
-            session = daemon.zk.session
+            assert daemon.store is not None and daemon.worker is not None
+            session = daemon.store.session
             await until(
                 daemon.worker.released,
                 lambda: daemon.state.worker.ledgers_replicated == 1,
@@ -456,7 +456,7 @@ async def test_a_lost_lease_stops_every_write_until_a_new_one_then_it_leads_agai
         async with running(worker_config(server, "w-a:3181")) as daemon:
             await until(events_of(daemon).decided, lambda: daemon.state.is_leader, "leads")
             await wait_key(meta, lock, present=True)
-            store = daemon.zk
+            store = daemon.store
             assert isinstance(store, EtcdStore)
             old = store.session
             assert old is not None

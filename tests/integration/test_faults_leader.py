@@ -109,7 +109,7 @@ async def test_a_leader_whose_session_expires_while_marking_comes_back_and_finis
             while await urm.count_underreplicated() < 50:
                 assert time.monotonic() < deadline, "the leader never started marking"
                 await asyncio.sleep(0.02)
-            zk_of_daemon = daemon._zk()
+            zk_of_daemon = daemon.store
             assert isinstance(zk_of_daemon, ZkClient)
             client_id = zk_of_daemon.client_id
             assert client_id is not None

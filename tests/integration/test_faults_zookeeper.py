@@ -409,8 +409,8 @@ def _check_read_unanswered(daemon: Daemon, reads: re.Pattern[str]) -> bool:
     machine). Reads kazoo's own list of sent, unanswered requests (kazoo is pinned); with
     the server frozen only kazoo's thread appends to it.
     """
-    assert isinstance(daemon.zk, ZkClient)
-    sent = list(daemon.zk.kazoo._pending)
+    assert isinstance(daemon.store, ZkClient)
+    sent = list(daemon.store.kazoo._pending)
     return any(
         any(reads.search(path) for path in request.paths)
         if isinstance(request, MultiRead)

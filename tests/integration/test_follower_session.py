@@ -63,7 +63,7 @@ async def test_a_follower_that_lost_its_session_leads_when_its_new_vote_wins(
         async with running(cfg) as daemon:
             await _votes(zk, lambda votes: len(votes) == 2)
             before = set(await zk.get_children(path))
-            zk_of_daemon = daemon._zk()
+            zk_of_daemon = daemon.store
             assert isinstance(zk_of_daemon, ZkClient)
             client_id = zk_of_daemon.client_id
             assert client_id is not None

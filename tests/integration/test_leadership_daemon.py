@@ -449,8 +449,8 @@ async def test_a_stale_vote_of_our_own_session_is_withdrawn_not_refused(
     await cluster(zk)
     async with running(fast_config(zk_hosts, "self:1")) as daemon:
         await until(events_of(daemon).decided, lambda: daemon.state.phase is Phase.LEADING, "leads")
-        assert daemon.zk is not None
-        stale = await daemon.zk.create(
+        assert daemon.store is not None
+        stale = await daemon.store.create(
             f"{VOTES}/deadbeefV_", encode_auditor_vote("self:1"), ephemeral=True, sequence=True
         )
         await daemon.step_down("test")

@@ -154,10 +154,10 @@ async def test_a_pulsar_daemon_follows_a_java_leader_writes_nothing_and_takes_ov
                 events_of(daemon).decided, lambda: daemon.state.is_leader, "takes over", SESSION + 2
             )
             assert time.monotonic() - gone < SESSION + 2
-            assert daemon.zk is not None and daemon.zk.session is not None
+            assert daemon.store is not None and daemon.store.session is not None
             data, stat = await zk.get(KEY)
             assert data == b'"pulsar-a:3181"'
-            assert int(stat.ephemeralOwner) == daemon.zk.session
+            assert int(stat.ephemeralOwner) == daemon.store.session
             assert await zk.exists(VOTES) is None
 
             # A second daemon of ours follows it, writing nothing either.

@@ -159,7 +159,7 @@ async def test_a_new_leader_checks_with_the_index_it_kept_as_a_follower(
                 await tc.cluster.write_ledger(make_metadata(500, [tc.ids[0], tc.ids[1]]))
                 await _indexed(sync, lambda: 500 in sync.index, "ledger 500 in the index")
 
-                old_zk = old._zk()
+                old_zk = old.store
                 assert isinstance(old_zk, ZkClient)
                 client_id = old_zk.client_id
                 assert client_id is not None
@@ -204,7 +204,7 @@ async def test_without_standby_a_follower_holds_no_index_and_a_new_leader_loads_
                 assert _sample(new, "index_loads_total") == 0
                 assert not _logged(info_logs, "index loaded", "new:1")
 
-                old_zk = old._zk()
+                old_zk = old.store
                 assert isinstance(old_zk, ZkClient)
                 client_id = old_zk.client_id
                 assert client_id is not None
