@@ -1,51 +1,33 @@
-"""Operator commands: BookKeeper's admin surface, and the daemon's API.
+"""BookKeeper's admin commands, done on the metadata store as its shell does them.
 
-`whoisauditor`, `lost-bookie-recovery-delay`, `autorecovery` and `trigger`
-without `--target` work directly on ZooKeeper, exactly as BookKeeper's shell
-does, so they work whichever auditor leads (ours or Java's) and even with no
-daemon running. `trigger --target`, `status`, `report` and `health` ask a
-daemon over gRPC. grpc is imported only by the commands that dial a daemon, so
-the ZooKeeper commands start as fast as the rest of the CLI.
+`whoisauditor`, `lost-bookie-recovery-delay`, `autorecovery` and `trigger` without
+`--target` read and write the metadata store exactly as BookKeeper's shell does, so they
+work whichever auditor leads (ours or Java's) and even with no daemon running.
+`trigger --target` asks a daemon instead (`cli/api_commands.py`, with `status`, `report`
+and `health`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-from auditor.api import TARGET_ENV, TOKEN_ENV
 from auditor.checks.findings import Check
-from auditor.cli.argtypes import MAX_TIMEOUT, seconds
+from auditor.cli.api_commands import api_args, trigger_on_daemon
 from auditor.cli.cluster import NO_ADDRESS, ZK_ENV, address_of, target_of_args
+from auditor.cli.options import bind, cluster_args, emit
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
-from auditor.metadata.elections import (
-    ElectionHolder,
-    bookkeeper_election_path,
-    holder_of,
-    pulsar_leader_path,
-)
-from auditor.metadata.records import RecordFormatError
+from auditor.metadata.elections import ElectionHolder, first_held_election, held_elections
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.secretfiles import read_token_file
 from auditor.store import BadVersionError, MetadataStore, NoNodeError
-
-if TYPE_CHECKING:
-    from auditor.api.client import ApiClient
 
 DELAY_ZNODE = "underreplication/lostBookieRecoveryDelay"
 
 _LOOKUP_ATTEMPTS = 5
-
-
-class NoAuditorError(AuditorError):
-    """Nobody holds the auditor election."""
 
 
 class AutoRecoveryDisabledError(AuditorError):
@@ -53,39 +35,6 @@ class AutoRecoveryDisabledError(AuditorError):
 
 
 # --- the elections, read as BookKeeper and Pulsar read them -----------------------
-
-
-async def find_auditors(zk: MetadataStore, root: str) -> list[ElectionHolder]:
-    """The holder of each election that has one: BookKeeper's first vote, Pulsar's key.
-
-    Two means the cluster's nodes disagree on the metadata driver (two auditors run).
-    A vote or key whose bytes do not decode is an error naming its path.
-    """
-    found: list[ElectionHolder] = []
-    for driver in (MetadataDriver.BOOKKEEPER, MetadataDriver.PULSAR):
-        holder = await holder_of(zk, root, driver)
-        if holder is None:
-            continue
-        if holder.auditor is None:
-            what = "auditor vote" if driver is MetadataDriver.BOOKKEEPER else "Pulsar leader key"
-            reason = holder.error or "names no auditor"
-            raise RecordFormatError(what, f"{holder.path}: {reason}")
-        found.append(holder)
-    if not found:
-        votes, key = bookkeeper_election_path(root), pulsar_leader_path(root)
-        if await zk.exists(votes) is None:
-            raise NoAuditorError(
-                f"no auditor elected: {votes} does not exist and there is no Pulsar leader "
-                f"key {key} (auto-recovery never ran here)"
-            )
-        raise NoAuditorError(f"no auditor elected: no vote under {votes} and no key {key}")
-    return found
-
-
-async def current_auditor(zk: MetadataStore, root: str) -> tuple[str, str]:
-    """(vote or key path, auditor id) of the auditor, whichever election it holds."""
-    holder = (await find_auditors(zk, root))[0]
-    return holder.path, holder.auditor or ""
 
 
 def _election_doc(holder: ElectionHolder) -> dict[str, Any]:
@@ -109,16 +58,12 @@ def _election_line(holder: ElectionHolder) -> str:
     return f"{holder.auditor} ({where}{orphan})"
 
 
-def _emit(out: TextIO, as_json: bool, doc: dict[str, Any], text: str) -> None:
-    out.write((json.dumps(doc) if as_json else text) + "\n")
-
-
 async def cmd_whoisauditor(
     target: ClusterTarget, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr
 ) -> int:
     """Reads both elections; exit 1 when both have an auditor (two auditors run)."""
-    async with connect(target) as (zk, _):
-        found = await find_auditors(zk, target.root)
+    async with connect(target) as (store, _):
+        found = await held_elections(store, target.root)
     if as_json:
         doc = dict(_election_doc(found[0]))
         doc["elections"] = [_election_doc(h) for h in found]
@@ -139,11 +84,11 @@ async def cmd_whoisauditor(
 # --- lostBookieRecoveryDelay and the disable flag -----------------------------------
 
 
-async def _read_delay(zk: MetadataStore, root: str) -> tuple[int, int]:
+async def _read_delay(store: MetadataStore, root: str) -> tuple[int, int]:
     """(seconds, znode version)."""
     path = f"{root}/{DELAY_ZNODE}"
     try:
-        data, stat = await zk.get(path)
+        data, stat = await store.get(path)
     except NoNodeError:
         raise AuditorError(
             f"{path} does not exist: no auditor has initialised it yet "
@@ -159,13 +104,13 @@ async def _read_delay(zk: MetadataStore, root: str) -> tuple[int, int]:
 async def cmd_lost_bookie_recovery_delay(
     target: ClusterTarget, set_to: int | None, as_json: bool, out: TextIO = sys.stdout
 ) -> int:
-    async with connect(target) as (zk, _):
+    async with connect(target) as (store, _):
         if set_to is None:
-            seconds, _ = await _read_delay(zk, target.root)
-            _emit(out, as_json, {"lost_bookie_recovery_delay": seconds}, str(seconds))
+            seconds, _ = await _read_delay(store, target.root)
+            emit(out, as_json, {"lost_bookie_recovery_delay": seconds}, str(seconds))
             return 0
-        await UnderreplicationManager(zk, target.root).set_lost_bookie_recovery_delay(set_to)
-    _emit(
+        await UnderreplicationManager(store, target.root).set_lost_bookie_recovery_delay(set_to)
+    emit(
         out,
         as_json,
         {"lost_bookie_recovery_delay": set_to},
@@ -178,21 +123,21 @@ async def cmd_autorecovery(
     target: ClusterTarget, action: str, as_json: bool, out: TextIO = sys.stdout
 ) -> int:
     """Idempotent like BookKeeper's shell: asking for the current state only says so."""
-    async with connect(target) as (zk, _):
-        urm = UnderreplicationManager(zk, target.root)
+    async with connect(target) as (store, _):
+        urm = UnderreplicationManager(store, target.root)
         enabled = await urm.is_replication_enabled()
         wanted = {"enable": True, "disable": False}.get(action)
         if wanted is None or wanted == enabled:
             word = "enabled" if enabled else "disabled"
             text = word if wanted is None else f"auto-recovery was already {word}"
-            _emit(out, as_json, {"enabled": enabled, "changed": False}, text)
+            emit(out, as_json, {"enabled": enabled, "changed": False}, text)
             return 0
         if wanted:
             await urm.enable_replication()
         else:
             await urm.disable_replication()
     word = "enabled" if wanted else "disabled"
-    _emit(out, as_json, {"enabled": wanted, "changed": True}, f"auto-recovery {word}")
+    emit(out, as_json, {"enabled": wanted, "changed": True}, f"auto-recovery {word}")
     return 0
 
 
@@ -203,25 +148,25 @@ async def cmd_trigger_audit(target: ClusterTarget, as_json: bool, out: TextIO = 
     write would otherwise silently do nothing. The rewrite is conditional on the
     version read, so a concurrent change of the delay is never overwritten.
     """
-    async with connect(target) as (zk, _):
-        urm = UnderreplicationManager(zk, target.root)
+    async with connect(target) as (store, _):
+        urm = UnderreplicationManager(store, target.root)
         if not await urm.is_replication_enabled():
             raise AutoRecoveryDisabledError(
                 "auto-recovery is disabled, so no auditor acts on a trigger "
                 "(enable it with: bk-auditor autorecovery enable)"
             )
-        _, auditor = await current_auditor(zk, target.root)
+        _, auditor = await first_held_election(store, target.root)
         path = f"{target.root}/{DELAY_ZNODE}"
         for _ in range(_LOOKUP_ATTEMPTS):
-            seconds, version = await _read_delay(zk, target.root)
+            seconds, version = await _read_delay(store, target.root)
             try:
-                await zk.set(path, str(seconds).encode(), version=version)
+                await store.set(path, str(seconds).encode(), version=version)
                 break
             except (BadVersionError, NoNodeError):
                 continue
         else:
             raise AuditorError(f"{path} kept changing; try again")
-    _emit(
+    emit(
         out,
         as_json,
         {"triggered": ["bookies"], "auditor": auditor, "lost_bookie_recovery_delay": seconds},
@@ -231,276 +176,10 @@ async def cmd_trigger_audit(target: ClusterTarget, as_json: bool, out: TextIO = 
     return 0
 
 
-# --- commands that dial a daemon ----------------------------------------------------
-
-
-def _api_client(args: argparse.Namespace, target: str) -> ApiClient:
-    # grpc's core logs connection failures on stderr by itself; the CLI says it in one line.
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    from auditor.api.client import ApiClient
-    from auditor.secretfiles import check_api_token
-
-    token, what = api_token(args)
-    if token is not None:
-        check_api_token(token, what)
-    return ApiClient(
-        target,
-        timeout=args.timeout,
-        token=token,
-        tls=args.tls,
-        tls_ca=args.tls_ca,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-    )
-
-
-def api_token(
-    args: argparse.Namespace, env: Mapping[str, str] = os.environ
-) -> tuple[str | None, str]:
-    """(the API token or None, what to call it in messages).
-
-    `--token-file FILE` (read as the daemon reads `api.token_file`) or `--token`
-    (visible to every user of the machine in `ps`), else BK_AUDITOR_API_TOKEN (an empty
-    value is unset, as the daemon reads it). A missing, unreadable or empty file, an empty
-    `--token` and both flags at once are ConfigErrors (exit 2).
-    """
-    token_file: str | None = getattr(args, "token_file", None)
-    if args.token is not None and token_file is not None:
-        raise ConfigError("give --token or --token-file, not both")
-    if token_file is not None:
-        if not Path(token_file).exists():
-            raise ConfigError(f"--token-file {token_file} does not exist")
-        token = read_token_file(token_file, "--token-file")
-        return token, f"the API token in --token-file {token_file}"
-    if args.token is not None:
-        if not args.token:
-            raise ConfigError("--token is empty")
-        return args.token, f"the API token (--token or {TOKEN_ENV})"
-    return env.get(TOKEN_ENV) or None, f"the API token (--token or {TOKEN_ENV})"
-
-
-def _daemon_target(args: argparse.Namespace) -> str:
-    """--target, else the environment, else the daemon beside us on its default port."""
-    target: str | None = args.target or os.environ.get(TARGET_ENV)
-    if target:
-        return target
-    from auditor.daemon.config import DEFAULT_API_PORT
-
-    return f"127.0.0.1:{DEFAULT_API_PORT}"
-
-
-def render_status(doc: dict[str, Any], out: TextIO) -> None:
-    role = "leader" if doc["is_leader"] else "follower"
-    leader = doc["leader"] or (
-        "none: the election is held by a vote that does not decode"
-        if doc.get("unreadable_vote")
-        else "none known"
-    )
-    out.write(
-        f"{doc['identity']}: {role} (auditor: {leader}); zookeeper "
-        f"{'connected' if doc['zk_connected'] else 'DISCONNECTED'}; auto-recovery "
-        f"{'enabled' if doc['replication_enabled'] else 'DISABLED'}\n"
-    )
-    lost = ", ".join(doc["lost_bookies"]) or "none"
-    out.write(f"  retry queue: {doc['retry_queue_ledgers']} ledgers; lost bookies: {lost}\n")
-    out.write(
-        f"  {'check':<10} {'enabled':<7} {'interval':>9}  {'outcome':<10} "
-        f"{'last finished':<27} {'success age':>12}  {'next run':<27} ledgers in violation\n"
-    )
-    for name, c in doc["checks"].items():
-        counts = c["counts"]
-        found = (
-            "-"
-            if counts is None
-            else ", ".join(f"{k}={n}" for k, n in counts.items() if n) or "none"
-        )
-        out.write(
-            f"  {name:<10} {'yes' if c['enabled'] else 'no':<7} {c['interval_s']:>8g}s  "
-            f"{c['outcome']:<10} {c['last_finished'] or '-':<27} "
-            f"{c['last_success_age_s']:>11.0f}s  {c['next_run'] or '-':<27} {found}\n"
-        )
-        dropped = c["would_be_violations_dropped"]
-        if dropped:
-            causes = ", ".join(f"{k}={n}" for k, n in dropped.items())
-            out.write(
-                f"  {'':<10} would-be violations dropped: {causes} "
-                f"(false-alarm share {c['false_alarm_share']:.2f})\n"
-            )
-        invalid = c.get("invalid_znodes")
-        if invalid and invalid["total"]:
-            out.write(f"  {'':<10} invalid znodes: {invalid['total']}\n")
-            for z in invalid["listed"]:
-                out.write(f"  {'':<10}   {z['path']}: {z['reason']}\n")
-        if c.get("progress") is not None:
-            from auditor.api.convert import progress_text
-
-            out.write(f"  {'':<10} {progress_text(c['outcome'], c['progress'])}\n")
-        if c["last_error"]:
-            out.write(f"  {'':<10} last error: {c['last_error']}\n")
-    _render_leadership(doc, out)
-    tests = doc["selftest"]
-    if tests:
-        failed = [t["failure"] for t in tests.values() if not t["ok"]]
-        when = max(t["ran_at"] or "" for t in tests.values()) or "-"
-        verdict = "FAILED" if failed else "ok"
-        out.write(f"  self-test: {verdict} ({len(tests)} detectors, last {when})\n")
-        for line in failed:
-            out.write(f"    {line}\n")
-    _render_worker(doc.get("worker"), out)
-
-
-#: Leadership decisions the text status lists (`--json` has all the daemon keeps).
-DECISIONS_SHOWN = 5
-
-
-def _render_leadership(doc: dict[str, Any], out: TextIO) -> None:
-    """The election phase, a duplicate identity, unusable znodes, the last decisions."""
-    phase = doc.get("election_phase") or "unknown"
-    until = doc.get("backoff_until")
-    which = f" in the {doc['election']} election" if doc.get("election") else ""
-    out.write(
-        f"  election: {phase}{which}" + (f" (voting again at {until})" if until else "") + "\n"
-    )
-    other = doc.get("other_election")
-    if other:
-        out.write(
-            f"  OTHER ELECTION: the {other['election']} election is held by "
-            f"{other['holder'] or '(undecodable)'} at {other['path']} (since "
-            f"{other['since'] or '-'}): the cluster's nodes disagree on the metadata driver; "
-            "this daemon does not lead\n"
-        )
-    unreadable = doc.get("unreadable_vote")
-    if unreadable:
-        out.write(
-            f"  UNREADABLE VOTE: the election is held by {unreadable['path']} (session "
-            f"{unreadable['session']}, since {unreadable['since'] or '-'}), whose bytes do not "
-            f"decode ({unreadable['error']}): no auditor runs, Java's nor ours, while that "
-            "session lives\n"
-        )
-    for item in doc.get("open_acl_znodes") or ():
-        out.write(
-            f"  OPEN ACL: {item}: unauthenticated clients can silence or mislead the "
-            "auditor here; setAcl it (docs/runbook.md)\n"
-        )
-    dup = doc.get("duplicate_identity")
-    if dup:
-        out.write(
-            f"  DUPLICATE IDENTITY: vote {dup['vote']} of another ZooKeeper session carries "
-            f"this daemon's identity (since {dup['since'] or '-'}); this daemon refuses to vote\n"
-        )
-    for name, z in (doc.get("invalid_znodes") or {}).items():
-        out.write(
-            f"  znode {name} holds {z['value']}, which is unusable (since {z['since'] or '-'}); "
-            f"using {z['using']}\n"
-        )
-    decisions = (doc.get("decisions") or [])[-DECISIONS_SHOWN:]
-    if decisions:
-        out.write("  last leadership decisions:\n")
-        for d in decisions:
-            detail = f" [{d['detail']}]" if d["detail"] else ""
-            out.write(f"    {d['at'] or '-'}  {d['reason']:<19} {d['message']}{detail}\n")
-
-
-def _render_worker(w: dict[str, Any] | None, out: TextIO) -> None:
-    """The replication worker: what it does now (ledgers in hand, unrecoverable), its counts."""
-    if w is None:
-        return  # a daemon older than the worker
-    if not w["enabled"]:
-        out.write("  worker: off (worker.enabled)\n")
-        return
-    doing = "running" if w["running"] else "NOT RUNNING"
-    if w["waiting"]:
-        doing += f"; waiting: {w['waiting']}"
-    out.write(f"  worker: {doing}\n")
-    out.write(
-        f"    replicated {w['ledgers_replicated']} ledgers ({w['fragments_replicated']} "
-        f"fragments), {w['ledgers_found_healthy']} found whole; read {w['entries_read']} "
-        f"entries ({w['bytes_read']} bytes), wrote {w['entries_written']} entries "
-        f"({w['bytes_written']} bytes); {w['locks_released']} locks released, held "
-        f"{w['lock_seconds']:g}s in all\n"
-    )
-    if w["failures"]:
-        failures = ", ".join(f"{k}={n}" for k, n in w["failures"].items())
-        out.write(f"    failed attempts: {failures}\n")
-    _render_queue(w.get("queue"), out)
-    for h in w["in_hand"]:
-        until = f" until {h['until']}" if h["until"] else ""
-        out.write(f"    ledger {h['ledger_id']}: {h['step']}{until} (locked since {h['since']})\n")
-        for line in h["fragments"]:
-            out.write(f"      {line}\n")
-    for u in w["unrecoverable"]:
-        ranges = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in u["ranges"])
-        # No ranges: an open ledger no recovery can close (its end is not known).
-        what = f"entries {ranges}" if ranges else "the open tail (its end cannot be learnt)"
-        out.write(
-            f"    UNRECOVERABLE ledger {u['ledger_id']}: no readable copy of {what} "
-            f"(since {u['since']}; tried again at {u['retry_at']}); kept marked\n"
-        )
-
-
-#: The next ledgers in take order that the text of `status` names.
-QUEUE_SHOWN = 5
-
-
-def _render_queue(q: dict[str, Any] | None, out: TextIO) -> None:
-    """The worker's marked ledgers by copies left (with when the oldest of each bucket was
-    marked), then the next ones it would take; nothing before its first ranking."""
-    if q is None:
-        return
-    counts = []
-    for bucket, n in q["by_copies_left"].items():
-        oldest = q["oldest"].get(bucket)
-        counts.append(f"{bucket}: {n}" + (f" (oldest marked {oldest})" if oldest else ""))
-    out.write(f"    marked ledgers by copies left: {', '.join(counts)}\n")
-    shown = []
-    for n in q["next"][:QUEUE_SHOWN]:
-        copies = "?" if n["copies_left"] is None else n["copies_left"]
-        what = f"{copies} {'copy' if copies == 1 else 'copies'}"
-        if n["racks_left"] is not None:
-            what += f", {n['racks_left']} {'rack' if n['racks_left'] == 1 else 'racks'}"
-        if n["in_flight"]:
-            what += "; in flight"
-        shown.append(f"{n['ledger_id']} ({what})")
-    if shown:
-        out.write(f"    next in take order: {', '.join(shown)}\n")
-
-
-async def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from auditor.api.convert import status_json
-
-    async with _api_client(args, _daemon_target(args)) as api:
-        doc = status_json(await api.status())
-    if args.json:
-        out.write(json.dumps(doc) + "\n")
-    else:
-        render_status(doc, out)
-    return 0
-
-
-async def cmd_report(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    async with _api_client(args, _daemon_target(args)) as api:
-        resp = await api.report(args.which)
-    if args.json:
-        out.write(resp.report_json + "\n")
-        return 0
-    from auditor.api.convert import report_from_json
-    from auditor.cli.check import render_text
-
-    render_text(report_from_json(json.loads(resp.report_json)), out)
-    return 0
-
-
 async def cmd_trigger(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """On a daemon with `--target`, else BookKeeper's trigger (the bookie audit only)."""
     if args.target:
-        async with _api_client(args, args.target) as api:
-            resp = await api.trigger(args.which or str(Check.BOOKIES))
-        _emit(
-            out,
-            args.json,
-            {"triggered": list(resp.triggered), "auditor": resp.identity},
-            f"triggered {', '.join(resp.triggered) or 'nothing'} on {resp.identity}",
-        )
-        return 0
+        return await trigger_on_daemon(args, out)
     if args.which not in (None, str(Check.BOOKIES)):
         raise ConfigError(
             f"BookKeeper's trigger runs only the bookie audit; to run {args.which}, "
@@ -515,26 +194,10 @@ async def cmd_trigger(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
             f"give --target HOST:PORT (a daemon) or --zk/--metadata-service-uri/{ZK_ENV}/"
             "--bk-conf (BookKeeper's own trigger)"
         ) from None
-    return await cmd_trigger_audit(_cluster(args), args.json, out)
+    return await cmd_trigger_audit(target_of_args(args), args.json, out)
 
 
-async def cmd_health(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """For HEALTHCHECK and exec probes: exit 0 only when SERVING. `--json`: one object,
-    `{"service": ..., "status": ...}` ("" is the server as a whole)."""
-    from auditor.api.client import health_status_name
-
-    async with _api_client(args, _daemon_target(args)) as api:
-        status = await api.health(args.service)
-    name = health_status_name(status)
-    _emit(out, args.json, {"service": args.service, "status": name}, name)
-    return 0 if name == "SERVING" else 1
-
-
-# --- argument parsing and dispatch --------------------------------------------------
-
-
-def _cluster(args: argparse.Namespace) -> ClusterTarget:
-    return target_of_args(args)
+# --- argument parsing -----------------------------------------------------------------
 
 
 def _seconds(text: str) -> int:
@@ -547,53 +210,20 @@ def _seconds(text: str) -> int:
     return value
 
 
-def api_client_args(p: argparse.ArgumentParser, target_help: str) -> None:
-    """How to reach a daemon's API: `--target`, the token, TLS (every command that dials one)."""
-    p.add_argument("--target", metavar="HOST:PORT", help=target_help)
-    token = p.add_mutually_exclusive_group()
-    token.add_argument(
-        "--token-file",
-        metavar="FILE",
-        help=f"file holding the API token (one line), or set {TOKEN_ENV}",
-    )
-    token.add_argument(
-        "--token",
-        metavar="TOKEN",
-        help="the API token itself: visible to every user of this host in ps; "
-        "prefer --token-file or " + TOKEN_ENV,
-    )
-    p.add_argument("--tls", action="store_true", help="TLS with the system's trust roots")
-    p.add_argument("--tls-ca", metavar="FILE", help="TLS, trusting this CA (PEM)")
-    p.add_argument("--tls-cert", metavar="FILE", help="client certificate for mTLS (PEM)")
-    p.add_argument("--tls-key", metavar="FILE", help="client key for mTLS (PEM)")
-
-
-def _api_args(p: argparse.ArgumentParser, *, with_common: bool) -> None:
-    """`with_common`: the command dials only a daemon, so --target has a default."""
-    api_client_args(
-        p,
-        f"a daemon's gRPC API (env {TARGET_ENV}; default: this host's daemon)"
-        if with_common
-        else "a daemon's gRPC API; without it, BookKeeper's trigger through ZooKeeper",
-    )
-    if with_common:
-        p.add_argument(
-            "--timeout", type=seconds(MAX_TIMEOUT), default=10.0, help="seconds for each call"
-        )
-        p.add_argument("--json", action="store_true", help="one JSON object")
-
-
-def add_parsers(sub: Any, cluster_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Registers the admin subcommands on `bk-auditor`'s subparsers."""
-    cluster_args(sub.add_parser("whoisauditor", help="print the current auditor's id"))
+def add_parsers(sub: Any) -> None:
+    who = sub.add_parser("whoisauditor", help="print the current auditor's id")
+    cluster_args(who)
+    bind(who, whoisauditor_command)
     delay = sub.add_parser(
         "lost-bookie-recovery-delay", help="print or set lostBookieRecoveryDelay (seconds)"
     )
     cluster_args(delay)
     delay.add_argument("--set", dest="set_to", type=_seconds, metavar="SECONDS")
+    bind(delay, lost_bookie_recovery_delay_command)
     auto = sub.add_parser("autorecovery", help="enable, disable or show auto-recovery")
     auto.add_argument("action", choices=["enable", "disable", "status"])
     cluster_args(auto)
+    bind(auto, autorecovery_command)
     trig = sub.add_parser(
         "trigger",
         help="run a check now: on a daemon (--target), else BookKeeper's trigger (--zk)",
@@ -606,48 +236,17 @@ def add_parsers(sub: Any, cluster_args: Callable[[argparse.ArgumentParser], None
         help="bookies (the default), ledgers, placement, replicas, grace, or all (daemon only)",
     )
     cluster_args(trig)
-    _api_args(trig, with_common=False)
-    status = sub.add_parser(
-        "status", help="a daemon's status: leadership, checks, last counts, its worker"
-    )
-    _api_args(status, with_common=True)
-    report = sub.add_parser("report", help="a daemon's last report of a check")
-    report.add_argument("which", metavar="CHECK", choices=list(map(str, Check)))
-    _api_args(report, with_common=True)
-    health = sub.add_parser("health", help="a daemon's health; exit 0 when SERVING")
-    _api_args(health, with_common=True)
-    health.add_argument(
-        "--service", default="", help="auditor-liveness, auditor-readiness, or '' (default)"
-    )
+    api_args(trig, with_common=False)
+    bind(trig, cmd_trigger)
 
 
-COMMANDS = frozenset(
-    {
-        "whoisauditor",
-        "lost-bookie-recovery-delay",
-        "autorecovery",
-        "trigger",
-        "status",
-        "report",
-        "health",
-    }
-)
+async def whoisauditor_command(args: argparse.Namespace) -> int:
+    return await cmd_whoisauditor(target_of_args(args), args.json)
 
 
-async def dispatch(args: argparse.Namespace) -> int:
-    command: str = args.command
-    if command == "whoisauditor":
-        return await cmd_whoisauditor(_cluster(args), args.json)
-    if command == "lost-bookie-recovery-delay":
-        return await cmd_lost_bookie_recovery_delay(_cluster(args), args.set_to, args.json)
-    if command == "autorecovery":
-        return await cmd_autorecovery(_cluster(args), args.action, args.json)
-    if command == "trigger":
-        return await cmd_trigger(args)
-    if command == "status":
-        return await cmd_status(args)
-    if command == "report":
-        return await cmd_report(args)
-    if command == "health":
-        return await cmd_health(args)
-    raise ConfigError(f"unknown command {command!r}")
+async def lost_bookie_recovery_delay_command(args: argparse.Namespace) -> int:
+    return await cmd_lost_bookie_recovery_delay(target_of_args(args), args.set_to, args.json)
+
+
+async def autorecovery_command(args: argparse.Namespace) -> int:
+    return await cmd_autorecovery(target_of_args(args), args.action, args.json)

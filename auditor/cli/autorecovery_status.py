@@ -23,6 +23,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.records import RecordFormatError, decode_lock_data
 from auditor.metadata.underreplication import (
@@ -122,10 +124,15 @@ async def cmd_autorecovery_status(
     return 0
 
 
-def add_parser(sub: Any, cluster_args: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "autorecovery-status",
         help="ledgers being re-replicated cluster-wide, with each lock's holder "
         "(BookKeeper's queryautorecoverystatus)",
     )
     cluster_args(p)
+    bind(p, autorecovery_status_command)
+
+
+async def autorecovery_status_command(args: argparse.Namespace) -> int:
+    return await cmd_autorecovery_status(target_of_args(args), args.json)

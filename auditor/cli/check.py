@@ -16,6 +16,7 @@ every further check would wait out the same timeout to say the same thing.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any, TextIO
@@ -23,8 +24,10 @@ from typing import Any, TextIO
 from auditor.checks.context import open_context
 from auditor.checks.findings import Category, Check, CheckReport, Violation
 from auditor.checks.runner import ALL_CHECKS, driver
-from auditor.cli.progress import ProgressBar
-from auditor.config import AuditorConfig
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args, config_args, progress_args
+from auditor.cli.progress import ProgressBar, progress_bar
+from auditor.config import AuditorConfig, load_config
 from auditor.errors import AuditorError, ServiceUnavailableError
 from auditor.metadata.cluster import ClusterTarget, connect
 
@@ -125,8 +128,8 @@ async def cmd_check(
     reports: list[CheckReport] = []
     failed: dict[str, str] = {}
     async with (
-        connect(target) as (zk, manager),
-        open_context(zk, target.root, manager, config, mark=mark) as ctx,
+        connect(target) as (store, manager),
+        open_context(store, target.root, manager, config, mark=mark) as ctx,
     ):
         for check in checks:
             if bar is not None:
@@ -171,3 +174,28 @@ async def cmd_check(
     if failed:
         return 2
     return 1 if any(r.has_findings for r in reports) else 0
+
+
+def add_parsers(sub: Any) -> None:
+    chk = sub.add_parser("check", help="run checks once; exit 0 clean, 1 violations, 2 error")
+    chk.add_argument(
+        "which",
+        choices=["bookies", "ledgers", "placement", "replicas", "grace", "metadata", "all"],
+    )
+    cluster_args(chk)
+    config_args(chk)
+    chk.add_argument("--mark", action="store_true", help="write under-replication marks")
+    progress_args(chk)
+    bind(chk, check_command, findings=True)
+
+
+async def check_command(args: argparse.Namespace) -> int:
+    bar, config = progress_bar(args, load_config(args.config, args.overrides))
+    return await cmd_check(
+        target_of_args(args, config),
+        args.which,
+        config,
+        as_json=args.json,
+        mark=args.mark,
+        bar=bar,
+    )

@@ -46,6 +46,8 @@ from typing import Any, TextIO
 
 from auditor.checks.context import CheckContext, open_context
 from auditor.cli.argtypes import MAX_DURATION, seconds
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args, config_args
 from auditor.cli.recover import (
     LedgerMover,
     followed,
@@ -53,7 +55,7 @@ from auditor.cli.recover import (
     parse_bookies,
     refuse_unknown,
 )
-from auditor.config import AuditorConfig
+from auditor.config import AuditorConfig, load_config
 from auditor.errors import AuditorError, ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.paths import ledger_path
@@ -142,7 +144,7 @@ class NameWait:
         """Reads the ledger with a watch; whether it still names the bookie."""
         path = ledger_path(self.ctx.manager, self.ctx.root, lid)
         try:
-            data, _, changed = await self.ctx.zk.get_watched(path)
+            data, _, changed = await self.ctx.store.get_watched(path)
         except NoNodeError:
             return False  # deleted: it names nobody
         old = self._watchers.pop(lid, None)
@@ -220,12 +222,12 @@ async def delete_cookie(ctx: CheckContext, bookie: str, progress: Progress) -> b
     """Deletes `cookies/<bookie>` at the version read; False when there was none."""
     path = cookie_path(ctx.root, bookie)
     try:
-        _, stat = await ctx.zk.get(path)
+        _, stat = await ctx.store.get(path)
     except NoNodeError:
         progress.err.write(f"bk-auditor: note: no cookie to remove at {path}\n")
         return False
     try:
-        await ctx.zk.delete(path, int(stat.version))
+        await ctx.store.delete(path, int(stat.version))
     except NoNodeError:
         progress.err.write(f"bk-auditor: note: no cookie to remove at {path}\n")
         return False
@@ -373,7 +375,7 @@ async def _move_here(
 ) -> None:
     """A read-only bookie: every ledger moved by this command, as `recover` moves it."""
     failed: list[str] = []
-    async with followed(ctx.zk) as conn:
+    async with followed(ctx.store) as conn:
         mover = LedgerMover(ctx, conn, {bookie}, holder=holder or default_lock_holder(), log=log)
         try:
             for i, lid in enumerate(ledgers, 1):
@@ -396,11 +398,7 @@ def _finish(out: TextIO, as_json: bool, summary: dict[str, Any], text: str) -> N
     out.write((json.dumps(summary) if as_json else text) + "\n")
 
 
-def add_parser(
-    sub: Any,
-    cluster_args: Callable[[argparse.ArgumentParser], None],
-    config_args: Callable[[argparse.ArgumentParser], None],
-) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "decommission",
         help="empty a read-only or stopped bookie, then delete its cookie "
@@ -427,12 +425,10 @@ def add_parser(
     )
     cluster_args(p)
     config_args(p)
+    bind(p, decommission_command)
 
 
-async def dispatch(args: argparse.Namespace) -> int:
-    from auditor.cli.cluster import target_of_args
-    from auditor.config import load_config
-
+async def decommission_command(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     return await cmd_decommission(
         target_of_args(args, config),

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+from auditor.cli.options import bind
 
 PROG = "bk-auditor"
 
@@ -348,3 +352,24 @@ def man_page(parser: argparse.ArgumentParser, version: str) -> str:
         lines += [".TP", f"\\fB{code}\\fR", _roff(text)]
     lines += [".SH SEE ALSO", _roff("The README of bookkeeper-auditor; docs/runbook.md.")]
     return "\n".join(lines) + "\n"
+
+
+def add_parsers(sub: Any, parser: argparse.ArgumentParser, version: str) -> None:
+    """`completion` and `man`, generated from `parser` (the whole command line, `sub`'s
+    parent: complete when they run) and `version` (the manual page's)."""
+    comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
+    comp.add_argument("shell", choices=["bash", "zsh"])
+
+    async def completion_command(args: argparse.Namespace) -> int:
+        script = bash_completion if args.shell == "bash" else zsh_completion
+        sys.stdout.write(script(parser))
+        return 0
+
+    bind(comp, completion_command)
+    man = sub.add_parser("man", help="print the manual page bk-auditor(1), in roff")
+
+    async def man_command(args: argparse.Namespace) -> int:
+        sys.stdout.write(man_page(parser, version))
+        return 0
+
+    bind(man, man_command)

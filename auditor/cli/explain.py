@@ -1,8 +1,8 @@
 """`bk-auditor explain LEDGER_ID`: why one ledger is (or is not) flagged.
 
 Exit codes follow `check`: 0 no check finds anything, 1 some check does, 2
-the explanation could not be made (no such ledger, bad flags, unreachable
-ZooKeeper). `--json` prints exactly one object (schema in the README); with
+the explanation could not be made (no such ledger, bad flags, an unreachable
+metadata store). `--json` prints exactly one object (schema in the README); with
 `--target HOST:PORT` a daemon makes it, and prints the same document.
 """
 
@@ -11,16 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import Any, TextIO
 
-from auditor.cli.admin import api_client_args
+from auditor.cli.api_commands import api_client, api_client_args
+from auditor.cli.options import bind, cluster_args, config_args
 from auditor.errors import ConfigError
 
-Adder = Callable[[argparse.ArgumentParser], None]
 
-
-def add_parser(sub: Any, cluster_args: Adder, config_args: Adder) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "explain",
         help="why a ledger is or is not flagged: copies, racks, each check's verdict",
@@ -32,6 +30,7 @@ def add_parser(sub: Any, cluster_args: Adder, config_args: Adder) -> None:
     # The flag's name before --target was everywhere: kept, hidden, and quiet (scripts that
     # compare stderr keep working).
     p.add_argument("--api", dest="api_deprecated", metavar="HOST:PORT", help=argparse.SUPPRESS)
+    bind(p, cmd_explain, findings=True)
 
 
 # --- text ------------------------------------------------------------------------------
@@ -137,9 +136,7 @@ async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
             raise ConfigError("give --target alone (--api is its deprecated name)")
         target = args.api_deprecated
     if target:
-        from auditor.cli.admin import _api_client
-
-        async with _api_client(args, target) as api:
+        async with api_client(args, target) as api:
             resp = await api.explain(ledger_id)
         text = resp.explain_json
         doc: dict[str, Any] = json.loads(text)
@@ -166,7 +163,7 @@ async def _explain_direct(args: argparse.Namespace, ledger_id: int) -> dict[str,
     config = load_config(args.config, args.overrides)
     target = target_of_args(args, config)
     async with (
-        connect(target) as (zk, manager),
-        open_context(zk, target.root, manager, config) as ctx,
+        connect(target) as (store, manager),
+        open_context(store, target.root, manager, config) as ctx,
     ):
         return await explain_ledger(ctx, ledger_id)

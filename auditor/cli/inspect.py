@@ -8,6 +8,7 @@ listed, and the exit status is 1 (0 when nothing was bad).
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import sys
@@ -18,7 +19,9 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from auditor.checks.placement import PlacementPolicy, policy_kind
-from auditor.config import AuditorConfig
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args, config_args
+from auditor.config import AuditorConfig, load_config
 from auditor.errors import ConfigError, shown_name
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.model import LedgerMetadata
@@ -57,8 +60,8 @@ async def cmd_ledgers(
 ) -> int:
     """Streams every ledger; corrupt ones are reported on stderr and the walk goes on."""
     status = 0
-    async with connect(target) as (zk, manager):
-        walker = LedgerWalker(zk, target.root, manager)
+    async with connect(target) as (store, manager):
+        walker = LedgerWalker(store, target.root, manager)
         async for rec in walker.ledgers():
             if rec.metadata is None:
                 status = 1
@@ -160,8 +163,8 @@ async def cmd_list_underreplicated(
     is counted as a mark, since only reading it tells (the listing without `count_only`,
     or a filter, reads it and names it corrupt)."""
     listing_only = count_only and only == MarkFilter()
-    async with connect(target) as (zk, _):
-        urm = UnderreplicationManager(zk, target.root)
+    async with connect(target) as (store, _):
+        urm = UnderreplicationManager(store, target.root)
         count = corrupt = 0
         items: AsyncGenerator[int | UnderreplicatedLedger | CorruptMark, None] = (
             urm.list_mark_names() if listing_only else urm.list_marks()
@@ -252,11 +255,11 @@ async def cmd_bookies(
     default_rack = PlacementPolicy(
         kind=policy_kind(config.bookkeeper.ensemblePlacementPolicy)
     ).default_location
-    async with connect(target) as (zk, _):
-        current = await read_bookies(zk, target.root)
-        known = await all_known_bookies(zk, target.root)
+    async with connect(target) as (store, _):
+        current = await read_bookies(store, target.root)
+        known = await all_known_bookies(store, target.root)
         bookies = sorted(known | current.available)
-        resolver, racks_unreadable = await open_rack_resolver_or_blind(zk, target.root, config)
+        resolver, racks_unreadable = await open_rack_resolver_or_blind(store, target.root, config)
         if racks_unreadable is not None:
             print(
                 "bk-auditor: error: rack sources unreadable, every bookie shown at the "
@@ -272,7 +275,7 @@ async def cmd_bookies(
                 if bookie in current.readonly
                 else "down"
             )
-            addr = await resolve_bookie(zk, target.root, bookie)
+            addr = await resolve_bookie(store, target.root, bookie)
             row = {
                 "bookie_id": bookie,
                 "state": state,
@@ -285,3 +288,73 @@ async def cmd_bookies(
                 continue
             out.write(json.dumps(row) + "\n" if as_json else bookie_line(row))
     return 2 if racks_unreadable is not None else 0  # 2: as `check all` when a check cannot run
+
+
+def add_parsers(sub: Any) -> None:
+    ledgers = sub.add_parser("ledgers", help="list ledgers with state, quorum sizes and ensembles")
+    cluster_args(ledgers)
+    bind(ledgers, ledgers_command)
+    bookies = sub.add_parser("bookies", help="list bookies: state (writable, readonly, down), rack")
+    cluster_args(bookies)
+    config_args(bookies)
+    bookies.add_argument(
+        "--state",
+        dest="states",
+        action="append",
+        default=[],
+        choices=["writable", "readonly", "down"],
+        help="only bookies in this state (repeatable)",
+    )
+    bookies.add_argument(
+        "--rack",
+        dest="racks",
+        action="append",
+        default=[],
+        metavar="LOCATION",
+        help="only bookies at this location, e.g. /rack-a (repeatable)",
+    )
+    bind(bookies, bookies_command)
+    lur = sub.add_parser("list-underreplicated", help="list ledgers marked under-replicated")
+    cluster_args(lur)
+    lur.add_argument(
+        "--missing-replica",
+        metavar="BOOKIE",
+        help="only marks whose missing replicas name this bookie",
+    )
+    lur.add_argument(
+        "--exclude-missing-replica",
+        metavar="BOOKIE",
+        help="leave out marks whose missing replicas name this bookie",
+    )
+    lur.add_argument(
+        "--count-only",
+        action="store_true",
+        help="print only the number of marks listed (without a filter: from the listings, "
+        "no mark's data read, so a mark whose data is corrupt counts as a mark)",
+    )
+    lur.add_argument(
+        "--iso-time",
+        action="store_true",
+        help="ctime in ISO 8601 (text), and ctime_iso besides ctime (--json)",
+    )
+    bind(lur, list_underreplicated_command)
+
+
+async def ledgers_command(args: argparse.Namespace) -> int:
+    return await cmd_ledgers(target_of_args(args), args.json)
+
+
+async def bookies_command(args: argparse.Namespace) -> int:
+    only = BookieFilter.of(args.states, args.racks)
+    config = load_config(args.config, args.overrides)
+    return await cmd_bookies(target_of_args(args, config), args.json, config, only)
+
+
+async def list_underreplicated_command(args: argparse.Namespace) -> int:
+    return await cmd_list_underreplicated(
+        target_of_args(args),
+        args.json,
+        only=MarkFilter(args.missing_replica, args.exclude_missing_replica),
+        count_only=args.count_only,
+        iso_time=args.iso_time,
+    )

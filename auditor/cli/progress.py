@@ -21,12 +21,16 @@ the partitions' own "check progress" lines are dropped while the bar shows.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import sys
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 import structlog
 
+from auditor.config import AuditorConfig, ChecksConfig
 from auditor.scan.progress import SCAN_PROGRESS_EVENT
 
 #: The event `auditor.checks.progress.Progress` logs.
@@ -177,3 +181,17 @@ def install_bar(stream: TextIO, *, scan: bool = False) -> ProgressBar:
     processors = list(structlog.get_config()["processors"])
     structlog.configure(processors=[bar, *processors])
     return bar
+
+
+def progress_bar(
+    args: argparse.Namespace, config: AuditorConfig, *, scan: bool = False
+) -> tuple[ProgressBar | None, AuditorConfig]:
+    """A bar on a terminal unless `--no-progress` (and its redraw interval, unless the
+    user chose one)."""
+    if args.no_progress or not stderr_is_terminal(sys.stderr):
+        return None, config
+    bar = install_bar(sys.stderr, scan=scan)
+    if config.checks.progress_interval == ChecksConfig().progress_interval:
+        checks = dataclasses.replace(config.checks, progress_interval=BAR_INTERVAL)
+        config = dataclasses.replace(config, checks=checks)
+    return bar, config

@@ -13,6 +13,7 @@ and then `missing` covers ledgers without metadata only (the output says so).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, TextIO
@@ -21,14 +22,16 @@ from auditor.analysis.pulsar_run import audit_pulsar
 from auditor.checks.context import open_context
 from auditor.checks.findings import Category, CheckReport
 from auditor.checks.pulsar_audit import PulsarAudit
-from auditor.config import AuditorConfig
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args, config_args
+from auditor.config import AuditorConfig, load_config
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
 
 DEFAULT_TOP = 20
 
 
-def add_parser(sub: Any, cluster_args: Any, config_args: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "pulsar-audit",
         help="Pulsar's ledgers against BookKeeper's: missing, orphans, cursors; exit 0 / 1 / 2",
@@ -54,6 +57,25 @@ def add_parser(sub: Any, cluster_args: Any, config_args: Any) -> None:
         default=DEFAULT_TOP,
         metavar="N",
         help=f"rows per rollup table (default {DEFAULT_TOP})",
+    )
+    bind(p, pulsar_audit_command, findings=True)
+
+
+async def pulsar_audit_command(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    changed = {
+        k: v
+        for k, v in (("pulsar_metadata_zk", args.pulsar_zk), ("pulsar_root", args.pulsar_root))
+        if v is not None
+    }
+    if changed:
+        config = dataclasses.replace(config, checks=dataclasses.replace(config.checks, **changed))
+    return await cmd_pulsar_audit(
+        target_of_args(args, config),
+        config,
+        replicas=not args.no_replicas,
+        top=args.top,
+        as_json=args.json,
     )
 
 

@@ -49,7 +49,9 @@ from typing import Any, TextIO
 
 from auditor.checks.context import CheckContext, open_context
 from auditor.checks.replicas_run import bookie_answers
-from auditor.config import AuditorConfig
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args, config_args
+from auditor.config import AuditorConfig, load_config
 from auditor.errors import AuditorError, ConfigError, shown_name
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.metadata.model import LedgerMetadata
@@ -135,7 +137,7 @@ async def ledgers_naming(ctx: CheckContext, bookies: Sequence[str]) -> Found:
 async def refuse_unknown(ctx: CheckContext, found: Found) -> None:
     """UnknownBookieError for a bookie no ledger names, not registered, without a cookie."""
     registered = await ctx.registered()
-    cookies = await all_known_bookies(ctx.zk, ctx.root)
+    cookies = await all_known_bookies(ctx.store, ctx.root)
     for bookie, n in found.per_bookie.items():
         if n == 0 and bookie not in registered.available and bookie not in cookies:
             raise UnknownBookieError(
@@ -249,10 +251,10 @@ class LedgerMover:
         self.ctx = ctx
         self.bookies = frozenset(bookies)
         self.clock = clock
-        self.queue = ReplicationQueue(ctx.zk, ctx.root, holder)
+        self.queue = ReplicationQueue(ctx.store, ctx.root, holder)
         self.state = WorkerState(enabled=True, running=True)
         self.repairer = LedgerRepairer(ctx, self.queue, conn, self.state, clock=clock, log=log)
-        self.urm = UnderreplicationManager(ctx.zk, ctx.root)
+        self.urm = UnderreplicationManager(ctx.store, ctx.root)
 
     async def move(self, ledger_id: int) -> LedgerResult:
         taken = await self.queue.acquire(ledger_id)
@@ -304,7 +306,7 @@ class LedgerPlanner:
         self.ctx = ctx
         self.bookies = frozenset(bookies)
         self.log = log
-        self.urm = UnderreplicationManager(ctx.zk, ctx.root)
+        self.urm = UnderreplicationManager(ctx.store, ctx.root)
         self.rng = random.Random()
         self.placements = PlacementSource(ctx, log=log)
 
@@ -489,11 +491,7 @@ async def cmd_recover(
     return summary.exit_code
 
 
-def add_parser(
-    sub: Any,
-    cluster_args: Callable[[argparse.ArgumentParser], None],
-    config_args: Callable[[argparse.ArgumentParser], None],
-) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "recover",
         help="move every ledger off bookies now (BookKeeper's shell recover); "
@@ -507,12 +505,10 @@ def add_parser(
     )
     cluster_args(p)
     config_args(p)
+    bind(p, recover_command)
 
 
-async def dispatch(args: argparse.Namespace) -> int:
-    from auditor.cli.cluster import target_of_args
-    from auditor.config import load_config
-
+async def recover_command(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     return await cmd_recover(
         target_of_args(args, config),

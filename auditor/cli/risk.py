@@ -28,17 +28,17 @@ from auditor.analysis.whatif_run import (
     predict,
 )
 from auditor.checks.context import CheckContext, open_context
-from auditor.config import AuditorConfig
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args, config_args
+from auditor.config import AuditorConfig, load_config
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.scan.snapshot_view import snapshot_view
 
 DEFAULT_TOP = 10
 
-ArgsHook = Callable[[argparse.ArgumentParser], None]
 
-
-def add_parsers(sub: Any, cluster_args: ArgsHook, config_args: ArgsHook) -> None:
+def add_parsers(sub: Any) -> None:
     def command(name: str, summary: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = sub.add_parser(name, help=summary)
         cluster_args(parser)
@@ -69,6 +69,31 @@ def add_parsers(sub: Any, cluster_args: ArgsHook, config_args: ArgsHook) -> None
         "--min-racks", type=int, metavar="N", help="another minNumRacksPerWriteQuorum"
     )
     what.add_argument("--from-snapshot", metavar="DIR", help="predict on a snapshot instead")
+    bind(risk, risk_command, findings=True)
+    bind(what, what_if_command, findings=True)
+
+
+async def risk_command(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+
+    def target() -> ClusterTarget:
+        return target_of_args(args, config)
+
+    return await cmd_risk(
+        target, config, top=args.top, snapshot=args.from_snapshot, as_json=args.json
+    )
+
+
+async def what_if_command(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+
+    def target() -> ClusterTarget:
+        return target_of_args(args, config)
+
+    request = parse_request(args)
+    return await cmd_what_if(
+        target, config, request, snapshot=args.from_snapshot, as_json=args.json
+    )
 
 
 def parse_request(args: argparse.Namespace) -> WhatIfRequest:

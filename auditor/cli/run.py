@@ -1,20 +1,51 @@
-"""`bk-auditor run`: the daemon, from configuration to exit code."""
+"""`bk-auditor run`: the daemon, from configuration to exit code.
+
+The daemon's modules are imported when it runs, not when the command line is parsed,
+so that every other command starts without them.
+"""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from auditor.daemon.config import DaemonConfig, load_daemon_config
-from auditor.daemon.metrics import Metrics
-from auditor.daemon.sdnotify import Notifier
-from auditor.daemon.service import Daemon
-from auditor.logs import configure_logging
+from auditor.cli.options import bind
+
+if TYPE_CHECKING:
+    from auditor.daemon.config import DaemonConfig
+    from auditor.daemon.service import Daemon
+
+
+def add_parsers(sub: Any) -> None:
+    run = sub.add_parser("run", help="run the auditor daemon (contends for leadership)")
+    run.add_argument("--config", metavar="FILE", help="TOML config file")
+    run.add_argument("--bk-conf", metavar="FILE", help="BookKeeper's bk_server.conf to honour")
+    run.add_argument("--zk", metavar="HOST:PORT[,...]", help="ZooKeeper (same as daemon.zk)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key (SECTION.KEY, or a BookKeeper key)",
+    )
+    bind(run, run_command)
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    return await cmd_run(args.config, args.overrides, args.bk_conf, args.zk)
 
 
 async def cmd_run(
     config: str | None, overrides: Sequence[str], bk_conf: str | None, zk: str | None
 ) -> int:
+    from auditor.daemon.config import load_daemon_config
+    from auditor.daemon.metrics import Metrics
+    from auditor.daemon.sdnotify import Notifier
+    from auditor.daemon.service import Daemon
+    from auditor.logs import configure_logging
+
     extra = [*overrides, *([f"daemon.zk={zk}"] if zk else [])]
 
     def load() -> DaemonConfig:

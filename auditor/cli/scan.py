@@ -11,19 +11,22 @@ before the scan or when the disk fills up during it, is exit 2 with one line
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from auditor.checks.context import open_context
 from auditor.checks.findings import Check
 from auditor.cli.check import render_text
-from auditor.cli.progress import ProgressBar
-from auditor.config import AuditorConfig
+from auditor.cli.cluster import target_of_args
+from auditor.cli.options import bind, cluster_args, config_args, engine_args, progress_args
+from auditor.cli.progress import ProgressBar, progress_bar
+from auditor.config import AuditorConfig, load_config
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget, connect
 from auditor.scan.engine import EngineOptions, require
@@ -130,8 +133,8 @@ async def cmd_scan(
     check_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
     require(args.engine, parquet=True)
     async with (
-        connect(target) as (zk, manager),
-        open_context(zk, target.root, manager, config, mark=args.mark) as ctx,
+        connect(target) as (store, manager),
+        open_context(store, target.root, manager, config, mark=args.mark) as ctx,
     ):
         with writing_to(args.out):
             prepare_out_dir(args.out, SCAN_OUTPUT, overwrite=args.overwrite)
@@ -167,8 +170,8 @@ async def cmd_snapshot(
     check_out_dir(out_dir, SNAPSHOT_OUTPUT, overwrite=overwrite)
     require(engine_options, parquet=True)
     async with (
-        connect(target) as (zk, manager),
-        open_context(zk, target.root, manager, config) as ctx,
+        connect(target) as (store, manager),
+        open_context(store, target.root, manager, config) as ctx,
     ):
         with writing_to(out_dir):
             prepare_out_dir(out_dir, SNAPSHOT_OUTPUT, overwrite=overwrite)
@@ -216,3 +219,77 @@ async def cmd_scan_snapshot(
             await engine.close()
     _print(result, args.as_json, out)
     return 1 if result.has_findings else 0
+
+
+def add_parsers(sub: Any) -> None:
+    scan = sub.add_parser(
+        "scan", help="bulk scrutiny in process or on Spark, to Parquet; exit 0 / 1 / 2"
+    )
+    cluster_args(scan)
+    config_args(scan)
+    engine_args(scan)
+    scan.add_argument(
+        "--checks",
+        default=None,
+        metavar="LIST",
+        help="comma-separated: replicas, placement, grace, metadata, pulsar (default: the "
+        "first four; placement,metadata with --from-snapshot). pulsar: the Pulsar audit "
+        "(pulsar-audit's findings; with replicas and placement, on their verdicts)",
+    )
+    scan.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    scan.add_argument("--overwrite", action="store_true", help="replace a previous output")
+    scan.add_argument(
+        "--mark", action="store_true", help="write under-replication marks (once, at the end)"
+    )
+    scan.add_argument(
+        "--from-snapshot",
+        metavar="DIR",
+        help="judge a snapshot instead of the live cluster (placement, metadata)",
+    )
+    progress_args(scan)
+    bind(scan, scan_command, findings=True)
+    snap = sub.add_parser("snapshot", help="write all ledger metadata as Parquet")
+    cluster_args(snap)
+    config_args(snap)
+    engine_args(snap)
+    progress_args(snap)
+    snap.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    snap.add_argument("--overwrite", action="store_true", help="replace a previous snapshot")
+    bind(snap, snapshot_command, findings=True)
+
+
+def _engine(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(args.engine, args.master, parse_spark_conf(args.spark_conf))
+
+
+async def scan_command(args: argparse.Namespace) -> int:
+    bar, config = progress_bar(args, load_config(args.config, args.overrides), scan=True)
+    engine = _engine(args)
+    scan_args = ScanArgs(
+        checks=parse_checks(
+            args.checks or (SNAPSHOT_DEFAULT_CHECKS if args.from_snapshot else DEFAULT_CHECKS)
+        ),
+        engine=engine,
+        partitions=args.partitions,
+        out=Path(args.out),
+        mark=args.mark,
+        overwrite=args.overwrite,
+        as_json=args.json,
+    )
+    if args.from_snapshot:
+        return await cmd_scan_snapshot(Path(args.from_snapshot), config, scan_args, bar=bar)
+    return await cmd_scan(target_of_args(args, config), config, scan_args, bar=bar)
+
+
+async def snapshot_command(args: argparse.Namespace) -> int:
+    bar, config = progress_bar(args, load_config(args.config, args.overrides), scan=True)
+    engine = _engine(args)
+    return await cmd_snapshot(
+        target_of_args(args, config),
+        config,
+        engine,
+        args.partitions,
+        Path(args.out),
+        args.overwrite,
+        bar=bar,
+    )

@@ -11,15 +11,21 @@ import argparse
 import json
 from typing import Any
 
+from auditor.cli.options import bind
 from auditor.selftest.cases import run_selftest
 
 
-def add_parser(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "selftest",
         help="feed every check's analysis core known defects; exit 0 all found, 1 not",
     )
     p.add_argument("--json", action="store_true", help="one JSON object")
+    bind(p, selftest_command)
+
+
+async def selftest_command(args: argparse.Namespace) -> int:
+    return cmd_selftest(args)
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:

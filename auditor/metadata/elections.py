@@ -7,7 +7,8 @@ sequence, the number after the first "V_", leads). Pulsar's metadata driver
 whose value is the leader's bookie id as a JSON string (Jackson's `writeValueAsBytes`
 of a `String`: UTF-8 with the quotes, no newline). Neither election sees the other, so
 a cluster whose nodes disagree on the driver runs two auditors; the daemon and
-`whoisauditor` read both through this module.
+`whoisauditor` read both through this module (`held_elections`: every election that has a
+holder, as the shell's commands name it).
 
 BookKeeper's own etcd driver has no election (nor anything that would act on one:
 no under-replication manager, apache/bookkeeper#3441); our auditors on it elect with a
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from auditor.errors import AuditorError
 from auditor.metadata.records import RecordFormatError, decode_auditor_vote
 from auditor.metadata.service_uri import MetadataDriver
 from auditor.store import MetadataStore, NoNodeError
@@ -106,13 +108,13 @@ class ElectionHolder:
 
 
 async def pulsar_holder(
-    zk: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.PULSAR
+    store: MetadataStore, root: str, driver: MetadataDriver = MetadataDriver.PULSAR
 ) -> ElectionHolder | None:
     """The leader key of Pulsar's election (or of ours on etcd: `driver`), or None when
     there is none. Writes nothing."""
     path = leader_key_path(driver, root)
     try:
-        data, stat = await zk.get(path)
+        data, stat = await store.get(path)
     except NoNodeError:
         return None
     try:
@@ -124,7 +126,7 @@ async def pulsar_holder(
 
 
 async def bookkeeper_holder(
-    zk: MetadataStore, root: str, *, live_only: bool = False
+    store: MetadataStore, root: str, *, live_only: bool = False
 ) -> ElectionHolder | None:
     """The first vote of BookKeeper's election, or None when there is none. Writes nothing.
 
@@ -133,13 +135,13 @@ async def bookkeeper_holder(
     path = bookkeeper_election_path(root)
     for _ in range(_ATTEMPTS):
         try:
-            votes = ordered_votes(await zk.get_children(path))
+            votes = ordered_votes(await store.get_children(path))
         except NoNodeError:
             return None
         vanished = False
         for vote in votes:
             try:
-                data, stat = await zk.get(f"{path}/{vote}")
+                data, stat = await store.get(f"{path}/{vote}")
             except NoNodeError:
                 vanished = True
                 break  # the auditor just left: look again
@@ -159,13 +161,13 @@ async def bookkeeper_holder(
 
 
 async def holder_of(
-    zk: MetadataStore, root: str, driver: MetadataDriver, *, live_only: bool = False
+    store: MetadataStore, root: str, driver: MetadataDriver, *, live_only: bool = False
 ) -> ElectionHolder | None:
     """The holder of `driver`'s election (see `pulsar_holder`, `bookkeeper_holder`)."""
     if driver is not MetadataDriver.BOOKKEEPER:
-        found = await pulsar_holder(zk, root, driver)
+        found = await pulsar_holder(store, root, driver)
         return found if found is None or found.live or not live_only else None
-    return await bookkeeper_holder(zk, root, live_only=live_only)
+    return await bookkeeper_holder(store, root, live_only=live_only)
 
 
 def other_driver(driver: MetadataDriver) -> MetadataDriver | None:
@@ -174,3 +176,44 @@ def other_driver(driver: MetadataDriver) -> MetadataDriver | None:
     if driver is MetadataDriver.ETCD:
         return None
     return MetadataDriver.BOOKKEEPER if driver is MetadataDriver.PULSAR else MetadataDriver.PULSAR
+
+
+class NoAuditorError(AuditorError):
+    """Nobody holds an auditor election."""
+
+
+async def held_elections(store: MetadataStore, root: str) -> list[ElectionHolder]:
+    """The holder of each auditor election that has one: BookKeeper's first vote, then
+    Pulsar's leader key, each naming its auditor (the shell's `whoisauditor`).
+
+    Two means the cluster's nodes disagree on the metadata driver (two auditors run).
+    Unlike the daemon's reads of one driver's election, a vote or key whose bytes do not
+    decode is an error naming its path (RecordFormatError), and none at all is
+    NoAuditorError, saying whether an election ever ran here.
+    """
+    found: list[ElectionHolder] = []
+    for driver in (MetadataDriver.BOOKKEEPER, MetadataDriver.PULSAR):
+        holder = await holder_of(store, root, driver)
+        if holder is None:
+            continue
+        if holder.auditor is None:
+            what = "auditor vote" if driver is MetadataDriver.BOOKKEEPER else "Pulsar leader key"
+            reason = holder.error or "names no auditor"
+            raise RecordFormatError(what, f"{holder.path}: {reason}")
+        found.append(holder)
+    if not found:
+        votes, key = bookkeeper_election_path(root), pulsar_leader_path(root)
+        if await store.exists(votes) is None:
+            raise NoAuditorError(
+                f"no auditor elected: {votes} does not exist and there is no Pulsar leader "
+                f"key {key} (auto-recovery never ran here)"
+            )
+        raise NoAuditorError(f"no auditor elected: no vote under {votes} and no key {key}")
+    return found
+
+
+async def first_held_election(store: MetadataStore, root: str) -> tuple[str, str]:
+    """(vote or key path, auditor id) of the first of `held_elections`: the auditor a
+    shell command such as `triggeraudit` speaks of, whichever election it holds."""
+    holder = (await held_elections(store, root))[0]
+    return holder.path, holder.auditor or ""

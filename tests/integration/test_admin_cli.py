@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from auditor.checks.findings import Check
-from auditor.cli import admin
+from auditor.cli import api_commands
 from auditor.cli.docs import _subparsers
 from auditor.cli.main import build_parser
 from auditor.daemon.config import DEFAULT_API_PORT
@@ -327,9 +327,9 @@ async def test_unreachable_target_is_exit_3_within_the_timeout() -> None:
 def test_default_target_is_the_local_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BK_AUDITOR_API_TARGET", raising=False)
     args = build_parser().parse_args(["status"])
-    assert admin._daemon_target(args) == f"127.0.0.1:{DEFAULT_API_PORT}"
+    assert api_commands.daemon_target(args) == f"127.0.0.1:{DEFAULT_API_PORT}"
     monkeypatch.setenv("BK_AUDITOR_API_TARGET", "auditor.example:1234")
-    assert admin._daemon_target(args) == "auditor.example:1234"
+    assert api_commands.daemon_target(args) == "auditor.example:1234"
 
 
 async def test_tls_flags(zk: ZkClient, pki: Pki) -> None:  # noqa: F811

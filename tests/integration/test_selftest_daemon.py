@@ -16,7 +16,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from auditor.api.convert import status_json, status_response
-from auditor.cli.admin import render_status
+from auditor.cli.api_commands import render_status
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.metadata.layout import LedgerManager

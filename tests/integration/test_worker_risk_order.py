@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.api.convert import status_json, status_response
 from auditor.api.page import render_page
-from auditor.cli.admin import render_status
+from auditor.cli.api_commands import render_status
 from auditor.daemon.config import DaemonConfig
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon

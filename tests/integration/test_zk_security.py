@@ -23,7 +23,7 @@ import pytest
 from kazoo.security import ACL, Id
 
 from auditor.api.convert import status_json, status_response
-from auditor.cli.admin import render_status
+from auditor.cli.api_commands import render_status
 from auditor.daemon.config import load_daemon_config
 from auditor.daemon.election import current_auditor, election_path, ordered_votes
 from auditor.daemon.metrics import Metrics

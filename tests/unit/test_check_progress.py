@@ -229,7 +229,7 @@ def test_the_text_status_shows_a_running_checks_progress_under_its_row() -> None
     import io
 
     from auditor.api.convert import status_json, status_response
-    from auditor.cli.admin import render_status
+    from auditor.cli.api_commands import render_status
     from auditor.proto import auditor_service_pb2 as pb
 
     state = DaemonState("a:1", started_at=1_700_000_000.0)

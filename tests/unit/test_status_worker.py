@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from auditor.api.convert import status_json, status_response
-from auditor.cli.admin import render_status
+from auditor.cli.api_commands import render_status
 from auditor.daemon.state import DaemonState
 from auditor.proto import auditor_service_pb2 as pb
 from auditor.worker.risk import QueuedLedger, QueueRisk, Risk
