@@ -113,7 +113,7 @@ def api_args(p: argparse.ArgumentParser, *, with_common: bool) -> None:
         p,
         f"a daemon's gRPC API (env {TARGET_ENV}; default: this host's daemon)"
         if with_common
-        else "a daemon's gRPC API; without it, BookKeeper's trigger through ZooKeeper",
+        else "a daemon's gRPC API; without it, BookKeeper's trigger through the metadata store",
     )
     if with_common:
         p.add_argument(

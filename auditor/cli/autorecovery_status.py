@@ -3,7 +3,7 @@
 BookKeeper's shell `queryautorecoverystatus` (java-auditor-behaviour.md §4.2): every
 lock under `underreplication/locks`, with its ledger and its holder (LockDataFormat's
 `bookieId`: the host name a Java worker writes, `worker.lock_holder` or the host name
-ours write, the host of a `recover` run). It reads ZooKeeper only, so it shows the
+ours write, the host of a `recover` run). It reads the metadata store only, so it shows the
 whole cluster's workers, Java's and ours, with no daemon to ask; `status` shows one
 daemon's worker in detail (the step, the fragments, what it waits for).
 
@@ -41,18 +41,18 @@ _LOCK_NAME = re.compile(r"urL(\d{10,19})")
 
 async def read_locks(target: ClusterTarget) -> dict[str, Any]:
     """The document `--json` prints: every lock, and whether auto-recovery is enabled."""
-    async with connect(target) as (zk, _):
-        urm = UnderreplicationManager(zk, target.root)
+    async with connect(target) as (store, _):
+        urm = UnderreplicationManager(store, target.root)
         locks_path = f"{urm.base}/locks"
         try:
-            names = sorted(await zk.get_children(locks_path))
+            names = sorted(await store.get_children(locks_path))
         except NoNodeError:
             names = []
         locks: list[dict[str, Any]] = []
         for name in names:
             path = f"{locks_path}/{name}"
             try:
-                data, stat = await zk.get(path)
+                data, stat = await store.get(path)
             except NoNodeError:
                 continue  # released while we looked
             entry: dict[str, Any] = {

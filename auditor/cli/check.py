@@ -10,7 +10,7 @@ stderr either way.
 rack source stops placement, not the bookie, ledger, replicas and grace
 checks, which need no racks. The others still run and report; the one that
 could not is named with its error (`failed`), and the exit code is 2, since
-not everything was checked. Only ZooKeeper itself gone stops the whole run:
+not everything was checked. Only the metadata store itself gone stops the whole run:
 every further check would wait out the same timeout to say the same thing.
 """
 

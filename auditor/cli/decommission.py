@@ -16,13 +16,13 @@ issue asks for:
 * **No audit trigger and no fixed 30 s sleep**: we write the marks ourselves (the
   bookie check would write the same ones, after `lostBookieRecoveryDelay`), so the
   wait can begin at once and does not depend on who leads the auditor election.
-* **The wait** follows each remaining ledger with a ZooKeeper data watch (a safety
+* **The wait** follows each remaining ledger with a data watch (a safety
   re-read every `SAFETY_REREAD` seconds covers watches lost with a session), prints a
   progress line whenever the count of ledgers naming the bookie changes, and ends
   when none does. Upstream polls with no overall timeout and can wait forever
   (apache/bookkeeper#3887, e.g. an unrecoverable ledger): `--wait-timeout SECONDS`
   ends ours with exit 1 and a line saying how many ledgers still name the bookie. (The
-  cluster flags' `--timeout` is already each ZooKeeper call's limit.) If the bookie
+  cluster flags' `--timeout` is already each metadata store call's limit.) If the bookie
   registers as writable again meanwhile, the wait stops with exit 1.
 * Only then is the cookie deleted (read, then deleted at the version read: a bookie
   that rewrote it meanwhile keeps it). A missing cookie is a note, as upstream's warning.
@@ -266,8 +266,8 @@ async def cmd_decommission(
     progress = Progress(bookie, as_json, out, err, time.monotonic())
     summary: dict[str, Any] = {"summary": True, "bookie": bookie}
     async with (
-        connect(target) as (zk, manager),
-        open_context(zk, target.root, manager, config) as ctx,
+        connect(target) as (store, manager),
+        open_context(store, target.root, manager, config) as ctx,
     ):
         ctx.log = log
         registered = await ctx.registered()

@@ -39,7 +39,7 @@ EXIT_STATUS = (
     ("0", "success (check, scan, explain, risk: nothing found)"),
     ("1", "a finding (violations, at risk), or an error in the data read"),
     ("2", "bad arguments or configuration"),
-    ("3", "ZooKeeper, a bookie or the daemon cannot be reached"),
+    ("3", "the metadata store, a bookie or the daemon cannot be reached"),
     ("70", "an internal error"),
 )
 
@@ -322,7 +322,7 @@ def man_page(parser: argparse.ArgumentParser, version: str) -> str:
         f"\\fB{_roff(PROG)}\\fR \\fB\\-\\-version\\fR",
         ".SH DESCRIPTION",
         _roff(
-            "Reads a BookKeeper cluster's ZooKeeper metadata and its bookies, and reports "
+            "Reads a BookKeeper cluster's metadata store and its bookies, and reports "
             "what is wrong; run as a daemon (run), it audits continuously and answers on a "
             "gRPC API (status, report, health, trigger). Errors are one line on stderr."
         ),

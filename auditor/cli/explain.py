@@ -26,7 +26,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     cluster_args(p)
     config_args(p)
-    api_client_args(p, "ask a daemon's gRPC API instead of ZooKeeper and the bookies directly")
+    api_client_args(
+        p, "ask a daemon's gRPC API instead of the metadata store and the bookies directly"
+    )
     # The flag's name before --target was everywhere: kept, hidden, and quiet (scripts that
     # compare stderr keep working).
     p.add_argument("--api", dest="api_deprecated", metavar="HOST:PORT", help=argparse.SUPPRESS)

@@ -83,8 +83,8 @@ async def audit_cluster(
     target: ClusterTarget, config: AuditorConfig, *, replicas: bool
 ) -> tuple[CheckReport, PulsarAudit]:
     async with (
-        connect(target) as (zk, manager),
-        open_context(zk, target.root, manager, config) as ctx,
+        connect(target) as (store, manager),
+        open_context(store, target.root, manager, config) as ctx,
     ):
         return await audit_pulsar(ctx, replicas=replicas)
 

@@ -28,7 +28,7 @@ Differences from upstream, each for a reason:
 Output: a line per ledger on stderr as it goes (`--json`: one object per ledger on
 stdout), then a summary on stdout (`--json`: one final object with `"summary": true`).
 Exit 0 when every ledger naming the bookies was moved (or no longer names them), 1 when
-some were not (each listed with why), 2 for bad input, 3 when ZooKeeper is unreachable.
+some were not (each listed with why), 2 for bad input, 3 when the metadata store is unreachable.
 """
 
 from __future__ import annotations
@@ -198,11 +198,11 @@ class LedgerResult:
 
 
 @asynccontextmanager
-async def followed(zk: MetadataStore) -> AsyncIterator[WorkerConnection]:
+async def followed(store: MetadataStore) -> AsyncIterator[WorkerConnection]:
     """Events that follow the session, so that a copy stops the moment it is suspended."""
     connected, disconnected = asyncio.Event(), asyncio.Event()
-    (connected if zk.connected else disconnected).set()
-    states = zk.states()
+    (connected if store.connected else disconnected).set()
+    states = store.states()
 
     async def follow() -> None:
         async for st in states:
@@ -456,8 +456,8 @@ async def cmd_recover(
     configure_logging(level=logging.WARNING)
     log = get_logger("auditor.recover")
     async with (
-        connect(target) as (zk, manager),
-        open_context(zk, target.root, manager, config) as ctx,
+        connect(target) as (store, manager),
+        open_context(store, target.root, manager, config) as ctx,
     ):
         ctx.log = log
         found = await ledgers_naming(ctx, bookies)
@@ -471,7 +471,7 @@ async def cmd_recover(
                 summary.results.append(r)
                 emit_result(r, i, total, as_json=as_json, dry_run=True, out=out, err=err)
         else:
-            async with followed(zk) as conn:
+            async with followed(store) as conn:
                 mover = LedgerMover(
                     ctx, conn, set(bookies), holder=holder or default_lock_holder(), log=log
                 )

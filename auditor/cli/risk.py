@@ -121,8 +121,8 @@ async def _context(
     """The live cluster, read-only: predictions never mark anything."""
     tgt = target()
     async with (
-        connect(tgt) as (zk, manager),
-        open_context(zk, tgt.root, manager, config, mark=False) as ctx,
+        connect(tgt) as (store, manager),
+        open_context(store, tgt.root, manager, config, mark=False) as ctx,
     ):
         yield ctx
 

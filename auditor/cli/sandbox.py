@@ -140,16 +140,16 @@ def _start_daemons(configs: list[Any]) -> tuple[list[Daemon], list[asyncio.Task[
     return daemons, runs
 
 
-async def run_sandbox(duration: float | None, store: StoreKind = StoreKind.ZOOKEEPER) -> int:
+async def run_sandbox(duration: float | None, kind: StoreKind = StoreKind.ZOOKEEPER) -> int:
     configure_logging("json", level="ERROR")
-    store_name = "etcd" if store is StoreKind.ETCD else "ZooKeeper"
+    store_name = "etcd" if kind is StoreKind.ETCD else "ZooKeeper"
     print(
         f"Starting a throwaway {store_name}, 8 emulated bookies and 2 auditor daemons ...",
         flush=True,
     )
     sys.stdout.flush()
     server: EtcdServer | ZooKeeperServer
-    if store is StoreKind.ETCD:
+    if kind is StoreKind.ETCD:
         server = EtcdServer()
         # Pulsar's driver on etcd: the same tree, Pulsar's leader key for the election.
         address = f"metadata-store:etcd:{server.endpoint}"
@@ -170,12 +170,12 @@ async def run_sandbox(duration: float | None, store: StoreKind = StoreKind.ZOOKE
             if isinstance(server, EtcdServer)
             else ZkClient(server.hosts, timeout=30)
         )
-        async with client as zk:
-            bookies = [BookieEmulator(zk, ledgers_root=ROOT) for _ in range(8)]
+        async with client as store:
+            bookies = [BookieEmulator(store, ledgers_root=ROOT) for _ in range(8)]
             for b in bookies:
                 await b.start()
-            await build_seeded_cluster(zk, bookies)
-            await build_pulsar_topics(zk, bookies)
+            await build_seeded_cluster(store, bookies)
+            await build_pulsar_topics(store, bookies)
             await bookies[6].crash()
             bookies[SILENT].pause()
             print(
@@ -196,7 +196,7 @@ async def run_sandbox(duration: float | None, store: StoreKind = StoreKind.ZOOKE
                 leader = await _wait_first_round(daemons, stop)
                 if leader is not None:
                     code = _print_round(leader, daemons)
-                    loop_code = await _whole_loop(zk, bookies, daemons, runs, configs, stop)
+                    loop_code = await _whole_loop(store, bookies, daemons, runs, configs, stop)
                     code = code or loop_code
                 if not stop.is_set():
                     if duration is not None:
@@ -335,11 +335,11 @@ async def _settled(urm: UnderreplicationManager, daemons: list[Daemon]) -> bool:
     return await _marked(urm) <= set(left)
 
 
-async def _naming(zk: MetadataStore, leader: Daemon, bookie_id: str) -> set[int]:
+async def _naming(store: MetadataStore, leader: Daemon, bookie_id: str) -> set[int]:
     """The ledgers whose metadata names `bookie_id` in some segment."""
     assert leader.manager is not None
     out: set[int] = set()
-    async for rec in LedgerWalker(zk, ROOT, leader.manager).ledgers():
+    async for rec in LedgerWalker(store, ROOT, leader.manager).ledgers():
         md = rec.metadata
         if md is not None and any(bookie_id in s.bookies for s in md.segments):
             out.add(rec.ledger_id)
@@ -365,7 +365,7 @@ def _unrecoverable_text(unrecoverable: dict[int, tuple[tuple[int, int], ...]]) -
 
 
 async def _whole_loop(
-    zk: MetadataStore,
+    store: MetadataStore,
     bookies: list[BookieEmulator],
     daemons: list[Daemon],
     runs: list[asyncio.Task[int]],
@@ -373,7 +373,7 @@ async def _whole_loop(
     stop: asyncio.Event,
 ) -> int:
     """A bookie stops, its ledgers are marked, copied and checked; 0 if all came back."""
-    urm = UnderreplicationManager(zk, ROOT)
+    urm = UnderreplicationManager(store, ROOT)
     print(
         "\nThe whole loop. The daemons restart with their replication workers on "
         "(worker.enabled=true) ...",
@@ -411,7 +411,7 @@ async def _whole_loop(
     )
 
     lost = bookies[STOPPED]
-    named = await _naming(zk, leader, lost.bookie_id)
+    named = await _naming(store, leader, lost.bookie_id)
     replicated0 = _total(daemons, "ledgers_replicated")
     entries0 = _total(daemons, "entries_written")
     bytes0 = _total(daemons, "bytes_written")
@@ -465,7 +465,7 @@ async def _whole_loop(
         if await _wait(stop, 0.25):
             return 0
 
-    named_after = await _naming(zk, leader, lost.bookie_id)
+    named_after = await _naming(store, leader, lost.bookie_id)
     marked_after = await _marked(urm)
     reports: dict[Check, CheckReport] = {}
     for check in AFTER_CHECKS:
