@@ -34,7 +34,7 @@ class AutoRecoveryDisabledError(AuditorError):
     """The `disable` flag is set: no auditor acts on a trigger."""
 
 
-# --- the elections, read as BookKeeper and Pulsar read them -----------------------
+# --- whoisauditor: both elections, as the shell names them ----------------------------
 
 
 def _election_doc(holder: ElectionHolder) -> dict[str, Any]:
