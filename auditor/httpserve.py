@@ -144,8 +144,7 @@ class _Connection(web.RequestHandler):
     def refuse(self, status: int, reason: str, *, linger: bool = False) -> None:
         """Answers without a request (an error body) and closes; with `linger`, once
         the client has had `LINGER` seconds to stop sending (what it sends is dropped)."""
-        self.head_bytes = None
-        self.owner._idle.pop(self, None)  # closing: no longer a connection to make room of
+        self.owner._busy(self)  # closing: no connection to make room of
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -284,8 +283,7 @@ class HttpServer:
         """The handler's answer, written before the connection counts as idle again."""
         conn = request.protocol
         if isinstance(conn, _Connection):
-            conn.head_bytes = None
-            self._idle.pop(conn, None)
+            self._busy(conn)
         response = await self._handler(request)
         if not response.prepared:
             for name, value in self.headers.items():
@@ -310,6 +308,11 @@ class HttpServer:
             return
         self._open.add(conn)
         self._idle[conn] = None
+
+    def _busy(self, conn: _Connection) -> None:
+        """`conn` is answering (or refusing): not idle, and what it receives is no head."""
+        conn.head_bytes = None
+        self._idle.pop(conn, None)
 
     def _lost(self, conn: _Connection) -> None:
         self._open.discard(conn)
