@@ -1,19 +1,24 @@
-"""The daemon's lifecycle: connect, serve the API and metrics, contend, lead, step down.
+"""The daemon's lifecycle: connect, serve the API and metrics, follow the session,
+and supervise the parts that contend, lead and keep the index.
 
-Leadership is decided by `LeadershipMachine` (`auditor.daemon.leadership`): every
-event that may start, pause or end it (a session state change, our vote gone, a
-fenced write refused, the leader's work failing, SIGTERM, a vote of another session
-with our identity, ...) becomes a `Decision` with a reason, which this module logs,
-records in `state` (the last decisions for `status`, a count per reason for the
-metrics) and carries out. This module is the asyncio side only: tasks, timers,
-ZooKeeper. The API and metrics only read `state`; mutating API calls come back here
-through the `DaemonControl` methods.
+Why: one place wires the process together and decides how it ends; each concern has a
+module of its own. `campaign.py` is the election loop (when to vote, voting, our vote's
+watch), `term.py` the leader's term (its work and what it reports), `standby.py` the
+metadata index (kept leader or not, replaced after a failure), `outage.py` the one
+rule for reads that a store outage interrupts, `leadership.py` the pure decision
+machine. Every event that may start, pause or end leadership (a session state change,
+our vote gone, a fenced write refused, the leader's work failing, SIGTERM, a vote of
+another session with our identity, ...) becomes a `Decision` with a reason, which this
+module logs, records in `state` (the last decisions for `status`, a count per reason
+for the metrics), tells its `listeners` about, and carries out. The API and metrics
+only read `state`; mutating API calls come back here through the `DaemonControl`
+methods.
 
-A leader runs `LeaderWork` against a ZooKeeper view fenced on its vote and stops it
-the moment leadership is in doubt (LOST at once; after SUSPENDED, it leads on only if
-its vote is still first once reconnected, and steps down after a whole session
-timeout without ZooKeeper). Leader work that fails steps down and backs off
-(exponentially, with jitter) before voting again.
+A leader runs its work against a view of the metadata store fenced on its vote and
+stops it the moment leadership is in doubt (LOST at once; after SUSPENDED, it leads on
+only if its vote is still first once reconnected, and steps down after a whole session
+timeout without the store). Leader work that fails steps down and backs off
+(`auditor.backoff`: exponentially, with jitter) before voting again.
 
 Supervision: the election task and the connection follower must outlive the
 daemon's run. If either ends while the daemon is not stopping, health turns
@@ -24,51 +29,34 @@ SERVING.
 
 Shutdown (SIGTERM/SIGINT): stop leading and delete the vote first (the next node
 takes over at once, not after a session timeout), then stop the API with grace,
-then close ZooKeeper; bounded by `daemon.shutdown_timeout`. SIGHUP reloads the
-configuration; a leader restarts its schedules with it.
-
-The metadata index (`daemon.metadata_index`) is every daemon's by default
-(`daemon.standby_index`): it is loaded from the first session on and kept current
-by its watch, leader or not, so a new leader's first check reads it at once
-instead of waiting for a full read. The daemon has one ZooKeeper client for its
-whole life (kazoo opens a new session in it after an expiry; the leader's view is
-that client, fenced on the vote), so one index follows it: a lost watch or session
-is a gap, after which the index reads everything again. An index that fails is
-logged, counted and started again later; it never ends or holds up leadership:
-checks walk ZooKeeper meanwhile. With `standby_index = false` only the leader
-holds one, loaded when it is elected and dropped when its term ends.
+then close the store's client; bounded by `daemon.shutdown_timeout`. SIGHUP reloads
+the configuration; a leader restarts its schedules with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import random
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from functools import partial
 from typing import Any, Protocol
 
 from auditor.analysis.risk import RiskReport
 from auditor.backoff import Backoff
-from auditor.checks.context import CheckContext, open_context
-from auditor.checks.findings import Check, CheckReport
-from auditor.checks.pulsar_audit import PulsarAudit
+from auditor.checks.context import open_context
+from auditor.checks.findings import Check
 from auditor.daemon.campaign import Campaign
 from auditor.daemon.cluster_checks import follow_cluster_checks
 from auditor.daemon.config import DaemonConfig
-from auditor.daemon.contained import ContainedReads
-from auditor.daemon.election import Leadership, current_auditor, make_elector, watch_election
+from auditor.daemon.election import current_auditor, make_elector, watch_election
 from auditor.daemon.leadership import (
     Action,
     ConfigReloaded,
     Connected,
     Decision,
-    Elected,
     Event,
-    FencedOut,
     LeadershipMachine,
     Phase,
     SessionLost,
@@ -78,25 +66,20 @@ from auditor.daemon.leadership import (
     Suspended,
     SuspendedTooLong,
     TaskEnded,
-    VoteLost,
-    WorkEnded,
-    WorkFailed,
     leader_backoff,
 )
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.outage import wait_out_outage
-from auditor.daemon.scan_driver import scan_driver
-from auditor.daemon.scheduler import CTIME_KIND, LeaderWork, intervals
+from auditor.daemon.scheduler import LeaderWork
 from auditor.daemon.sdnotify import Notifier
-from auditor.daemon.standby import IndexSupervisor, TermIndex
+from auditor.daemon.standby import IndexSupervisor
 from auditor.daemon.state import (
     DaemonState,
+    Happening,
     NotLeaderError,
-    RunCompleted,
-    RunOutcome,
-    RunState,
     UnreadableVote,
 )
+from auditor.daemon.term import LeaderTerms
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
 from auditor.metadata.acls import find_open_acls
@@ -113,7 +96,6 @@ from auditor.schedule.bookie_sightings import BookieSightings
 from auditor.secretfiles import check_api_token
 from auditor.selftest.harness import SelfTestResult
 from auditor.store import (
-    FencedOutError,
     MetadataStore,
     SessionState,
     StoreAuthError,
@@ -169,18 +151,6 @@ def backoff_of(config: DaemonConfig) -> Backoff:
     )
 
 
-class Happening(enum.StrEnum):
-    """What the daemon tells its `listeners` about."""
-
-    DECIDED = "decided"  # a leadership decision (in `state.decisions`)
-    LEADER_READ = "leader_read"  # who leads, and the disable flag, read again
-    CHECK_ENDED = "check_ended"  # a check run ended, whatever its outcome
-    ACLS_CHECKED = "acls_checked"  # the relied-on znodes' ACLs read (`state.open_acls`)
-    ZNODE_READ = "znode_read"  # the leader read a check ctime or the delay znode
-    SELFTEST_REPORTED = "selftest_reported"  # self-test results arrived (`selftest`)
-    RISK_REPORTED = "risk_reported"  # a risk report arrived (`risk_report`)
-
-
 def _ending(task: asyncio.Task[None]) -> str:
     """How a finished task ended, in a few words."""
     if task.cancelled():
@@ -222,7 +192,6 @@ class Daemon:
         self.manager: LedgerManager | None = None
         self.api: ApiHandle | None = None
         self.views: ViewsHandle | None = None
-        self.work: LeaderWork | None = None
         #: The replication worker, once running (`worker.enabled`).
         self.worker: ReplicationWorker | None = None
         #: The supervised election task, once running.
@@ -234,8 +203,6 @@ class Daemon:
         self._disconnected = asyncio.Event()
         self._suspension_timer: asyncio.TimerHandle | None = None
         self._restart_work = asyncio.Event()
-        #: Resolved with the decision that ends the current leader term.
-        self._term_end: asyncio.Future[Decision] | None = None
         self._rng = rng if rng is not None else random.Random()
         self._notify: Notifier | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -243,21 +210,34 @@ class Daemon:
         #: changed: for whoever follows the daemon from outside without polling (the
         #: `auditor.testing.observe` events).
         self.listeners: list[Callable[[Happening], None]] = []
-        #: The last detector self-test and canary results, by check label.
-        self.selftest: dict[str, SelfTestResult] = {}
-        #: The leader's last risk report.
-        self.risk_report: RiskReport | None = None
         #: The metadata indexes (the standby one, a leader's for its term), once the
         #: ledger layout is known.
         self.indexes: IndexSupervisor | None = None
-        #: The daemon's part in the election, once the election task runs.
+        #: The daemon's part in the election, and its leader terms, once the election
+        #: task runs.
         self.campaign: Campaign | None = None
+        self.leader: LeaderTerms | None = None
 
     @property
     def index(self) -> IndexSync | None:
         """The standby metadata index (`daemon.standby_index`), leader or not, from the
         first session on; replaced by a new one after a failure. None when off."""
         return self.indexes.standby if self.indexes is not None else None
+
+    @property
+    def work(self) -> LeaderWork | None:
+        """The leader's work while this daemon leads."""
+        return self.leader.work if self.leader is not None else None
+
+    @property
+    def selftest(self) -> dict[str, SelfTestResult]:
+        """The last detector self-test and canary results, by check label."""
+        return self.leader.selftest if self.leader is not None else {}
+
+    @property
+    def risk_report(self) -> RiskReport | None:
+        """The leader's last risk report."""
+        return self.leader.risk_report if self.leader is not None else None
 
     # --- DaemonControl ----------------------------------------------------------------
 
@@ -327,8 +307,8 @@ class Daemon:
             self.log.warning(d.message, **fields)
         else:
             self.log.info(d.message, **fields)
-        if d.ends_term and self._term_end is not None and not self._term_end.done():
-            self._term_end.set_result(d)
+        if d.ends_term and self.leader is not None:
+            self.leader.end(d)
         if self._notify is not None:  # `systemctl status` shows where it stands
             self._notify.show(self.state)
         self._readiness()
@@ -340,69 +320,6 @@ class Daemon:
     def _tell(self, what: Happening) -> None:
         for listener in self.listeners:
             listener(what)
-
-    def _on_state(self, check: Check, what: RunState, next_run: float | None) -> None:
-        self.state.check_run_state(check, what, next_run)
-
-    def _on_selftest(self, results: list[SelfTestResult]) -> None:
-        for r in results:
-            self.selftest[r.check] = r
-        self.state.selftest_done(results, time.time())
-        self._tell(Happening.SELFTEST_REPORTED)
-
-    def _on_risk(self, report: RiskReport) -> None:
-        self.risk_report = report
-        self.state.tallies.record_risk(report, self.config.risk.top)
-        self._tell(Happening.RISK_REPORTED)
-
-    def _on_pulsar(self, audit: PulsarAudit) -> None:
-        self.state.pulsar_done(audit, self.config.pulsar.top)
-
-    def _last_reports(self) -> list[CheckReport]:
-        """The last replicas and placement reports, whose verdicts the Pulsar audit joins
-        (under-replicated and unplaced counts; `missing` entries with no copy)."""
-        return [
-            cs.last_report
-            for c in (Check.REPLICAS, Check.PLACEMENT)
-            if (cs := self.state.checks.get(c)) is not None and cs.last_report is not None
-        ]
-
-    def _on_report(self, check: Check, outcome: RunOutcome) -> None:
-        self.state.check_ended(check, outcome, time.time())
-        self._tell(Happening.CHECK_ENDED)
-        if isinstance(outcome, RunCompleted):
-            report = outcome.report
-            self.log.info(
-                "check run",
-                check=str(check),
-                outcome=str(self.state.checks[check].outcome),
-                seconds=round(outcome.duration, 3),
-                ledgers_checked=report.ledgers_checked,
-                counts=report.counts(),
-            )
-            self._spawn(self._count_marks())
-
-    def _on_progress(
-        self, ctx: CheckContext, check: Check, done: int, estimate: int | None
-    ) -> None:
-        """The total is the index's size while the walk reads the index (at least what the
-        walk saw: ledgers created meanwhile), else the driver's estimate."""
-        sync = ctx.index
-        if sync is not None and sync.ready.is_set():
-            total = max(len(sync.index), done)
-            self.state.check_progress(check, done, total, "ledgers", time.time())
-        else:
-            self.state.check_progress(check, done, estimate, "max_ledger_id", time.time())
-
-    def _set_retry_queue(self, n: int) -> None:
-        self.state.retry_queue = n
-
-    async def _count_marks(self) -> None:
-        if self.store is None:
-            return
-        with contextlib.suppress(Exception):
-            urm = UnderreplicationManager(self.store, self.root)
-            self.state.tallies.underreplicated = await urm.count_underreplicated()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         t = asyncio.ensure_future(coro)
@@ -523,134 +440,6 @@ class Daemon:
         if self._decide(ConfigReloaded()).action is Action.RESTART_WORK:
             self._restart_work.set()
 
-    # --- leadership ----------------------------------------------------------------------------
-
-    async def _term(self, leadership: Leadership) -> Decision:
-        """One leader term, from the vote that won it; returns the decision that ended it."""
-        self._term_end = asyncio.get_running_loop().create_future()
-        try:
-            elected = self._decide(Elected(leadership.vote_path))
-            return await self._lead(leadership) if elected.action is Action.LEAD else elected
-        finally:
-            self._term_end = None
-
-    async def _lead(self, leadership: Leadership) -> Decision:
-        """Runs the leader's work until a decision ends the term; returns that decision."""
-        self.state.lead(time.time())
-        # The standby index when there is one; else (as without standby) one for this term.
-        index = self.indexes.start_term(leadership.store) if self.indexes is not None else None
-        try:
-            while True:
-                self._restart_work.clear()
-                end = await self._lead_once(leadership, index)
-                if end is not None:
-                    return end
-        finally:
-            if self.indexes is not None:
-                await self.indexes.end_term(index)
-            self.work = None
-            self.state.stepped_down()
-            self.log.info("no longer the auditor")
-
-    async def _lead_once(self, leadership: Leadership, index: TermIndex | None) -> Decision | None:
-        """One run of the leader's work; the decision that ends the term, or None for a
-        restart with a new configuration. Whatever raises here, the stored ctimes read
-        at the start included, becomes a decision: nothing ends the election task."""
-        assert self.manager is not None and self._term_end is not None
-        assert self.campaign is not None
-        term_end, campaign = self._term_end, self.campaign
-        reading = contextlib.ExitStack()  # the index the checks read, for this run
-        try:
-            async with open_context(
-                leadership.store,
-                self.root,
-                self.manager,
-                self.config.auditor,
-                # BookKeeper's etcd driver has no under-replication manager: report only.
-                mark=self.driver.marks,
-            ) as ctx:
-                ctx.log = ctx.log.bind(identity=self.state.identity)
-                if self.indexes is not None:
-                    reading.enter_context(self.indexes.reading(ctx, leadership.store, index))
-                ctx.bookies.observer = self.state.tallies.bookie_request
-                ctx.on_retry_queue = self._set_retry_queue
-                ctx.on_progress = partial(self._on_progress, ctx)
-                bk = self.config.auditor.bookkeeper
-                reads = ContainedReads(
-                    self.state,
-                    ctx.urm,
-                    self.log,
-                    configured_delay=bk.lostBookieRecoveryDelay,
-                    on_read=partial(self._tell, Happening.ZNODE_READ),
-                )
-                # After a fail-over the stored ctimes say when checks last ran.
-                for check, kind in CTIME_KIND.items():
-                    ctime = await reads.check_ctime(kind)
-                    if ctime > 0:
-                        self.state.check_recorded(check, ctime / 1000)
-                self.work = LeaderWork(
-                    ctx,
-                    reads=reads,
-                    sightings=self.sightings,
-                    jitter=self.config.daemon.jitter,
-                    on_report=self._on_report,
-                    on_state=self._on_state,
-                    gate=self._connected,
-                    scan=scan_driver(self.config),
-                    selftest=self.config.selftest,
-                    on_selftest=self._on_selftest,
-                    risk=self.config.risk,
-                    on_risk=self._on_risk,
-                    pulsar=self.config.pulsar,
-                    on_pulsar=self._on_pulsar,
-                    last_reports=self._last_reports,
-                )
-                for check, iv in intervals(bk).items():
-                    self.state.check_interval(check, iv)
-                self.state.tallies.selftest_interval = self.config.selftest.period
-                self.state.pulsar_scheduled(self.config.pulsar.interval)
-                work = asyncio.ensure_future(self.work.run(bk.lostBookieRecoveryDelay))
-                restart = asyncio.ensure_future(self._restart_work.wait())
-                vote = asyncio.ensure_future(campaign.watch_vote(leadership))
-                other = asyncio.ensure_future(campaign.other_leader_appears())
-                mine: list[asyncio.Future[Any]] = [work, restart, vote, other]
-                try:
-                    await asyncio.wait([term_end, *mine], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for w in mine:
-                        w.cancel()
-                    await asyncio.gather(*mine, return_exceptions=True)
-        except asyncio.CancelledError:
-            raise
-        except FencedOutError as exc:
-            return self._ended(self._decide(FencedOut(str(exc))), term_end)
-        except Exception as exc:
-            return self._ended(self._decide(WorkFailed(f"{type(exc).__name__}: {exc}")), term_end)
-        finally:
-            reading.close()
-        if term_end.done():
-            return term_end.result()
-        if other.done() and not other.cancelled() and other.exception() is None:
-            return self._ended(campaign.defer_to(other.result()), term_end)
-        if vote.done() and not vote.cancelled():
-            error = vote.exception()
-            event: Event = VoteLost() if error is None else WorkFailed(f"vote watch: {error}")
-            return self._ended(self._decide(event), term_end)
-        if work.done() and not work.cancelled():
-            error = work.exception()
-            if error is None:
-                return self._ended(self._decide(WorkEnded()), term_end)
-            if isinstance(error, FencedOutError):
-                return self._ended(self._decide(FencedOut(str(error))), term_end)
-            failed = WorkFailed(f"{type(error).__name__}: {error}")
-            return self._ended(self._decide(failed), term_end)
-        return None  # a new configuration: the work starts over, leadership stays
-
-    @staticmethod
-    def _ended(d: Decision, term_end: asyncio.Future[Decision]) -> Decision:
-        """`d`, or the decision that ended the term first (a later event only carries on)."""
-        return term_end.result() if term_end.done() else d
-
     # --- the election ---------------------------------------------------------------------
 
     async def _elect(self, store: MetadataStore) -> None:
@@ -668,7 +457,25 @@ class Daemon:
             log=self.log,
             store_name=self.machine.store,
         )
-        await campaign.run(self._term)
+        assert self.manager is not None
+        self.leader = LeaderTerms(
+            store,
+            root=self.root,
+            driver=self.driver,
+            manager=self.manager,
+            config=lambda: self.config,
+            state=self.state,
+            sightings=self.sightings,
+            campaign=campaign,
+            indexes=self.indexes,
+            decide=self._decide,
+            tell=self._tell,
+            spawn=self._spawn,
+            connected=self._connected,
+            restart=self._restart_work,
+            log=self.log,
+        )
+        await campaign.run(self.leader.run)
 
     async def _watch_bookies(self, store: MetadataStore) -> None:
         """Notes when each bookie disappears, leader or not (the restart rule's clock).

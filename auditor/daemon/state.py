@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 DECISIONS_KEPT = 32
 
 
+class Happening(enum.StrEnum):
+    """What a daemon tells its listeners, each time, after the state that shows it changed."""
+
+    DECIDED = "decided"  # a leadership decision (in `decisions`)
+    LEADER_READ = "leader_read"  # who leads, and the disable flag, read again
+    CHECK_ENDED = "check_ended"  # a check run ended, whatever its outcome
+    ACLS_CHECKED = "acls_checked"  # the relied-on znodes' ACLs read (`open_acls`)
+    ZNODE_READ = "znode_read"  # the leader read a check ctime or the delay znode
+    SELFTEST_REPORTED = "selftest_reported"  # self-test results arrived
+    RISK_REPORTED = "risk_reported"  # a risk report arrived
+
+
 class Outcome(enum.StrEnum):
     NEVER = "never"
     RUNNING = "running"

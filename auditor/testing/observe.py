@@ -13,7 +13,8 @@ import asyncio
 import weakref
 from dataclasses import dataclass, field
 
-from auditor.daemon.service import Daemon, Happening
+from auditor.daemon.service import Daemon
+from auditor.daemon.state import Happening
 
 
 @dataclass

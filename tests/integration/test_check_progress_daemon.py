@@ -19,6 +19,7 @@ from auditor.checks.context import CheckContext
 from auditor.checks.findings import Check
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
+from auditor.daemon.term import LeaderTerms
 from auditor.testing.harness import test_cluster
 from auditor.testing.inprocess import fast_config, running, until
 from auditor.testing.observe import events_of
@@ -45,10 +46,10 @@ class Seen:
 
 def _watch(monkeypatch: pytest.MonkeyPatch, metrics: Metrics, seen: list[Seen]) -> None:
     monkeypatch.setattr(progress_module, "HOOK_INTERVAL", 0.0)
-    original = Daemon._on_progress
+    original = LeaderTerms._on_progress
 
     def wrapped(
-        self: Daemon, ctx: CheckContext, check: Check, done: int, estimate: int | None
+        self: LeaderTerms, ctx: CheckContext, check: Check, done: int, estimate: int | None
     ) -> None:
         original(self, ctx, check, done, estimate)
         p = self.state.checks[check].progress
@@ -70,7 +71,7 @@ def _watch(monkeypatch: pytest.MonkeyPatch, metrics: Metrics, seen: list[Seen]) 
             )
         )
 
-    monkeypatch.setattr(Daemon, "_on_progress", wrapped)
+    monkeypatch.setattr(LeaderTerms, "_on_progress", wrapped)
 
 
 def _coverage(metrics: Metrics) -> dict[str, float | None]:

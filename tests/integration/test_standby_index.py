@@ -273,6 +273,13 @@ async def test_a_failed_standby_index_is_counted_and_replaced_while_the_leader_l
             # Leadership held throughout, and its checks now read the new index.
             assert solo.state.is_leader and solo.work is not None
             assert solo.work.ctx.index is replacement
+            # The first round's run may still be walking the store (the index had failed):
+            # the run triggered below is the one after it.
+            await until(
+                events_of(solo).check_ended,
+                lambda: solo.state.checks[Check.PLACEMENT].last_finished is not None,
+                "the first placement run",
+            )
             placed = solo.state.checks[Check.PLACEMENT].last_finished
             await solo.trigger_check(Check.PLACEMENT)
             await until(
