@@ -45,7 +45,7 @@ async def explain_ledger(
 ) -> dict[str, Any]:
     """The explanation document of one ledger; LedgerNotFoundError when it does not exist."""
     check_ledger_id(ledger_id)
-    rec = await LedgerWalker(ctx.zk, ctx.root, ctx.manager).read(ledger_id)
+    rec = await LedgerWalker(ctx.store, ctx.root, ctx.manager).read(ledger_id)
     if rec is None:
         raise LedgerNotFoundError(f"ledger {ledger_id} does not exist under {ctx.root}")
     # A corrupt mark is named, not a failure: it still marks the ledger.
@@ -58,9 +58,9 @@ async def explain_ledger(
         return explain_invalid(ledger_id, rec.path, rec.znode_version, reason, mark, grace, now_ms)
     registered = await ctx.registered()
     resolver, racks_unreadable = await open_rack_resolver_or_blind(
-        ctx.zk, ctx.root, ctx.config, log=ctx.log
+        ctx.store, ctx.root, ctx.config, log=ctx.log
     )
-    known = registered.available | await all_known_bookies(ctx.zk, ctx.root)
+    known = registered.available | await all_known_bookies(ctx.store, ctx.root)
     mine = md.bookies()
     located = await resolver.locations(sorted(known | mine))
     policy = placement_policy(ctx.config.bookkeeper, known, located)
@@ -90,8 +90,8 @@ async def explain_ledger(
 
 
 async def explain_on_cluster(
-    zk: MetadataStore, root: str, manager: LedgerManager, config: AuditorConfig, ledger_id: int
+    store: MetadataStore, root: str, manager: LedgerManager, config: AuditorConfig, ledger_id: int
 ) -> dict[str, Any]:
     """`explain_ledger` with a bookie client of its own (the daemon's API, any node)."""
-    async with open_context(zk, root, manager, config, mark=False) as ctx:
+    async with open_context(store, root, manager, config, mark=False) as ctx:
         return await explain_ledger(ctx, ledger_id)

@@ -31,9 +31,9 @@ from auditor.topology.racks import open_rack_resolver
 
 async def ledger_domains(ctx: CheckContext) -> RiskOf:
     """Per closed ledger, the domains whose single loss would make it worse."""
-    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    resolver = await open_rack_resolver(ctx.store, ctx.root, ctx.config, log=ctx.log)
     available = (await ctx.registered()).available
-    known = available | await all_known_bookies(ctx.zk, ctx.root)
+    known = available | await all_known_bookies(ctx.store, ctx.root)
     located = await resolver.locations(sorted(known))
     keys = {b: domain_keys(b, place_of(located.get(b))) for b in known}
 

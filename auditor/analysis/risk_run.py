@@ -86,14 +86,14 @@ async def run_risk(ctx: CheckContext) -> RiskReport:
     """The risk of every closed ledger of the cluster of `ctx`, given today's bookies."""
     report = RiskReport(started_at=ctx.clock())
     resolver, report.racks_unreadable = await open_rack_resolver_or_blind(
-        ctx.zk, ctx.root, ctx.config, log=ctx.log
+        ctx.store, ctx.root, ctx.config, log=ctx.log
     )
     if report.racks_unreadable is not None:
         ctx.log.warning(
             "rack sources unreadable: every bookie unlocated", why=report.racks_unreadable
         )
     available = (await ctx.registered()).available
-    known = available | await all_known_bookies(ctx.zk, ctx.root)
+    known = available | await all_known_bookies(ctx.store, ctx.root)
     # The known bookies in one go (one script batch), as the placement check does.
     await resolver.locations(sorted(known))
     walker = ctx.walker()
@@ -101,7 +101,7 @@ async def run_risk(ctx: CheckContext) -> RiskReport:
     ctx.log.info(
         "risk report started",
         rack_sources=resolver.source_names,
-        metadata="index" if indexed else "zookeeper",
+        metadata="index" if indexed else str(ctx.store.kind),
     )
     await judge_risk(
         walker.ledgers(concurrency=ctx.config.checks.walk_window),

@@ -238,14 +238,14 @@ async def predict(view: ClusterView, config: AuditorConfig, request: WhatIfReque
 
 async def live_view(ctx: CheckContext) -> ClusterView:
     """The cluster of `ctx`: registry and cookies now, locations from the rack sources."""
-    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    resolver = await open_rack_resolver(ctx.store, ctx.root, ctx.config, log=ctx.log)
     available = (await ctx.registered()).available
-    known = available | await all_known_bookies(ctx.zk, ctx.root)
+    known = available | await all_known_bookies(ctx.store, ctx.root)
     await resolver.locations(sorted(known))
     walker = ctx.walker()
 
     async def address_of(bookie: str) -> tuple[str, int] | None:
-        return await resolve_bookie(ctx.zk, ctx.root, bookie)
+        return await resolve_bookie(ctx.store, ctx.root, bookie)
 
     def records() -> AsyncIterator[LedgerRecord]:
         return walker.ledgers(concurrency=ctx.config.checks.walk_window)

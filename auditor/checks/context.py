@@ -42,7 +42,7 @@ MAX_MARK_LOOKS = 3
 
 @dataclass
 class CheckContext:
-    zk: MetadataStore
+    store: MetadataStore
     root: str
     manager: LedgerManager
     bookies: BookieClient
@@ -76,7 +76,7 @@ class CheckContext:
 
     def __post_init__(self) -> None:
         self.urm = UnderreplicationManager(
-            self.zk,
+            self.store,
             self.root,
             store_ctime=self.config.bookkeeper.storeSystemTimeAsLedgerUnderreplicatedMarkTime,
         )
@@ -97,15 +97,15 @@ class CheckContext:
         if self.index is not None and self.index.ready.is_set():
             from auditor.index.store import IndexWalker
 
-            return IndexWalker(self.index.index, self.zk, self.id_range)
-        return LedgerWalker(self.zk, self.root, self.manager, self.id_range)
+            return IndexWalker(self.index.index, self.store, self.id_range)
+        return LedgerWalker(self.store, self.root, self.manager, self.id_range)
 
     def outcome(self, outcome: LedgerOutcome) -> None:
         if self.on_ledger is not None:
             self.on_ledger(outcome)
 
     async def registered(self) -> BookieSet:
-        return await read_bookies(self.zk, self.root)
+        return await read_bookies(self.store, self.root)
 
     async def mark_underreplicated(
         self,
@@ -174,12 +174,12 @@ class CheckContext:
 
     def fresh_walker(self) -> LedgerWalker:
         """Reads the store itself (never the index): for second looks."""
-        return LedgerWalker(self.zk, self.root, self.manager)
+        return LedgerWalker(self.store, self.root, self.manager)
 
 
 @asynccontextmanager
 async def open_context(
-    zk: MetadataStore,
+    store: MetadataStore,
     root: str,
     manager: LedgerManager,
     config: AuditorConfig,
@@ -190,7 +190,7 @@ async def open_context(
     """A context whose bookie client resolves ids through the cluster's registry."""
 
     async def resolve(bookie_id: str) -> tuple[str, int] | None:
-        return await resolve_bookie(zk, root, bookie_id)
+        return await resolve_bookie(store, root, bookie_id)
 
     client = BookieClient(
         resolve,
@@ -200,6 +200,6 @@ async def open_context(
         tls=bookie_tls(config.bookkeeper),
     )
     try:
-        yield CheckContext(zk, root, manager, client, config, mark=mark, id_range=id_range)
+        yield CheckContext(store, root, manager, client, config, mark=mark, id_range=id_range)
     finally:
         await client.close()

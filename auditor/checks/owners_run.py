@@ -26,7 +26,7 @@ async def attach_owners(ctx: CheckContext, report: CheckReport) -> None:
     wanted = sorted({v.ledger_id for v in report.violations} - report.owners.keys())
     if not wanted:
         return
-    walker = LedgerWalker(ctx.zk, ctx.root, ctx.manager)
+    walker = LedgerWalker(ctx.store, ctx.root, ctx.manager)
     interned: dict[Owner, Owner] = {}
 
     async def one(ledger_id: int) -> None:
@@ -41,7 +41,7 @@ async def attach_owners(ctx: CheckContext, report: CheckReport) -> None:
         await bounded(wanted, one, ctx.config.checks.ledger_concurrency)
     except ServiceUnavailableError as exc:
         ctx.log.warning(
-            "owners of flagged ledgers not all known: ZooKeeper failed",
+            "owners of flagged ledgers not all known: metadata store failed",
             check=str(report.check),
             found=len(report.owners),
             flagged=len(wanted),

@@ -55,7 +55,7 @@ MarkFn = Callable[[CheckReport, int], Awaitable[object]]
 async def _known_bookies(ctx: CheckContext) -> frozenset[str]:
     """Registered bookies plus every cookie (cookies outlive their bookies)."""
     registered = await ctx.registered()
-    return registered.available | await all_known_bookies(ctx.zk, ctx.root)
+    return registered.available | await all_known_bookies(ctx.store, ctx.root)
 
 
 def cluster_regions(
@@ -171,7 +171,7 @@ async def run_placement_check(ctx: CheckContext) -> CheckReport:
     log = recorder.log
     bk = ctx.config.bookkeeper
     kind = policy_kind(bk.ensemblePlacementPolicy)
-    resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=ctx.log)
+    resolver = await open_rack_resolver(ctx.store, ctx.root, ctx.config, log=ctx.log)
     for path, reason in resolver.problems:
         recorder.invalid_znode(path, reason, what="rack entry names no rack")
     # The known bookies in one go: one script batch up front, not one per ledger.

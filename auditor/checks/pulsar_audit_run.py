@@ -123,29 +123,30 @@ def verdicts_of(
 
 @dataclass(frozen=True, slots=True)
 class PulsarSource:
-    """Pulsar's metadata store: a ZooKeeper client and the root of Pulsar's tree in it."""
+    """Pulsar's metadata store: a client of it and the root of Pulsar's tree in it."""
 
-    zk: MetadataStore
+    store: MetadataStore
     root: str
 
 
 @asynccontextmanager
 async def pulsar_source(ctx: CheckContext) -> AsyncIterator[PulsarSource]:
-    """The cluster's ZooKeeper, or the one `checks.pulsar_metadata_zk` names (closed after)."""
+    """The cluster's metadata store, or the ZooKeeper `checks.pulsar_metadata_zk` names
+    (closed after)."""
     cfg = ctx.config.checks
     if not cfg.pulsar_metadata_zk:
-        yield PulsarSource(ctx.zk, cfg.pulsar_root)
+        yield PulsarSource(ctx.store, cfg.pulsar_root)
         return
-    zk = open_zookeeper_beside(ctx.zk, cfg.pulsar_metadata_zk, ctx.config.zk_timeout)
-    await zk.start()
+    store = open_zookeeper_beside(ctx.store, cfg.pulsar_metadata_zk, ctx.config.zk_timeout)
+    await store.start()
     try:
-        yield PulsarSource(zk, cfg.pulsar_root)
+        yield PulsarSource(store, cfg.pulsar_root)
     finally:
-        await zk.close()
+        await store.close()
 
 
 async def read_refs(source: PulsarSource) -> PulsarRefs:
-    return await read_pulsar_refs(source.zk, source.root)
+    return await read_pulsar_refs(source.store, source.root)
 
 
 # --- observing ledgers --------------------------------------------------------------------
@@ -169,7 +170,7 @@ async def observe_ledgers(
     given = verdicts or {}
     # ZooKeeper's metadata, never the leader's index: the index keeps no custom metadata,
     # and Pulsar's owner keys are what make an unreferenced ledger an orphan.
-    walker = LedgerWalker(ctx.zk, ctx.root, ctx.manager, ctx.id_range)
+    walker = LedgerWalker(ctx.store, ctx.root, ctx.manager, ctx.id_range)
     progress = Progress(
         ctx.log,
         str(Check.PULSAR),
@@ -231,9 +232,9 @@ async def rechecks(audit: PulsarAudit, source: PulsarSource, walker: Walker) -> 
         schemas |= s
     fresh = PulsarRefs()
     for name in sorted(mls):
-        fresh.merge(await read_managed_ledger(source.zk, source.root, name))
+        fresh.merge(await read_managed_ledger(source.store, source.root, name))
     for schema_id in sorted(schemas):
-        fresh.merge(await read_schema(source.zk, source.root, schema_id))
+        fresh.merge(await read_schema(source.store, source.root, schema_id))
     out: dict[int, Recheck] = {}
     for ledger_id in sorted({f.ledger_id for f in audit.findings}):
         exists = await walker.read(ledger_id) is not None

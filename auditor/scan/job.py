@@ -124,7 +124,7 @@ async def run_scan(
 ) -> ScanResult:
     """Runs `spec.checks` over the cluster of `ctx`; writes DIR's files when `out` is given."""
     log = ctx.log.bind(engine=engine.name)
-    ranges = await plan_ranges(ctx.zk, ctx.root, ctx.manager, partitions)
+    ranges = await plan_ranges(ctx.store, ctx.root, ctx.manager, partitions)
     spec = spec.with_bookie_cap(engine.concurrency(len(ranges)))
     log.info(
         "scan planned",
@@ -241,7 +241,7 @@ async def run_snapshot(
     ctx: CheckContext, engine: Engine, spec: ScanSpec, *, partitions: int, out: Path
 ) -> SnapshotCluster:
     """Every ledger's metadata into DIR/ledgers/; cluster.json last (it marks completion)."""
-    ranges = await plan_ranges(ctx.zk, ctx.root, ctx.manager, partitions)
+    ranges = await plan_ranges(ctx.store, ctx.root, ctx.manager, partitions)
     async with reporting_stages(ctx.log, engine.progress, spec.config.checks.progress_interval):
         parts = await engine.snapshot_ranges(spec, ranges)
     seen: set[str] = set()
@@ -249,7 +249,7 @@ async def run_snapshot(
         seen |= p.bookies
     ledgers = sum(p.ledgers for p in parts)
     cluster = await describe_cluster(
-        ctx.zk, ctx.root, ctx.manager.value, spec.config, seen, ledgers
+        ctx.store, ctx.root, ctx.manager.value, spec.config, seen, ledgers
     )
     cluster = cluster.with_invalid_znodes(invalid_znodes_of(parts))
     write_json(out / CLUSTER, cluster.to_json())

@@ -109,8 +109,8 @@ async def _partition_context(
 ) -> AsyncIterator[tuple[CheckContext, PartitionResult]]:
     result = PartitionResult()
     async with (
-        connect(spec.target) as (zk, manager),
-        open_context(zk, spec.target.root, manager, spec.config, id_range=id_range) as ctx,
+        connect(spec.target) as (store, manager),
+        open_context(store, spec.target.root, manager, spec.config, id_range=id_range) as ctx,
     ):
         ctx.on_ledger = sink if spec.coverage else None
         # Marks are always collected (marks.json lists them); only the driver writes.

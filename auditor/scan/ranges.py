@@ -49,9 +49,9 @@ class Bucket:
     tree: Tree | None
 
 
-async def _children(zk: MetadataStore, path: str) -> list[str]:
+async def _children(store: MetadataStore, path: str) -> list[str]:
     try:
-        return sorted(await zk.get_children(path))
+        return sorted(await store.get_children(path))
     except NoNodeError:
         return []
 
@@ -70,10 +70,10 @@ def _plannable(b: Bucket) -> bool:
     return is_valid_ledger_id(b.lo)
 
 
-async def _expand(zk: MetadataStore, b: Bucket) -> list[Bucket]:
+async def _expand(store: MetadataStore, b: Bucket) -> list[Bucket]:
     """The next level down of one directory bucket."""
     assert b.tree is not None
-    names = await _children(zk, b.path)
+    names = await _children(store, b.path)
     if len(b.prefix) + 4 == b.tree.digits:
         found = [_leaf(int(b.prefix + n[1:])) for n in names if LEAF.match(n)]
     else:
@@ -86,13 +86,13 @@ def _leaf_parent(b: Bucket) -> bool:
 
 
 async def buckets(
-    zk: MetadataStore, root: str, manager: LedgerManager, partitions: int
+    store: MetadataStore, root: str, manager: LedgerManager, partitions: int
 ) -> list[Bucket]:
     """Where the ledgers are, as id-ordered buckets of comparable size."""
     root = root.rstrip("/")
     if manager is LedgerManager.FLAT:
-        return [_leaf(int(n[1:])) for n in await _children(zk, root) if FLAT_LEAF.match(n)]
-    tops = await _children(zk, root)
+        return [_leaf(int(n[1:])) for n in await _children(store, root) if FLAT_LEAF.match(n)]
+    tops = await _children(store, root)
     found = [
         bucket
         for tree in trees_of(manager)
@@ -103,13 +103,13 @@ async def buckets(
     while not all(_leaf_parent(b) for b in found):
         nxt: list[Bucket] = []
         for b in found:
-            nxt.extend([b] if _leaf_parent(b) else await _expand(zk, b))
+            nxt.extend([b] if _leaf_parent(b) else await _expand(store, b))
         found = nxt
     # Too few to balance on: list them (one listing each) and split on exact ids.
     if len(found) < partitions * BUCKETS_PER_PARTITION:
         leaves: list[Bucket] = []
         for b in found:
-            leaves.extend(await _expand(zk, b) if b.tree is not None else [b])
+            leaves.extend(await _expand(store, b) if b.tree is not None else [b])
         found = leaves
     return found
 
@@ -128,20 +128,20 @@ def split(found: list[Bucket], partitions: int) -> list[IdRange]:
 
 
 async def plan_ranges(
-    zk: MetadataStore, root: str, manager: LedgerManager, partitions: int
+    store: MetadataStore, root: str, manager: LedgerManager, partitions: int
 ) -> list[IdRange]:
-    if zk.ranged:
-        return await even_ranges(zk, root, manager, partitions)
-    return split(await buckets(zk, root, manager, partitions), partitions)
+    if store.ranged:
+        return await even_ranges(store, root, manager, partitions)
+    return split(await buckets(store, root, manager, partitions), partitions)
 
 
 async def even_ranges(
-    zk: MetadataStore, root: str, manager: LedgerManager, partitions: int
+    store: MetadataStore, root: str, manager: LedgerManager, partitions: int
 ) -> list[IdRange]:
     """Contiguous ranges tiling [0, 2^63), splitting 0..the largest ledger id evenly."""
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
-    largest = await LedgerWalker(zk, root, manager).max_ledger_id()
+    largest = await LedgerWalker(store, root, manager).max_ledger_id()
     if largest is None or partitions == 1:
         return [WHOLE]
     n = min(partitions, largest + 1)

@@ -175,10 +175,10 @@ async def snapshot_range(
     progress: PartitionProgress | None = None,
 ) -> SnapshotPart:
     part = SnapshotPart()
-    async with connect(spec.target) as (zk, manager):
+    async with connect(spec.target) as (store, manager):
         from auditor.metadata.walk import LedgerWalker
 
-        walker = LedgerWalker(zk, spec.target.root, manager, id_range)
+        walker = LedgerWalker(store, spec.target.root, manager, id_range)
         ticks = Progress(
             structlog.get_logger("auditor.scan").bind(range=f"{id_range.lo}-{id_range.hi}"),
             "snapshot",
@@ -281,15 +281,20 @@ class SnapshotCluster:
 
 
 async def describe_cluster(
-    zk: MetadataStore, root: str, manager: str, config: AuditorConfig, seen: set[str], ledgers: int
+    store: MetadataStore,
+    root: str,
+    manager: str,
+    config: AuditorConfig,
+    seen: set[str],
+    ledgers: int,
 ) -> SnapshotCluster:
     """Bookies and their locations, through the same sources the live check uses."""
     from auditor.metadata.registry import all_known_bookies, read_bookies
     from auditor.topology.racks import open_rack_resolver
 
-    registered = await read_bookies(zk, root)
-    known = registered.available | await all_known_bookies(zk, root)
-    resolver = await open_rack_resolver(zk, root, config)
+    registered = await read_bookies(store, root)
+    known = registered.available | await all_known_bookies(store, root)
+    resolver = await open_rack_resolver(store, root, config)
     # Known bookies first, in one batch, as the live check does; then every other
     # bookie some ensemble names.
     locations = await resolver.locations(sorted(known))

@@ -147,26 +147,26 @@ class CanaryLayout:
         return out
 
 
-async def _put(zk: MetadataStore, path: str, data: bytes) -> None:
+async def _put(store: MetadataStore, path: str, data: bytes) -> None:
     try:
-        current, stat = await zk.get(path)
+        current, stat = await store.get(path)
     except NoNodeError:
-        await zk.create(path, data, makepath=True)
+        await store.create(path, data, makepath=True)
         return
     if current != data:
-        await zk.set(path, data, version=int(stat.version))
+        await store.set(path, data, version=int(stat.version))
 
 
-async def write_canary(zk: MetadataStore, layout: CanaryLayout) -> None:
-    """Brings the canary's znodes to `layout` (`zk`: the leader's fenced view)."""
-    await _put(zk, layout.racks_path, layout.racks())
+async def write_canary(store: MetadataStore, layout: CanaryLayout) -> None:
+    """Brings the canary's znodes to `layout` (`store`: the leader's fenced view)."""
+    await _put(store, layout.racks_path, layout.racks())
     wanted = layout.ledgers()
     for ledger_id in CANARY_IDS:
         path = ledger_path(CANARY_MANAGER, layout.root, ledger_id)
         if ledger_id in wanted:
-            await _put(zk, path, wanted[ledger_id])
-        elif await zk.exists(path) is not None:
-            await zk.delete(path)
+            await _put(store, path, wanted[ledger_id])
+        elif await store.exists(path) is not None:
+            await store.delete(path)
 
 
 @dataclass
@@ -176,7 +176,7 @@ class CanaryContext(CheckContext):
     registry_root: str = "/ledgers"
 
     async def registered(self) -> BookieSet:
-        return await read_bookies(self.zk, self.registry_root)
+        return await read_bookies(self.store, self.registry_root)
 
 
 def canary_config(ctx: CheckContext, layout: CanaryLayout) -> Any:
@@ -230,7 +230,7 @@ def judge(check: str, report: CheckReport, layout: CanaryLayout, seconds: float)
 
 
 async def run_canary(ctx: CheckContext, canary_root: str) -> list[SelfTestResult]:
-    """Writes the canary (fenced, through `ctx.zk`), runs both drivers over it, judges.
+    """Writes the canary (fenced, through `ctx.store`), runs both drivers over it, judges.
 
     Uses the leader's bookie client (it resolves ids through the real
     registry) and never marks. ZooKeeper errors propagate to the caller.
@@ -238,9 +238,9 @@ async def run_canary(ctx: CheckContext, canary_root: str) -> list[SelfTestResult
     from auditor.checks.runner import driver
 
     layout = CanaryLayout.for_cluster(canary_root, await ctx.registered())
-    await write_canary(ctx.zk, layout)
+    await write_canary(ctx.store, layout)
     cctx = CanaryContext(
-        ctx.zk,
+        ctx.store,
         layout.root,
         CANARY_MANAGER,
         ctx.bookies,

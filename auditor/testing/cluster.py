@@ -96,11 +96,11 @@ class ClusterWriter:
 
     def __init__(
         self,
-        zk: MetadataStore,
+        store: MetadataStore,
         root: str = DEFAULT_LEDGERS_ROOT,
         manager: LedgerManager = LedgerManager.HIERARCHICAL,
     ) -> None:
-        self.zk = zk
+        self.store = store
         self.root = root.rstrip("/")
         self.manager = manager
         self._parents: set[str] = set()
@@ -114,7 +114,7 @@ class ClusterWriter:
         under-replication layout (that driver has no under-replication manager)."""
         instance = instance_id or str(uuid.uuid4())
         etcd = self.manager is LedgerManager.ETCD
-        await self.zk.ensure_path(self.root)
+        await self.store.ensure_path(self.root)
         empty = ("ledgers", "buckets", "underreplication") if etcd else ("idgen",)
         for path, data in [
             (f"{self.root}/LAYOUT", Layout.current(self.manager).encode()),
@@ -125,28 +125,28 @@ class ClusterWriter:
             *[(f"{self.root}/{name}", b"") for name in empty],
         ]:
             with contextlib.suppress(NodeExistsError):
-                await self.zk.create(path, data)
+                await self.store.create(path, data)
         if not etcd:
-            await UnderreplicationManager(self.zk, self.root).check_layout()
+            await UnderreplicationManager(self.store, self.root).check_layout()
         return instance
 
     async def add_cookie(self, bookie_id: str) -> None:
         """A bookie that registered once (its cookie stays when it goes away)."""
         with contextlib.suppress(NodeExistsError):
-            await self.zk.create(f"{self.root}/cookies/{bookie_id}", cookie_bytes(bookie_id))
+            await self.store.create(f"{self.root}/cookies/{bookie_id}", cookie_bytes(bookie_id))
 
     def path(self, ledger_id: int) -> str:
         return ledger_path(self.manager, self.root, ledger_id)
 
     async def write_ledger(self, md: LedgerMetadata) -> str:
         path = self.path(md.ledger_id)
-        await self.zk.create(path, encode_ledger_metadata(md), makepath=True)
+        await self.store.create(path, encode_ledger_metadata(md), makepath=True)
         return path
 
     async def write_raw(self, ledger_id: int, data: bytes) -> str:
         """Stores arbitrary bytes as a ledger's metadata (for corrupt-input tests)."""
         path = self.path(ledger_id)
-        await self.zk.create(path, data, makepath=True)
+        await self.store.create(path, data, makepath=True)
         return path
 
     async def write_ledgers(self, mds: Iterable[LedgerMetadata], batch: int = 1000) -> int:
@@ -159,10 +159,10 @@ class ClusterWriter:
             pending.append((path, encode_ledger_metadata(md)))
             count += 1
             if len(pending) >= batch:
-                await self.zk.create_many(pending)
+                await self.store.create_many(pending)
                 pending = []
         if pending:
-            await self.zk.create_many(pending)
+            await self.store.create_many(pending)
         return count
 
     async def _ensure_parents(self, path: str, pending: list[tuple[str, bytes]]) -> None:
@@ -173,5 +173,5 @@ class ClusterWriter:
             parent = parent.rsplit("/", 1)[0]
         for p in reversed(missing):
             self._parents.add(p)
-            if await self.zk.exists(p) is None:
+            if await self.store.exists(p) is None:
                 pending.append((p, b""))

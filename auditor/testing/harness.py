@@ -27,12 +27,12 @@ class TestCluster:
 
     def __init__(
         self,
-        zk: MetadataStore,
+        store: MetadataStore,
         bookies: list[BookieEmulator],
         cluster: ClusterWriter,
         writer: LedgerWriter,
     ) -> None:
-        self.zk = zk
+        self.store = store
         self.bookies = bookies
         self.cluster = cluster
         self.writer = writer
@@ -55,13 +55,13 @@ class TestCluster:
     ) -> AsyncIterator[CheckContext]:
         """A check context on this cluster (config from defaults plus `overrides`)."""
         cfg = config or load_config(None, overrides)
-        async with open_context(self.zk, self.root, self.cluster.manager, cfg, mark=mark) as ctx:
+        async with open_context(self.store, self.root, self.cluster.manager, cfg, mark=mark) as ctx:
             yield ctx
 
 
 @asynccontextmanager
 async def test_cluster(
-    zk: MetadataStore,
+    store: MetadataStore,
     bookies: int | Sequence[Storage | str] = 3,
     *,
     root: str = "/ledgers",
@@ -69,19 +69,19 @@ async def test_cluster(
     password: bytes = b"",
 ) -> AsyncIterator[TestCluster]:
     """Lays out a cluster and starts emulated bookies; everything stops on exit."""
-    cw = ClusterWriter(zk, root, manager)
+    cw = ClusterWriter(store, root, manager)
     await cw.init_cluster()
     kinds = [Storage.SORTED] * bookies if isinstance(bookies, int) else list(bookies)
-    emus = [BookieEmulator(zk, ledgers_root=root, storage=k) for k in kinds]
+    emus = [BookieEmulator(store, ledgers_root=root, storage=k) for k in kinds]
 
     async def resolve(bookie_id: str) -> tuple[str, int] | None:
-        return await resolve_bookie(zk, root, bookie_id)
+        return await resolve_bookie(store, root, bookie_id)
 
     client = BookieClient(resolve, request_timeout=5.0)
     try:
         for e in emus:
             await e.start()
-        yield TestCluster(zk, emus, cw, LedgerWriter(cw, client, password=password))
+        yield TestCluster(store, emus, cw, LedgerWriter(cw, client, password=password))
     finally:
         await client.close()
         for e in emus:

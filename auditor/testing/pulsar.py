@@ -173,7 +173,7 @@ class PulsarWriter:
         entries: int = 3,
     ) -> None:
         self.writer = writer
-        self.zk: MetadataStore = writer.cluster.zk
+        self.store: MetadataStore = writer.cluster.store
         self.bookies = list(bookies)
         self.root = root.rstrip("/")
         self.cluster = cluster
@@ -219,15 +219,15 @@ class PulsarWriter:
 
     async def _put(self, path: str, data: bytes) -> None:
         try:
-            await self.zk.create(path, data, makepath=True)
+            await self.store.create(path, data, makepath=True)
         except NodeExistsError:
-            await self.zk.set(path, data)
+            await self.store.set(path, data)
 
     async def tenant(self, tenant: str) -> None:
         """`/admin/policies/<tenant>`: TenantInfo JSON (admin roles, allowed clusters)."""
         doc = {"adminRoles": [], "allowedClusters": [self.cluster]}
         with contextlib.suppress(NodeExistsError):
-            await self.zk.create(
+            await self.store.create(
                 f"{self.root}/admin/policies/{tenant}", json.dumps(doc).encode(), makepath=True
             )
 
@@ -263,7 +263,7 @@ class PulsarWriter:
         local = {"bundles": bundles, "migrated": False}
         for base, doc in (("policies", policies), ("local-policies", local)):
             with contextlib.suppress(NodeExistsError):
-                await self.zk.create(
+                await self.store.create(
                     f"{self.root}/admin/{base}/{namespace}",
                     json.dumps(doc, separators=(",", ":")).encode(),
                     makepath=True,
@@ -394,14 +394,14 @@ class PulsarWriter:
         deleted its metadata but not (yet) its ledgers leaves it."""
         path = self.managed_ledger_path(managed_ledger_of_topic(topic))
         try:
-            children = await self.zk.get_children(path)
+            children = await self.store.get_children(path)
         except NoNodeError:
             return
         for c in children:
             with contextlib.suppress(NoNodeError):
-                await self.zk.delete(f"{path}/{c}")
+                await self.store.delete(f"{path}/{c}")
         with contextlib.suppress(NoNodeError):
-            await self.zk.delete(path)
+            await self.store.delete(path)
 
     # --- schemas ---------------------------------------------------------------
 

@@ -75,12 +75,12 @@ def _held(index: int, e: int, w: int) -> list[int]:
 
 
 async def build_seeded_cluster(
-    zk: MetadataStore, bookies: list[BookieEmulator], healthy: int = HEALTHY
+    store: MetadataStore, bookies: list[BookieEmulator], healthy: int = HEALTHY
 ) -> None:
     """Writes the cluster onto eight started emulators; the caller then crashes bookie 6
     and pauses bookie 7 (that is the "lost" and the "registered but silent" bookie)."""
     ids = [b.bookie_id for b in bookies]
-    cw = ClusterWriter(zk, ROOT)
+    cw = ClusterWriter(store, ROOT)
     await cw.init_cluster()
     # Rings of three bookies from three racks: every write quorum spans two racks.
     rings = [(0, 2, 4), (1, 3, 5), (2, 4, 0), (3, 5, 1), (4, 0, 2), (5, 1, 3)]
@@ -129,11 +129,11 @@ async def build_seeded_cluster(
     bookies[3].drop_entries(3003, [4])  # index 1 holds entry 4 (W=2)
     bookies[4].drop_entries(3004, [4])  # index 1 of (2, 4, 0), W=3: one of three copies
     await cw.write_raw(3008, b"BookieMetadataFormatVersion\t3\n\x07garbage")
-    urm = UnderreplicationManager(zk, ROOT)
+    urm = UnderreplicationManager(store, ROOT)
     two_hours_ago = int((time.time() - 7200) * 1000)
     await urm.mark_underreplicated(3006, [ids[5]], now_ms=two_hours_ago)
     group = {b.bookie_id: {"rack": RACKS[i], "hostname": b.host} for i, b in enumerate(bookies)}
-    await zk.create("/bookies", json.dumps({"default": group}).encode())
+    await store.create("/bookies", json.dumps({"default": group}).encode())
 
 
 #: The Pulsar topics `build_pulsar_topics` writes (their namespaces: public/default, acme/iot).
@@ -156,14 +156,14 @@ PULSAR_EXPECTED: dict[str, set[int]] = {
 _PULSAR_RING = (0, 2, 4)
 
 
-async def build_pulsar_topics(zk: MetadataStore, bookies: list[BookieEmulator]) -> None:
+async def build_pulsar_topics(store: MetadataStore, bookies: list[BookieEmulator]) -> None:
     """Writes Pulsar's tree (at ZooKeeper's root, as a Pulsar cluster sharing its
     ZooKeeper with BookKeeper has it) and its ledgers onto the started emulators of
     `build_seeded_cluster` (see the module's docstring)."""
-    cw = ClusterWriter(zk, ROOT)
+    cw = ClusterWriter(store, ROOT)
 
     async def resolve(bookie_id: str) -> tuple[str, int] | None:
-        return await resolve_bookie(zk, ROOT, bookie_id)
+        return await resolve_bookie(store, ROOT, bookie_id)
 
     client = BookieClient(resolve, request_timeout=5.0)
     try:
@@ -183,7 +183,7 @@ async def build_pulsar_topics(zk: MetadataStore, bookies: list[BookieEmulator]) 
             ledgers=[4020, PULSAR_LOST, 4022],
             cursors={"dashboard": Cursor(ledger=4023)},
         )
-        await zk.delete(cw.path(PULSAR_LOST))
+        await store.delete(cw.path(PULSAR_LOST))
         # Each namespace's topic-policies system topic, as a 4.x broker creates it.
         await w.system_topic("public/default", 4040, 4041)
         await w.system_topic("acme/iot", 4042, 4043)

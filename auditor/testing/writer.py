@@ -110,7 +110,7 @@ class LedgerWriter:
         md = written.metadata
         await self.write_entries(md.ledger_id, [(0, ensemble)], md.write_quorum, written.entries)
         new = replace(md, segments=(Segment(0, tuple(ensemble)),))
-        await self.cluster.zk.set(written.path, encode_ledger_metadata(new))
+        await self.cluster.store.set(written.path, encode_ledger_metadata(new))
         return new
 
     async def write_ledger(

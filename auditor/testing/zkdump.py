@@ -14,15 +14,15 @@ from auditor.store import MetadataStore, NoNodeError
 Dump = dict[str, tuple[bytes, int, int]]
 
 
-async def dump_tree(zk: MetadataStore, path: str = "/") -> Dump:
+async def dump_tree(store: MetadataStore, path: str = "/") -> Dump:
     """Every znode under `path` (itself included): data, version, child version."""
     out: Dump = {}
     try:
-        data, stat = await zk.get(path)
+        data, stat = await store.get(path)
     except NoNodeError:
         return out
     # The child version is ZooKeeper's; a store without it (etcd) shows -1.
     out[path] = (data, int(stat.version), int(getattr(stat, "cversion", -1)))
-    for child in sorted(await zk.get_children(path)):
-        out.update(await dump_tree(zk, f"{path.rstrip('/')}/{child}"))
+    for child in sorted(await store.get_children(path)):
+        out.update(await dump_tree(store, f"{path.rstrip('/')}/{child}"))
     return out

@@ -130,7 +130,7 @@ class ReplicationWorker:
         log: Any = None,
     ) -> None:
         self.ctx = ctx
-        self.zk: MetadataStore = ctx.zk
+        self.store: MetadataStore = ctx.store
         self.config = ctx.config
         self.conn = conn
         self.state = state
@@ -143,7 +143,7 @@ class ReplicationWorker:
         bk = self.config.bookkeeper
         self.order = RiskOrder(ctx, log=self.log)
         self.queue = ReplicationQueue(
-            self.zk,
+            self.store,
             ctx.root,
             holder,
             order=self.order,
@@ -195,7 +195,7 @@ class ReplicationWorker:
             await asyncio.gather(ranking, *active, *self._holds, return_exceptions=True)
             self.state.in_hand.clear()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.queue.close(), self.zk.timeout)
+                await asyncio.wait_for(self.queue.close(), self.store.timeout)
 
     async def _next(self) -> TakenLedger:
         """Waits until a marked ledger is free, replication enabled and ZooKeeper connected."""
@@ -209,7 +209,7 @@ class ReplicationWorker:
                 changed = await self.queue.changed()
                 taken = await self.queue.take()
             except StoreUnavailableError as exc:
-                self.state.waiting = f"ZooKeeper unavailable: {exc}"
+                self.state.waiting = f"metadata store unavailable: {exc}"
                 await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 continue
             self._publish_due.set()  # the head's locks changed: shown within RANK_INTERVAL
@@ -252,7 +252,7 @@ class ReplicationWorker:
         self.ranked.set()
 
     async def _disabled(self) -> bool:
-        return await self.zk.exists(f"{self.ctx.root}/underreplication/disable") is not None
+        return await self.store.exists(f"{self.ctx.root}/underreplication/disable") is not None
 
     # --- one taken ledger --------------------------------------------------------------------
 

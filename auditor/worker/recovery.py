@@ -266,8 +266,8 @@ def close_recovered(
 
 async def recover_open_ledger(
     client: BookieClient,
-    zk_fenced: MetadataStore,
-    zk: MetadataStore,
+    fenced_store: MetadataStore,
+    store: MetadataStore,
     path: str,
     ledger_id: int,
     *,
@@ -281,7 +281,7 @@ async def recover_open_ledger(
 ) -> Recovered:
     """Fences, recovers and closes the ledger at `path` (see the module docstring).
 
-    Metadata is read with `zk` and written with `zk_fenced` (the replication lock's
+    Metadata is read with `store` and written with `fenced_store` (the replication lock's
     view), version-checked. `replacer` chooses new bookies for members of the last
     ensemble that cannot take a re-add (None: such a recovery fails). Bookie requests
     time out after `read_timeout` / `add_timeout` (default: the client's). A ledger
@@ -302,7 +302,7 @@ async def recover_open_ledger(
         log=log,
     )
     begun = await update_ledger(
-        zk_fenced, zk, path, ledger_id, begin_recovery(), before_write=before_write
+        fenced_store, store, path, ledger_id, begin_recovery(), before_write=before_write
     )
     md = begun.metadata
     if md.closed:
@@ -326,7 +326,7 @@ async def recover_open_ledger(
     ensemble = run.current
     transform = close_recovered(last_entry_id, length, key, ensemble)
     closed = await update_ledger(
-        zk_fenced, zk, path, ledger_id, transform, before_write=before_write
+        fenced_store, store, path, ledger_id, transform, before_write=before_write
     )
     if not closed.metadata.closed:
         raise RecoveryError(f"ledger {ledger_id} is {closed.metadata.state.name} after closing it")

@@ -201,7 +201,7 @@ class PlacementSource:
         now = self.clock()
         if self._resolver is None or now - self._opened >= RACKS_REFRESH:
             ctx = self.ctx
-            self._resolver = await open_rack_resolver(ctx.zk, ctx.root, ctx.config, log=self.log)
+            self._resolver = await open_rack_resolver(ctx.store, ctx.root, ctx.config, log=self.log)
             self._opened = now
         writable = registered.writable - frozenset(replace)
         known = registered.available | md.bookies()
@@ -227,7 +227,7 @@ class LedgerRepairer:
         log: Any,
     ) -> None:
         self.ctx = ctx
-        self.zk = ctx.zk
+        self.store = ctx.store
         self.config = ctx.config
         self.queue = queue
         self.conn = conn
@@ -265,7 +265,7 @@ class LedgerRepairer:
 
     async def read(self, lid: int) -> LedgerMetadata | None:
         try:
-            data, stat = await self.zk.get(self.path(lid))
+            data, stat = await self.store.get(self.path(lid))
         except NoNodeError:
             return None
         return decode_ledger_metadata(data, lid, int(stat.ctime))
@@ -421,7 +421,7 @@ class LedgerRepairer:
             try:
                 result = await update_ledger(
                     self.queue.fenced(taken),
-                    self.zk,
+                    self.store,
                     self.path(lid),
                     lid,
                     replace_bookies(first, replacements),
@@ -466,7 +466,7 @@ class LedgerRepairer:
     async def _copy(self, task: CopyTask) -> CopyResult:
         """The copy, stopped the moment the ZooKeeper connection is suspended."""
         if self.conn.disconnected.is_set():
-            raise Disconnected("ZooKeeper connection suspended before the copy")
+            raise Disconnected("metadata store connection suspended before the copy")
         copy = asyncio.ensure_future(self.copier.copy(task))
         lost = asyncio.ensure_future(self.conn.disconnected.wait())
         try:
@@ -477,7 +477,7 @@ class LedgerRepairer:
                 copy.cancel()
             await asyncio.gather(copy, lost, return_exceptions=True)
         if copy.cancelled():
-            raise Disconnected("ZooKeeper connection suspended: copy stopped")
+            raise Disconnected("metadata store connection suspended: copy stopped")
         return copy.result()
 
     async def recover_open_tail(self, taken: TakenLedger) -> Recovered | None:
@@ -517,7 +517,7 @@ class LedgerRepairer:
         work = recover_open_ledger(
             self.ctx.bookies,
             self.queue.fenced(taken),
-            self.zk,
+            self.store,
             self.path(lid),
             lid,
             replacer=self._replacements,
@@ -549,7 +549,7 @@ class LedgerRepairer:
         """`work`, stopped the moment the ZooKeeper connection is suspended."""
         if self.conn.disconnected.is_set():
             work.close()
-            raise Disconnected(f"ZooKeeper connection suspended before the {what}")
+            raise Disconnected(f"metadata store connection suspended before the {what}")
         task = asyncio.ensure_future(work)
         lost = asyncio.ensure_future(self.conn.disconnected.wait())
         try:
@@ -560,7 +560,7 @@ class LedgerRepairer:
                 task.cancel()
             await asyncio.gather(task, lost, return_exceptions=True)
         if task.cancelled():
-            raise Disconnected(f"ZooKeeper connection suspended: {what} stopped")
+            raise Disconnected(f"metadata store connection suspended: {what} stopped")
         return task.result()
 
     async def _place(

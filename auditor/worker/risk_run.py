@@ -155,7 +155,7 @@ class RiskOrder:
         before = self._locations
         try:
             resolver = await open_rack_resolver(
-                self.ctx.zk, self.ctx.root, self.ctx.config, log=self.log
+                self.ctx.store, self.ctx.root, self.ctx.config, log=self.log
             )
             found = await resolver.locations(sorted(self._located)) if resolver.sources else {}
         except (ConfigError, RackSourceError) as exc:

@@ -301,7 +301,7 @@ class _HookedWalker(LedgerWalker):
     """A real walk with a real ZooKeeper change injected just before one ledger is read."""
 
     def __init__(self, ctx: CheckContext, at_ledger: int, action: Any) -> None:
-        super().__init__(ctx.zk, ctx.root, ctx.manager)
+        super().__init__(ctx.store, ctx.root, ctx.manager)
         self.at_ledger = at_ledger
         self.action = action
 

@@ -166,7 +166,7 @@ class _ChangingWalker(LedgerWalker):
     """The real walk; after its first ledger, `change` runs (a real write to the store)."""
 
     def __init__(self, ctx: CheckContext, change: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(ctx.zk, ctx.root, ctx.manager)
+        super().__init__(ctx.store, ctx.root, ctx.manager)
         self.change = change
 
     async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
@@ -207,17 +207,17 @@ async def test_bookie_back_during_the_walk_is_dropped_as_bookie_returned(
 async def replace_bookie(tc: TestCluster, ledger_id: int, old: str, new: str) -> None:
     """What a worker's commit does to the metadata: `old` replaced by `new`, version + 1."""
     path = tc.cluster.path(ledger_id)
-    data, stat = await tc.zk.get(path)
+    data, stat = await tc.store.get(path)
     md = decode_ledger_metadata(data, ledger_id)
     segments = tuple(
         replace(seg, bookies=tuple(new if b == old else b for b in seg.bookies))
         for seg in md.segments
     )
-    await tc.zk.set(path, encode_ledger_metadata(replace(md, segments=segments)), stat.version)
+    await tc.store.set(path, encode_ledger_metadata(replace(md, segments=segments)), stat.version)
 
 
 async def marks(tc: TestCluster) -> dict[int, tuple[str, ...]]:
-    urm = UnderreplicationManager(tc.zk, tc.root)
+    urm = UnderreplicationManager(tc.store, tc.root)
     return {m.ledger_id: m.replicas async for m in urm.list_underreplicated()}
 
 
@@ -235,7 +235,7 @@ async def test_bookie_check_reads_lost_ledgers_again_before_reporting_or_marking
 
         async def change() -> None:
             await replace_bookie(tc, 1, b[2], b[3])
-            await tc.zk.delete(tc.cluster.path(3))
+            await tc.store.delete(tc.cluster.path(3))
 
         async with tc.context(mark=True) as ctx:
             setattr(ctx, "walker", lambda: _ChangingWalker(ctx, change))  # noqa: B010
@@ -279,7 +279,7 @@ async def test_bookie_check_marks_only_while_the_ledger_is_at_the_version_it_jud
         assert sorted(changed) == [1, 2]
         assert report.marked_underreplicated == [2]
         assert await marks(tc) == {2: (b[2],)}
-        assert (await tc.zk.get(tc.cluster.path(2)))[1].version == 1
+        assert (await tc.store.get(tc.cluster.path(2)))[1].version == 1
 
 
 async def test_a_mark_keeps_only_the_bookies_a_ledger_changed_meanwhile_still_names(
@@ -303,7 +303,7 @@ async def test_a_mark_keeps_only_the_bookies_a_ledger_changed_meanwhile_still_na
                 if ledger_id == 1:
                     await replace_bookie(tc, 1, b[0], b[3])
                 else:
-                    await tc.zk.delete(tc.cluster.path(2))
+                    await tc.store.delete(tc.cluster.path(2))
                 return await original(report, ledger_id, missing, **kw)
 
             setattr(ctx, "mark_underreplicated", change_first)  # noqa: B010

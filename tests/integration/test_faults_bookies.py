@@ -100,7 +100,7 @@ class Faulty:
         return self.tc.context(overrides=overrides, mark=mark)
 
     async def marks(self) -> dict[int, tuple[str, ...]]:
-        urm = UnderreplicationManager(self.tc.zk, self.tc.root)
+        urm = UnderreplicationManager(self.tc.store, self.tc.root)
         return {u.ledger_id: tuple(sorted(u.replicas)) async for u in urm.list_underreplicated()}
 
 

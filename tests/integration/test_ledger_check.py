@@ -47,7 +47,7 @@ def reset(tc: TestCluster) -> None:
 
 async def assert_mark_bytes(tc: TestCluster, ledger_id: int, replicas: list[str]) -> None:
     """The mark znode holds exactly BookKeeper's TextFormat for those replicas."""
-    data, _ = await tc.zk.get(ur_ledger_path(f"{tc.root}/underreplication", ledger_id))
+    data, _ = await tc.store.get(ur_ledger_path(f"{tc.root}/underreplication", ledger_id))
     async with tc.context() as ctx:
         ur = await ctx.urm.get(ledger_id)
     assert ur is not None

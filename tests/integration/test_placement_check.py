@@ -42,7 +42,7 @@ def fake(i: int) -> str:
 async def register(tc: harness.TestCluster, n: int) -> list[str]:
     ids = [fake(i) for i in range(n)]
     for i, b in enumerate(ids):
-        await register_bookie(tc.zk, tc.root, b, f"98.98.98.{i}", 2181)
+        await register_bookie(tc.store, tc.root, b, f"98.98.98.{i}", 2181)
     return ids
 
 

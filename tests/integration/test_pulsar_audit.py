@@ -67,8 +67,8 @@ async def build(tc: TestCluster) -> PulsarWriter:
     for b in tc.bookies:
         b.drop_entries(10, [1])
     for lid in (11, 25):
-        await tc.zk.delete(ledger_path(tc.cluster.manager, tc.root, lid))
-    await tc.zk.set(ledger_path(tc.cluster.manager, tc.root, 32), b"not ledger metadata")
+        await tc.store.delete(ledger_path(tc.cluster.manager, tc.root, lid))
+    await tc.store.set(ledger_path(tc.cluster.manager, tc.root, 32), b"not ledger metadata")
     return w
 
 
@@ -175,7 +175,7 @@ async def test_cli_exit_codes_json_and_a_bad_znode(zk: ZkClient) -> None:
         assert doc["replicas_checked"] is True
         assert doc["pulsar"]["namespaces"][0]["ledgers"] == 3
 
-        await tc.zk.delete(ledger_path(tc.cluster.manager, tc.root, 10))
+        await tc.store.delete(ledger_path(tc.cluster.manager, tc.root, 10))
         bad = await w.raw_cursor("shop/orders/persistent/a", "broken", b"\xff\xfe not a cursor")
         code, out, err = await bk(
             "pulsar-audit", "--zk", zk.hosts, "--json", "--no-replicas", *sets
@@ -267,7 +267,7 @@ async def test_pulsars_tree_on_another_zookeeper_is_read_there(zk: ZkClient) -> 
     async with test_cluster(zk, 3) as tc:
         w = PulsarWriter.of(tc, "/pulsar-meta")
         await w.topic(TOPIC_A, ledgers=[10, 11, 12])
-        await tc.zk.delete(ledger_path(tc.cluster.manager, tc.root, 11))
+        await tc.store.delete(ledger_path(tc.cluster.manager, tc.root, 11))
         here, _ = await audit_cluster(target(zk, tc), load_config(None, FAST), replicas=False)
         apart = load_config(None, [*FAST, f"checks.pulsar_metadata_zk={zk.hosts}/pulsar-meta"])
         there, _ = await audit_cluster(target(zk, tc), apart, replicas=False)

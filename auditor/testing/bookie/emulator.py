@@ -64,14 +64,14 @@ __all__ = ["BookieEmulator"]
 class BookieEmulator:
     """One emulated bookie. `await start()` binds, serves and registers in ZooKeeper.
 
-    `zk` may be None for a bookie that does not register. The bookie id is
+    `store` may be None for a bookie that does not register. The bookie id is
     `host:port` of the bound port (so port 0 picks a free port and the id
     follows); a restart binds the same port and keeps the id and all data.
     """
 
     def __init__(
         self,
-        zk: MetadataStore | None = None,
+        store: MetadataStore | None = None,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -86,7 +86,7 @@ class BookieEmulator:
     ) -> None:
         if tls_required and tls is None:
             raise ValueError("tls_required needs a server TLS context")
-        self.zk = zk
+        self.store = store
         self.host = host
         self.port = port
         self.ledgers_root = ledgers_root.rstrip("/") or "/"
@@ -216,13 +216,13 @@ class BookieEmulator:
         self.in_flight = 0
         if server is not None:
             await server.wait_closed()
-        if unregister and self.zk is not None and self.port:
-            await unregister_bookie(self.zk, self.ledgers_root, self.bookie_id)
+        if unregister and self.store is not None and self.port:
+            await unregister_bookie(self.store, self.ledgers_root, self.bookie_id)
 
     async def _register(self) -> None:
-        if self.zk is not None:
+        if self.store is not None:
             await register_bookie(
-                self.zk,
+                self.store,
                 self.ledgers_root,
                 self.bookie_id,
                 self.host,
