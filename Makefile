@@ -109,8 +109,8 @@ interop: $(STAMP_PY) interop-jars
 demo: $(STAMP_PY) etcd
 	@$(VENV)/bin/bk-auditor demo $(if $(DURATION),--duration $(DURATION)) $(if $(STORE),--store $(STORE))
 
-# The static checks run beside the tests (two jobs: the machine has two cores), after
-# everything both need is installed; pytest starts with the unit tests, which time nothing.
+# The static checks run beside the tests (two jobs), after everything both need is
+# installed; pytest's workers start with the interop suite (one worker) and the unit tests.
 test: $(STAMP_PY) chromium zsh etcd promtool interop-jars
 	@$(MAKE) --no-print-directory -j2 static unit
 
@@ -141,8 +141,13 @@ promtool-check: promtool
 	@promtool check rules deploy/prometheus/java-compat-rules.yaml >/dev/null
 	@cd deploy/prometheus && promtool test rules java-compat-rules_test.yaml
 
+# The suite on PYTEST_WORKERS processes (pytest-xdist): most tests wait on servers, JVMs,
+# sockets and timers, so more workers than the two cores pay. --dist loadgroup keeps an
+# xdist_group on one worker (tests/interop, the real bookies' JVMs: see tests/conftest.py).
+# PYTEST_WORKERS=0 runs it in this one process, in file order.
+PYTEST_WORKERS ?= 3
 unit: $(STAMP_PY) chromium zsh etcd interop-jars
-	@$(PY) -m pytest -q
+	@$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # --- release ------------------------------------------------------------------------
 # pyproject.toml's `version` (the one source of truth) names the artefacts.

@@ -1,5 +1,12 @@
 """Shared fixtures: one real ZooKeeper server per test session, a fresh chroot per test;
-one real etcd per test session, a fresh key prefix per test."""
+one real etcd per test session, a fresh key prefix per test.
+
+Under pytest-xdist (`make test` runs `-n 3 --dist loadgroup`) each worker is a session of
+its own: its own ZooKeeper and etcd (started by the first test that asks), on free ports,
+in temporary directories of their own. The interop suite (tests/interop: real bookies,
+Java AutoRecovery, a Pulsar broker, all JVMs) runs on one worker, first (the scheduler
+below).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,17 @@ from auditor.store import MetadataStore
 from auditor.testing.etcdserver import EtcdServer
 from auditor.testing.zkserver import ZooKeeperServer
 from auditor.zk import ZkClient
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` (`make test`): tests/interop as one unit of work, the rest one unit
+    per test (see tests/xdist_groups.py). Any other `--dist` is xdist's own."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import InteropOnOneWorker
+
+    return InteropOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,10 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,17 +317,43 @@ class ZooKeeperServer(ServerProcess):
             MAIN_CLASS,
             str(cfg),
         ]
+        deadline = time.monotonic() + timeout
         self.launch(
             command,
             "zookeeper.log",
             lambda _left: (
                 four_letter(self.port, "ruok") == "imok"
                 and "Mode: standalone" in four_letter(self.port, "srvr")
+                and self._tls_serves(deadline - time.monotonic())
             ),
             timeout,
             lambda message: ZooKeeperServerError(f"ZooKeeper {message}"),
             self.hosts,
         )
+
+    def _tls_serves(self, timeout: float) -> bool:
+        """Whether the secure port completes a TLS handshake (True without `tls`).
+
+        The server's first handshake is its slowest by far: only then does the JVM load and
+        warm up its TLS stack, which on a loaded machine took longer than a test's 3 s
+        connect timeout. Serving TLS is part of being up, so `start()` waits for it."""
+        if self.tls is None:
+            return True
+        m = self.tls.material
+        context = ssl.create_default_context(cafile=str(m.ca.cert))
+        context.check_hostname = False  # the CA is what is checked here
+        context.load_cert_chain(m.client.cert, m.client.key)  # clientAuth=need asks for it
+        try:
+            with (
+                socket.create_connection(
+                    ("127.0.0.1", self.secure_port), timeout=max(timeout, 0.01)
+                ) as raw,
+                context.wrap_socket(raw) as secure,
+            ):
+                secure.getpeercert()
+            return True
+        except OSError:  # ssl.SSLError is one
+            return False
 
 
 def expire_session(hosts: str, client_id: tuple[int, bytes], timeout: float = 10.0) -> None:

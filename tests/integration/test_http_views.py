@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -201,6 +202,10 @@ def _without_ages(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+#: The grace check's age in an explain document.
+AGO = re.compile(r"marked (\d+)s ago")
+
+
 async def test_json_views_are_the_cli_documents(zk: ZkClient) -> None:
     bookies = await seed(zk)
     try:
@@ -228,9 +233,17 @@ async def test_json_views_are_the_cli_documents(zk: ZkClient) -> None:
             assert owner is not None and bookies_report.owners[PULSAR_LEDGER] == owner
 
             # Explain: the `explain --json` document, as the daemon's gRPC Explain gives it.
+            # Its grace check says how many whole seconds ago the ledger was marked, counted
+            # when the document is made: the page's lies between one made before the request
+            # and one made after it (one made after alone differed once a second ticked over).
+            made_before = document_text(await daemon.explain(3003))
             got = await request(port, "/explain/3003")
+            made_after = document_text(await daemon.explain(3003))
             assert got.status == 200
-            assert got.body == (document_text(await daemon.explain(3003)) + "\n").encode()
+            shown = got.body.decode()
+            assert AGO.sub("marked Ns ago", shown) == AGO.sub("marked Ns ago", made_after) + "\n"
+            ages = [[int(a) for a in AGO.findall(doc)] for doc in (made_before, shown, made_after)]
+            assert ages[1] and all(b <= g <= a for b, g, a in zip(*ages, strict=True)), ages
             assert got.json()["ledger_id"] == 3003
 
             # Errors: JSON bodies with a reason.

@@ -982,10 +982,17 @@ async def test_an_unrecoverable_ledger_is_reported_kept_marked_and_tried_once_pe
             running(in_process(zk_hosts, "w-a", racks, *extra), metrics["w-a"]) as a,
             running(in_process(zk_hosts, "w-b", racks, *extra), metrics["w-b"]) as bb,
         ):
-            attempts = await lock_takes(zk, lock_path(LEDGER), WINDOW)
+            attempts = await lock_takes(zk, lock_path(LEDGER), WINDOW, count=3)
             daemons = {"w-a-host": a, "w-b-host": bb}
-            # Unchanged: nothing was copied, committed or unmarked.
-            await assert_untouched(zk, m)
+            # The third attempt's outcome, before anything is read: a fourth cannot start
+            # until a back-off period after the third (the daemons go on running while this
+            # test reads; reading only a fixed window's worth later raced the fourth).
+            deadline = time.monotonic() + 60
+            while sum(d.state.worker.failures.total() for d in daemons.values()) < 3:
+                assert time.monotonic() < deadline, "the third attempt never ended"
+                await asyncio.sleep(0.05)
+            # What follows reads the daemons' state and the log at that one moment (no await
+            # between: the daemons run on this loop).
             for name, d in daemons.items():
                 w = d.state.worker
                 n = sum(1 for _, h in attempts if h == name)
@@ -998,17 +1005,20 @@ async def test_an_unrecoverable_ledger_is_reported_kept_marked_and_tried_once_pe
                 )
                 assert gauge == (1 if n else 0)
                 assert (w.ledgers_replicated, w.fragments_replicated) == (0, 0)
+            logged = list(info_logs)
+            # Unchanged: nothing was copied, committed or unmarked.
+            await assert_untouched(zk, m)
         # At most one attempt per back-off period: three in 20 s, 8 s apart at least.
         assert len(attempts) == 3, attempts
         for (t0, _), (t1, _) in itertools.pairwise(attempts):
             assert t1 - t0 >= UNRECOVERABLE_RETRY - 0.5, attempts
         taken = [
             e
-            for e in info_logs
+            for e in logged
             if e["event"] == "ledger taken for re-replication" and e["ledger"] == LEDGER
         ]
         assert len(taken) == 3
-        reported = [e for e in info_logs if e["event"] == "ledger not re-replicated"]
+        reported = [e for e in logged if e["event"] == "ledger not re-replicated"]
         assert [(e["log_level"], e["ledger"], e["reason"], e["detail"]) for e in reported] == [
             (
                 "error",
@@ -1025,9 +1035,12 @@ async def test_an_unrecoverable_ledger_is_reported_kept_marked_and_tried_once_pe
         assert await zk.get_children(f"{ROOT}/underreplication/locks") == []
 
 
-async def lock_takes(zk: ZkClient, path: str, window: float) -> list[tuple[float, str]]:
+async def lock_takes(
+    zk: ZkClient, path: str, window: float, count: int | None = None
+) -> list[tuple[float, str]]:
     """Each creation of the lock at `path` (when, and its holder), from the first one
-    until `window` seconds after it, seen on watches."""
+    until `window` seconds after it, seen on watches; with `count`, until the count-th
+    (which must come within the window)."""
     seen: list[tuple[float, str]] = []
     last: int | None = None
     first_by = time.monotonic() + 60
@@ -1041,6 +1054,9 @@ async def lock_takes(zk: ZkClient, path: str, window: float) -> list[tuple[float
                 data, _ = await zk.get(path)
                 seen.append((now, holder(data)))
                 end = end if end is not None else now + window
+                if len(seen) == count:
+                    assert now <= end, f"{count} takes, not within {window} s: {seen}"
+                    return seen
         remaining = (end if end is not None else first_by) - time.monotonic()
         if remaining <= 0:
             assert end is not None, "the ledger was never taken"

@@ -109,16 +109,18 @@ async def test_the_cli_gives_up_on_a_silent_server_within_its_timeout() -> None:
         code, out, err = await bk(
             "ledgers", "--zk", f"127.0.0.1:{silent.port}", "--timeout", "2", within=30
         )
-        elapsed = time.monotonic() - t0
+        done = time.monotonic()
         assert (code, out) == (3, "")
         assert err == (
             f"bk-auditor: error: cannot connect to ZooKeeper at 127.0.0.1:{silent.port} "
             "within 2s: a server took the connection and did not answer\n"
         )
-        # From the connection's arrival to its close: the timeout and a moment (the
-        # interpreter's start is outside this window).
+        # From the connection's arrival to its close: the timeout and a moment; to the
+        # process's end, the timeout and two. The interpreter's start comes before the
+        # connection, outside both: no part of the timeout, it alone took seconds when the
+        # machine was busy (this bound was from the start of the process, and failed so).
         assert silent.opened and silent.closed[-1] - silent.opened[0] < 2.8
-        assert elapsed < 4.5, elapsed
+        assert done - silent.opened[0] < 4.0, (done - t0, done - silent.opened[0])
 
 
 class Freezer:
