@@ -145,7 +145,7 @@ promtool-check: promtool
 # sockets and timers, so more workers than the two cores pay. --dist loadgroup keeps an
 # xdist_group on one worker (tests/interop, the real bookies' JVMs: see tests/conftest.py).
 # PYTEST_WORKERS=0 runs it in this one process, in file order.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 2
 unit: $(STAMP_PY) chromium zsh etcd interop-jars
 	@$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 

@@ -109,8 +109,13 @@ async def _leader(
         await build_seeded_cluster(zk, bookies, healthy=300)
         await bookies[6].crash()
         bookies[7].pause()
+        # Reads time out after 4 s, not FAST's 1 s: the paused bookie still costs a timeout
+        # per round, and a bookie that answers is never taken for a silent one on a machine
+        # busy with other test workers (a 1 s bound was overrun there).
         cfg = fast_config(
-            daemon_hosts, "zk-faults:1", [f"daemon.zk_session_timeout={session}", *sets]
+            daemon_hosts,
+            "zk-faults:1",
+            [f"daemon.zk_session_timeout={session}", "readEntryTimeout=4", *sets],
         )
         async with running(cfg, Metrics(), api_factory=_api if api else None) as daemon:
             d = daemon
