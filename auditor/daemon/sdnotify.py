@@ -131,7 +131,7 @@ def _last_check(state: DaemonState) -> str:
 def status_line(state: DaemonState) -> str:
     """Where the daemon stands, in one line for systemd's STATUS.
 
-    It changes with the leadership phase, the ZooKeeper connection, the leader a
+    It changes with the leadership phase, the metadata store's connection, the leader a
     follower sees and the checks a leader ends; times are absolute (UTC), so a line
     sent once stays true until the next one.
     """
@@ -143,7 +143,7 @@ def status_line(state: DaemonState) -> str:
         return f"exiting: {last.message if last else 'a supervised task ended'}"
     if not state.zk_connected:
         held = " (leading; new checks wait)" if phase is Phase.LEADING else ""
-        return f"waiting for ZooKeeper{held}"
+        return f"waiting for {state.store}{held}"
     if phase is Phase.LEADING:
         line = f"leading; {_last_check(state)}"
         if not state.replication_enabled:
@@ -170,7 +170,7 @@ def status_line(state: DaemonState) -> str:
             who = other.holder or other.path
             return f"not voting: {who} leads the {other.election} election"
         return "not voting: the other metadata driver's election has a leader"
-    return "starting: connected to ZooKeeper, not yet voting"
+    return f"starting: connected to {state.store}, not yet voting"
 
 
 def watchdog_interval(env: Mapping[str, str] = os.environ) -> float | None:

@@ -176,16 +176,17 @@ class Daemon:
         #: Whose election this daemon takes part in (fixed for the process's life: a
         #: reload that changes the driver needs a restart).
         self.driver = config.metadata_driver
-        self.state = DaemonState(identity=config.daemon.identity, election=str(self.driver))
+        store_name = STORE_NAMES.get(config.metadata_store, "ZooKeeper")
+        self.state = DaemonState(
+            identity=config.daemon.identity, election=str(self.driver), store=store_name
+        )
         #: When each bookie went missing, as this process saw it (followers too).
         self.sightings = BookieSightings()
         #: The series, read from `state` when scraped; served over HTTP only when given.
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.bind(self.state)
         self._serve_metrics = metrics is not None
-        self.machine = LeadershipMachine(
-            backoff_of(config), rng, store=STORE_NAMES.get(config.metadata_store, "ZooKeeper")
-        )
+        self.machine = LeadershipMachine(backoff_of(config), rng, store=store_name)
         #: The metadata store's client, once `run` opened it.
         self.store: MetadataStore | None = None
         self.root = config.daemon.ledgers_root
@@ -584,7 +585,7 @@ class Daemon:
         check_api_token(self.config.api.token)
         self._notify = notify
         if notify is not None:
-            notify.show(self.state)  # "waiting for ZooKeeper"
+            notify.show(self.state)  # "waiting for ZooKeeper" (or etcd)
         if signals:
             self._install_signals()
         store = open_store(

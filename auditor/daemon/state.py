@@ -207,6 +207,8 @@ class DaemonState:
     duplicate_since: float | None = None
     #: The election this daemon takes part in: "bookkeeper" or "pulsar" (its driver's).
     election: str = "bookkeeper"
+    #: The metadata store's name in what the daemon says ("ZooKeeper", "etcd").
+    store: str = "ZooKeeper"
     #: While the other driver's election has a live holder (this daemon stays out).
     other_election: OtherElection | None = None
     #: While the election is held by a live vote that does not decode (nobody audits).

@@ -159,6 +159,32 @@ def test_messages_the_logs_and_tests_rely_on() -> None:
     assert m.decide(SessionLost(), 1.0).message == "ZooKeeper session lost; stepping down at once"
 
 
+def test_messages_name_the_metadata_store_in_use() -> None:
+    """On etcd the daemon says etcd: a session lost there is not a ZooKeeper session."""
+
+    def etcd_in(phase: Phase, *, connected: bool = True) -> LeadershipMachine:
+        m = LeadershipMachine(rng=random.Random(7), store="etcd")
+        m.phase, m.connected = phase, connected
+        if phase is L:
+            m.elected_at = 0.0
+        return m
+
+    assert etcd_in(V).decide(SessionLost(), 1.0).message == "etcd session lost; voting again"
+    assert etcd_in(L).decide(SessionLost(), 1.0).message == (
+        "etcd session lost; stepping down at once"
+    )
+    assert etcd_in(L).decide(Suspended(), 1.0).message == (
+        "etcd connection suspended; leader work paused"
+    )
+    assert etcd_in(V).decide(Connected(), 1.0).message == "etcd connected"
+    assert etcd_in(L, connected=False).decide(SuspendedTooLong(4.0), 1.0).message == (
+        "disconnected from etcd for a whole session timeout; stepping down"
+    )
+    refused = etcd_in(V).decide(DuplicateIdentity("/k"), 1.0).message
+    assert refused.startswith("another etcd session holds a vote")
+    assert "ZooKeeper" not in refused
+
+
 def test_details_are_bounded() -> None:
     d = machine_in(L).decide(WorkFailed("x" * 10_000), 1.0)
     assert d.detail.startswith("x" * DETAIL_LIMIT)

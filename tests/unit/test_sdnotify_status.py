@@ -177,3 +177,10 @@ def test_a_failed_send_is_sent_again_next_time(tmp_path: Path) -> None:
     finally:
         sock.close()
         n.close()
+
+
+def test_on_etcd_the_status_names_etcd() -> None:
+    state = DaemonState(identity=ME, store="etcd")
+    assert status_line(state) == "waiting for etcd"
+    state.zk_connected = True
+    assert status_line(state) == "starting: connected to etcd, not yet voting"
