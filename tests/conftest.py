@@ -1,7 +1,7 @@
 """Shared fixtures: one real ZooKeeper server per test session, a fresh chroot per test;
 one real etcd per test session, a fresh key prefix per test.
 
-Under pytest-xdist (`make test` runs `-n 3 --dist loadgroup`) each worker is a session of
+Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each worker is a session of
 its own: its own ZooKeeper and etcd (started by the first test that asks), on free ports,
 in temporary directories of their own. The interop suite (tests/interop: real bookies,
 Java AutoRecovery, a Pulsar broker, all JVMs) runs on one worker, first (the scheduler

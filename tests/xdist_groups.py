@@ -1,4 +1,4 @@
-"""How `make test` shares the suite among its pytest-xdist workers (`-n 3 --dist loadgroup`).
+"""How `make test` shares the suite among its pytest-xdist workers (`-n 2 --dist loadgroup`).
 
 Every test is a unit of work of its own, handed to whichever worker is free, except the
 interop suite: tests/interop is one unit, so one worker runs all of it, in file order. Its
