@@ -36,11 +36,11 @@ the configuration; a leader restarts its schedules with it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any, Protocol
 
 from auditor.analysis.risk import RiskReport
@@ -50,7 +50,7 @@ from auditor.checks.findings import Check
 from auditor.daemon.campaign import Campaign
 from auditor.daemon.cluster_checks import follow_cluster_checks
 from auditor.daemon.config import DaemonConfig
-from auditor.daemon.election import current_auditor, make_elector, watch_election
+from auditor.daemon.election import current_auditor, make_elector
 from auditor.daemon.leadership import (
     Action,
     ConfigReloaded,
@@ -69,7 +69,6 @@ from auditor.daemon.leadership import (
     leader_backoff,
 )
 from auditor.daemon.metrics import Metrics
-from auditor.daemon.outage import wait_out_outage
 from auditor.daemon.scheduler import LeaderWork
 from auditor.daemon.sdnotify import Notifier
 from auditor.daemon.standby import IndexSupervisor
@@ -77,15 +76,13 @@ from auditor.daemon.state import (
     DaemonState,
     Happening,
     NotLeaderError,
-    UnreadableVote,
 )
 from auditor.daemon.term import LeaderTerms
+from auditor.daemon.watches import LeaderFollower, note_missing_bookies
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
 from auditor.metadata.acls import find_open_acls
-from auditor.metadata.elections import ElectionHolder
 from auditor.metadata.layout import LedgerManager
-from auditor.metadata.registry import watch_bookies
 from auditor.metadata.service_uri import describe_ignored
 from auditor.metadata.underreplication import (
     CorruptMark,
@@ -478,26 +475,6 @@ class Daemon:
         )
         await campaign.run(self.leader.run)
 
-    async def _watch_bookies(self, store: MetadataStore) -> None:
-        """Notes when each bookie disappears, leader or not (the restart rule's clock).
-
-        A new leader waits `lostBookieRecoveryDelay` from the moment this
-        process first saw a bookie missing, so every daemon keeps watching.
-        After an outage the first set read is compared with the last one seen:
-        a bookie that went meanwhile is missing from then on, later than it
-        really went, which only makes the wait longer, never a false alarm.
-        """
-        while True:
-            stream = watch_bookies(store, self.root)
-            try:
-                async for bookies in stream:
-                    self.sightings.observe(bookies.available, time.monotonic())
-            except StoreUnavailableError as exc:
-                self.log.info("bookie watch interrupted; resuming when connected", error=str(exc))
-                await wait_out_outage(self._connected)
-            finally:
-                await stream.aclose()
-
     async def _replicate(self, store: MetadataStore) -> None:
         """The replication worker, on every daemon (leader or not), until stopped."""
         assert self.manager is not None
@@ -515,58 +492,6 @@ class Daemon:
             )
             self.worker = worker
             await worker.run()
-
-    def _note_unreadable_vote(self, holder: ElectionHolder | None) -> None:
-        """Says so, loudly and once, while a live vote we cannot read holds the election
-        (`DaemonState.unreadable_vote`: status, a metric, readiness); and when it ends."""
-        held = self.state.unreadable_vote
-        if holder is not None and holder.live and holder.auditor is None:
-            if held is None or held.path != holder.path:
-                self.state.unreadable_vote = UnreadableVote(
-                    holder.path, holder.session, holder.error, time.time()
-                )
-                self.log.error(
-                    "election held by a vote that does not decode; nobody audits the "
-                    "cluster while its session lives",
-                    znode=holder.path,
-                    session=f"0x{holder.session:x}",
-                    error=holder.error,
-                )
-                self._readiness()
-            return
-        if held is not None:
-            self.state.unreadable_vote = None
-            self.log.info("the election is no longer held by an unreadable vote", znode=held.path)
-            self._readiness()
-
-    async def _follow_leader(self, store: MetadataStore) -> None:
-        """Who leads and whether auto-recovery is on, for status and metrics.
-
-        Re-read when the election (votes or Pulsar's key) or the disable flag change
-        (watches); a slow safety re-read covers watches lost with a session.
-        """
-        urm = UnderreplicationManager(store, self.root)
-        while True:
-            waits: list[asyncio.Event] = []
-            with contextlib.suppress(Exception):
-                # Watches only: a follower writes nothing in the election it waits in.
-                holder, votes_changed = await watch_election(store, self.root, self.driver)
-                disabled, flag_changed = await store.exists_watched(f"{urm.base}/disable")
-                waits = [votes_changed, flag_changed]
-                if not self.state.is_leader:
-                    self.state.leader = holder.auditor if holder is not None else None
-                self._note_unreadable_vote(holder)
-                self.state.replication_enabled = disabled is None
-                self._tell(Happening.LEADER_READ)
-            if not waits:  # ZooKeeper unavailable: try again shortly
-                await asyncio.sleep(1.0)
-                continue
-            pending = [asyncio.ensure_future(e.wait()) for e in waits]
-            try:
-                await asyncio.wait(pending, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for t in pending:
-                    t.cancel()
 
     # --- the whole ------------------------------------------------------------------------------
 
@@ -628,7 +553,17 @@ class Daemon:
                 await self.metrics.start_http(self.config.metrics.host, self.config.metrics.port)
             side = [
                 asyncio.ensure_future(self._heartbeat(notify)),
-                asyncio.ensure_future(self._follow_leader(store)),
+                asyncio.ensure_future(
+                    LeaderFollower(
+                        store,
+                        root=self.root,
+                        driver=self.driver,
+                        state=self.state,
+                        log=self.log,
+                        readiness=self._readiness,
+                        read=partial(self._tell, Happening.LEADER_READ),
+                    ).run()
+                ),
                 asyncio.ensure_future(
                     follow_cluster_checks(
                         store,
@@ -659,7 +594,9 @@ class Daemon:
                 self.log.warning(
                     "ignoring etcd configuration keys", keys=list(self.config.etcd.ignored)
                 )
-            watch = asyncio.ensure_future(self._watch_bookies(store))
+            watch = asyncio.ensure_future(
+                note_missing_bookies(store, self.root, self.sightings, self._connected, self.log)
+            )
             election = self.election = asyncio.ensure_future(self._elect(store))
             supervised = {
                 election: "election",
