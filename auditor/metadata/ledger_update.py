@@ -5,7 +5,7 @@ Versioned updates of a ledger's metadata, as BookKeeper's `MetadataUpdateLoop` m
 
 The ledger's writer adds ensembles and closes it, a recoverer closes it, another
 worker replaces bookies. A change is therefore a transform of the metadata, applied to
-what ZooKeeper holds now and written with that znode's version; when the
+what the metadata store holds now and written with that znode's version; when the
 version moved (someone else wrote), the metadata is read again and the
 transform applied again to the fresh copy, so the other change is kept and
 ours lands on top of it. A transform that finds nothing left to do (someone
@@ -15,7 +15,7 @@ The bytes are those Java's `LedgerMetadataSerDe` writes, in the ledger's own
 format version (an update never upgrades a ledger's format, as
 `LedgerMetadataBuilder.from` keeps it); a v2 ledger also keeps the TextFormat
 escaping of the Java release that wrote it, where the two differ (0x07 and 0x0b
-in a password). The write goes through a fenced ZooKeeper view (the
+in a password). The write goes through a fenced view of the store (the
 replication lock), so a worker that lost its lock cannot commit.
 
 Unlike Java's loop, attempts are bounded: a ledger rewritten by others on
@@ -69,7 +69,7 @@ class EnsembleConflictError(LedgerUpdateError):
 
 @dataclass(frozen=True, slots=True)
 class UpdateResult:
-    """`metadata` and `version` as ZooKeeper holds them after the update: what we
+    """`metadata` and `version` as the store holds them after the update: what we
     wrote (`written`), or what we found when there was nothing to do."""
 
     written: bool

@@ -1,4 +1,4 @@
-"""The self-test proves the analysis cores, but a finding also depends on the ZooKeeper walk,
+"""The self-test proves the analysis cores, but a finding also depends on the metadata walk,
 metadata decoding, the bookie client on the wire, the rack source and the drivers; only
 known-bad ledgers on the real cluster, run through the real drivers, prove that path.
 
@@ -22,7 +22,7 @@ bookies each in a rack of their own), so its expectations never depend on
 the cluster's own policy or rack sources. The ids sit just below 2^63, which
 no BookKeeper id generator reaches, so no real ledger can answer for them.
 
-Writes go through the leader's fenced ZooKeeper view; the canary rewrites a
+Writes go through the leader's fenced view of the store; the canary rewrites a
 znode only when its content must change (a different bookie set).
 """
 
@@ -233,7 +233,7 @@ async def run_canary(ctx: CheckContext, canary_root: str) -> list[SelfTestResult
     """Writes the canary (fenced, through `ctx.store`), runs both drivers over it, judges.
 
     Uses the leader's bookie client (it resolves ids through the real
-    registry) and never marks. ZooKeeper errors propagate to the caller.
+    registry) and never marks. The store's errors propagate to the caller.
     """
     from auditor.checks.runner import driver
 
