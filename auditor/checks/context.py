@@ -26,10 +26,11 @@ from auditor.checks.tally import ViolationLog
 from auditor.config import AuditorConfig
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import IdRange
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.registry import BookieSet, read_bookies, resolve_bookie
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.metadata.walk import IdRange, LedgerWalker, Walker
+from auditor.metadata.walk import LedgerWalker, Walker
 from auditor.store import MetadataStore, NodeChangedError
 
 if TYPE_CHECKING:

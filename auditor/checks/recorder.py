@@ -61,7 +61,8 @@ from auditor.checks.findings import (
     metadata_invalid,
 )
 from auditor.config.model import ChecksConfig
-from auditor.metadata.walk import LedgerRecord, Walker, WalkStats
+from auditor.metadata.ledger_tree import WalkStats
+from auditor.metadata.walk import LedgerRecord, Walker
 
 __all__ = [
     "DEFAULT_LOG_LIMIT",

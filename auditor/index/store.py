@@ -31,16 +31,10 @@ from auditor.index.packed import (
     version_of,
 )
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import UNEXPECTED_KEPT, IdRange, UnexpectedZnode, WalkStats
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import (
-    UNEXPECTED_KEPT,
-    IdRange,
-    LedgerRecord,
-    LedgerWalker,
-    UnexpectedZnode,
-    WalkStats,
-)
+from auditor.metadata.walk import LedgerRecord, LedgerWalker
 from auditor.store import MetadataStore
 
 #: Records handed out per turn of the event loop while iterating (a walk of

@@ -37,18 +37,14 @@ from typing import Any
 
 from auditor.index.store import MetadataIndex
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import UnexpectedZnode, misnamed_reason, out_of_range_reason
 from auditor.metadata.paths import (
     ETCD_LEDGERS,
     InvalidLedgerIdError,
     check_ledger_id,
     etcd_ledger_id,
 )
-from auditor.metadata.walk import (
-    LedgerWalker,
-    UnexpectedZnode,
-    misnamed_reason,
-    out_of_range_reason,
-)
+from auditor.metadata.walk import LedgerWalker
 from auditor.store import (
     Event,
     EventType,

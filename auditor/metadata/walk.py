@@ -39,16 +39,12 @@ from auditor.metadata.ledger_tree import (
     LEGACY_TREE,
     LONG_TREE,
     TREE_TOP,
-    UNEXPECTED_KEPT,
     WRONG_LAYOUT_FLAT,
     WRONG_LAYOUT_HIERARCHICAL,
     IdRange,
     Tree,
-    UnexpectedZnode,
     WalkStats,
     ZnodeJudge,
-    misnamed_reason,
-    out_of_range_reason,
     trees_of,
 )
 from auditor.metadata.model import LedgerMetadata
@@ -62,29 +58,6 @@ from auditor.metadata.paths import (
 from auditor.metadata.ranged_walk import RangedWalk
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.store import MetadataStore, NoNodeError, Stat
-
-#: The walk's own names, and those of `ledger_tree` that the walk's callers import from here.
-__all__ = [
-    "BATCH_MAX",
-    "FLAT_LEAF",
-    "FOUR",
-    "LEAF",
-    "UNEXPECTED_KEPT",
-    "WRONG_LAYOUT_FLAT",
-    "WRONG_LAYOUT_HIERARCHICAL",
-    "IdRange",
-    "LedgerRecord",
-    "LedgerWalker",
-    "NotRangedError",
-    "Tree",
-    "UnexpectedZnode",
-    "WalkStats",
-    "Walker",
-    "batch_shape",
-    "misnamed_reason",
-    "out_of_range_reason",
-    "trees_of",
-]
 
 #: The most ledgers one batch of the walk reads (one multiRead). A smaller `concurrency`
 #: makes smaller batches, two in flight (one only when `concurrency` is 1).

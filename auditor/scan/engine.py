@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from auditor.errors import AuditorError
-from auditor.metadata.walk import IdRange
+from auditor.metadata.ledger_tree import IdRange
 from auditor.scan.options import ENGINES
 from auditor.scan.output import ViolationRow
 from auditor.scan.partition import PartitionResult, ScanSpec, Sink

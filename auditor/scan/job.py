@@ -50,7 +50,7 @@ from auditor.checks.pulsar_audit_run import (
     pulsar_source,
     read_refs,
 )
-from auditor.metadata.walk import IdRange
+from auditor.metadata.ledger_tree import IdRange
 from auditor.scan.engine import Engine
 from auditor.scan.output import (
     MARKS,

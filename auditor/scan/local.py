@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from auditor.checks.findings import LedgerOutcome
-from auditor.metadata.walk import IdRange
+from auditor.metadata.ledger_tree import IdRange
 from auditor.scan.engine import chunks
 from auditor.scan.output import (
     COVERAGE,

@@ -36,8 +36,8 @@ from auditor.checks.pulsar_audit_run import observe_partition, verdicts_of
 from auditor.checks.replicas_run import ReplicasRun
 from auditor.config import AuditorConfig
 from auditor.metadata.cluster import ClusterTarget, connect
+from auditor.metadata.ledger_tree import IdRange
 from auditor.metadata.pulsar.refs import PulsarRefs
-from auditor.metadata.walk import IdRange
 from auditor.scan.progress import PartitionProgress
 
 #: Checks that walk the ledgers, so run per partition (grace reads only the marks

@@ -29,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import FLAT_LEAF, FOUR, LEAF, IdRange, Tree, trees_of
 from auditor.metadata.paths import LONG_MAX, is_valid_ledger_id
-from auditor.metadata.walk import FLAT_LEAF, FOUR, LEAF, IdRange, LedgerWalker, Tree, trees_of
+from auditor.metadata.walk import LedgerWalker
 from auditor.store import MetadataStore, NoNodeError
 
 #: Buckets per partition the plan aims for before it stops descending.

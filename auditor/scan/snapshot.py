@@ -48,9 +48,10 @@ from auditor.checks.tally import ViolationLog
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError, FormatError
 from auditor.metadata.cluster import connect
+from auditor.metadata.ledger_tree import UNEXPECTED_KEPT, IdRange
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import UNEXPECTED_KEPT, IdRange, LedgerRecord
+from auditor.metadata.walk import LedgerRecord
 from auditor.scan.output import Column
 from auditor.scan.partition import PartitionResult, ScanSpec
 from auditor.scan.progress import PartitionProgress

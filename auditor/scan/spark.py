@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from auditor.checks.findings import LedgerOutcome
 from auditor.errors import AuditorError
-from auditor.metadata.walk import IdRange
+from auditor.metadata.ledger_tree import IdRange
 from auditor.scan.engine import EngineOptions, EngineUnavailableError, chunks
 from auditor.scan.output import (
     COVERAGE,

@@ -18,6 +18,7 @@ import pytest
 
 from auditor.checks.replicas_run import ReplicasRun, run_replicas_check
 from auditor.metadata.layout import Layout, LedgerManager
+from auditor.metadata.ledger_tree import WRONG_LAYOUT_FLAT, WRONG_LAYOUT_HIERARCHICAL
 from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.registry import READONLY, register_bookie, service_info_bytes
 from auditor.metadata.serde import encode_ledger_metadata
@@ -27,7 +28,6 @@ from auditor.metadata.underreplication import (
     ur_ledger_path,
     ur_lock_path,
 )
-from auditor.metadata.walk import WRONG_LAYOUT_FLAT, WRONG_LAYOUT_HIERARCHICAL
 from auditor.testing.cli import bk, one_json
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.harness import test_cluster

@@ -16,6 +16,7 @@ from auditor.etcd import EtcdStore
 from auditor.metadata.bk_etcd import BookKeeperEtcdView
 from auditor.metadata.cluster import read_manager
 from auditor.metadata.layout import Layout, LedgerManager, parse_layout
+from auditor.metadata.ledger_tree import IdRange
 from auditor.metadata.registry import (
     BookieSet,
     all_known_bookies,
@@ -26,7 +27,7 @@ from auditor.metadata.registry import (
     watch_bookies,
 )
 from auditor.metadata.serde import encode_ledger_metadata
-from auditor.metadata.walk import IdRange, LedgerWalker
+from auditor.metadata.walk import LedgerWalker
 from auditor.store import Event, EventType, FencedOutError
 from auditor.testing.cluster import ClusterWriter, make_metadata
 

@@ -11,11 +11,12 @@ from auditor.index.store import IndexWalker, MetadataIndex
 from auditor.index.sync import IndexSync, invalid_ledger_znode, ledger_id_of
 from auditor.logs import get_logger
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import IdRange, UnexpectedZnode
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.serde import encode_ledger_metadata
 from auditor.metadata.underreplication import UnderreplicationManager
-from auditor.metadata.walk import IdRange, LedgerWalker, UnexpectedZnode
+from auditor.metadata.walk import LedgerWalker
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.testing.zkserver import ZooKeeperServer, expire_session
 from auditor.zk import ZkClient

@@ -9,8 +9,9 @@ import pytest
 from auditor.etcd import EtcdStore
 from auditor.metadata.bk_etcd import BookKeeperEtcdView
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import IdRange
 from auditor.metadata.paths import LONG_MAX
-from auditor.metadata.walk import IdRange, LedgerWalker
+from auditor.metadata.walk import LedgerWalker
 from auditor.scan.ranges import buckets, plan_ranges
 from auditor.store import MetadataStore
 from auditor.testing.cluster import ClusterWriter, make_metadata

@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import IdRange, UnexpectedZnode
 from auditor.metadata.model import LedgerState
 from auditor.metadata.paths import LONG_MAX, InvalidLedgerIdError
 from auditor.metadata.serde import encode_ledger_metadata
-from auditor.metadata.walk import IdRange, LedgerWalker, UnexpectedZnode
+from auditor.metadata.walk import LedgerWalker
 from auditor.store import MetadataStore, StoreKind
 from auditor.testing.cluster import ClusterWriter, make_metadata
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import IdRange
 from auditor.metadata.paths import LONG_MAX
-from auditor.metadata.walk import IdRange, LedgerWalker
+from auditor.metadata.walk import LedgerWalker
 from auditor.store import MetadataStore
 from auditor.testing.cluster import ClusterWriter, make_metadata
 from auditor.zk import ZkClient

@@ -27,8 +27,9 @@ from auditor.checks.findings import (
 from auditor.checks.pool import bounded
 from auditor.checks.recorder import RunRecorder
 from auditor.logs import get_logger
+from auditor.metadata.ledger_tree import WalkStats
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import LedgerRecord, WalkStats
+from auditor.metadata.walk import LedgerRecord
 
 # --- the recorder ------------------------------------------------------------------------
 

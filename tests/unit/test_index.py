@@ -7,9 +7,10 @@ import pytest
 from auditor.index.packed import IndexCapacityError, Interner, Tables, pack, unpack
 from auditor.index.store import MetadataIndex
 from auditor.metadata.layout import LedgerManager
+from auditor.metadata.ledger_tree import UNEXPECTED_KEPT, IdRange, UnexpectedZnode, WalkStats
 from auditor.metadata.model import LedgerMetadata, LedgerState
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import UNEXPECTED_KEPT, IdRange, LedgerRecord, UnexpectedZnode, WalkStats
+from auditor.metadata.walk import LedgerRecord
 from auditor.testing.cluster import make_metadata
 
 A, B, C, D = "10.0.0.1:3181", "10.0.0.2:3181", "10.0.0.3:3181", "bookie-4.example"

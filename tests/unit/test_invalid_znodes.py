@@ -30,8 +30,8 @@ from auditor.checks.tally import ViolationLog
 from auditor.cli.check import render_text
 from auditor.daemon.state import CheckState, DaemonState, RunCompleted
 from auditor.logs import get_logger
+from auditor.metadata.ledger_tree import UnexpectedZnode, WalkStats
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
-from auditor.metadata.walk import UnexpectedZnode, WalkStats
 
 
 def z(i: int) -> InvalidZnode:

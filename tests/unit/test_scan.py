@@ -12,10 +12,11 @@ from auditor.cli.scan import parse_checks, parse_spark_conf
 from auditor.config import AuditorConfig
 from auditor.errors import ConfigError
 from auditor.metadata.cluster import ClusterTarget
+from auditor.metadata.ledger_tree import IdRange
 from auditor.metadata.model import LedgerMetadata, LedgerState
 from auditor.metadata.paths import LONG_MAX
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import IdRange, LedgerRecord
+from auditor.metadata.walk import LedgerRecord
 from auditor.scan.engine import chunks
 from auditor.scan.partition import ScanSpec
 from auditor.scan.ranges import Bucket, split
