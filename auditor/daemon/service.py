@@ -54,23 +54,20 @@ from auditor.daemon.election import current_auditor, make_elector
 from auditor.daemon.leadership import (
     Action,
     ConfigReloaded,
-    Connected,
     Decision,
     Event,
     LeadershipMachine,
     Phase,
-    SessionLost,
     Started,
     StepDownRequested,
     StopRequested,
-    Suspended,
-    SuspendedTooLong,
     TaskEnded,
     leader_backoff,
 )
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.scheduler import LeaderWork
 from auditor.daemon.sdnotify import Notifier
+from auditor.daemon.session import SessionFollower, check_acls
 from auditor.daemon.standby import IndexSupervisor
 from auditor.daemon.state import (
     DaemonState,
@@ -81,7 +78,6 @@ from auditor.daemon.term import LeaderTerms
 from auditor.daemon.watches import LeaderFollower, note_missing_bookies
 from auditor.index.sync import IndexSync
 from auditor.logs import get_logger
-from auditor.metadata.acls import find_open_acls
 from auditor.metadata.layout import LedgerManager
 from auditor.metadata.service_uri import describe_ignored
 from auditor.metadata.underreplication import (
@@ -94,10 +90,7 @@ from auditor.secretfiles import check_api_token
 from auditor.selftest.harness import SelfTestResult
 from auditor.store import (
     MetadataStore,
-    SessionState,
-    StoreAuthError,
     StoreKind,
-    StoreUnavailableError,
 )
 from auditor.worker.loop import ReplicationWorker, WorkerConnection, default_lock_holder
 from auditor.zk import ZkClient
@@ -199,7 +192,6 @@ class Daemon:
         self._connected = asyncio.Event()
         #: Set while the session is suspended or lost: the replication worker stops writing.
         self._disconnected = asyncio.Event()
-        self._suspension_timer: asyncio.TimerHandle | None = None
         self._restart_work = asyncio.Event()
         self._rng = rng if rng is not None else random.Random()
         self._notify: Notifier | None = None
@@ -326,78 +318,13 @@ class Daemon:
 
     # --- connection, heartbeat, signals -------------------------------------------------------
 
-    async def _follow_connection(self, store: MetadataStore) -> None:
-        async for st in store.states():
-            if st == SessionState.CONNECTED:
-                self.state.zk_connected = True
-                self.state.tallies.zk_connected()
-                self._disconnected.clear()
-                self._connected.set()
-                self._disarm_suspension_limit()
-                self._decide(Connected())
-                if isinstance(store, ZkClient) and self.config.zk_security.credentials:
-                    self._spawn(self._check_acls(store))
-            elif st == SessionState.SUSPENDED:
-                self.state.zk_connected = False
-                self.state.tallies.zk_suspended()
-                self._connected.clear()
-                self._disconnected.set()
-                if self._decide(Suspended()).action is Action.PAUSE:
-                    self._arm_suspension_limit()
-            elif st == SessionState.LOST:
-                self.state.zk_connected = False
-                self.state.tallies.zk_session_lost()
-                self._connected.clear()
-                self._disconnected.set()
-                self._disarm_suspension_limit()
-                self._decide(SessionLost())
-            self._readiness()
-
-    async def _check_acls(self, zk: ZkClient) -> None:
-        """At every connect with credentials: which relied-on znodes anyone may change
-        (`auditor.metadata.acls`), each logged, counted and shown in `status`. A read that
-        fails is logged and leaves the last finding; it never stops the daemon."""
-
-        async def acls_of(path: str) -> list[Any]:
-            return (await zk.get_acls(path))[0]
-
-        try:
-            found = await find_open_acls(acls_of, self.root)
-        except (StoreUnavailableError, StoreAuthError) as exc:
-            self.log.warning("znode ACLs not checked", error=str(exc))
-            self._tell(Happening.ACLS_CHECKED)
-            return
-        self.state.open_acls = tuple(found)
-        self._tell(Happening.ACLS_CHECKED)  # after the state it announces
-        for item in found:
-            self.log.warning(
-                "relied-on znode is open to anyone",
-                path=item.path,
-                perms=list(item.perms),
-                fix="setAcl it to the auditor's and the bookies' credentials (docs/runbook.md)",
-            )
-        if not found:
-            self.log.info("relied-on znodes admit only authenticated changes", root=self.root)
-
-    def _arm_suspension_limit(self) -> None:
-        """Disconnected for a whole session timeout, the session may be gone on the
-        server and another daemon may lead: stop acting as leader now rather than
-        when a call finally fails (running checks are cancelled, nothing is written:
-        writes are fenced anyway). A session that survives elects us again at once."""
-        self._disarm_suspension_limit()
-        limit = self.config.daemon.zk_session_timeout
-
-        def expired() -> None:
-            self._suspension_timer = None
-            if not self._connected.is_set():
-                self._decide(SuspendedTooLong(limit))
-
-        self._suspension_timer = asyncio.get_running_loop().call_later(limit, expired)
-
-    def _disarm_suspension_limit(self) -> None:
-        if self._suspension_timer is not None:
-            self._suspension_timer.cancel()
-        self._suspension_timer = None
+    def _on_connect(self) -> None:
+        """At each connect: with ZooKeeper credentials, which relied-on znodes anyone
+        may change (`session.check_acls`)."""
+        store = self.store
+        if isinstance(store, ZkClient) and self.config.zk_security.credentials:
+            checked = partial(self._tell, Happening.ACLS_CHECKED)
+            self._spawn(check_acls(store, self.root, self.state, self.log, checked))
 
     def _readiness(self) -> None:
         """Live unless a supervised task ended; ready while connected and in the election,
@@ -524,7 +451,17 @@ class Daemon:
             etcd=self.config.etcd,
         )
         self.store = store
-        follow = asyncio.ensure_future(self._follow_connection(store))
+        session = SessionFollower(
+            store,
+            state=self.state,
+            connected=self._connected,
+            disconnected=self._disconnected,
+            decide=self._decide,
+            readiness=self._readiness,
+            session_timeout=lambda: self.config.daemon.zk_session_timeout,
+            on_connect=self._on_connect,
+        )
+        follow = asyncio.ensure_future(session.run())
         await store.start()
         self.state.zk_connected = True
         self._connected.set()
