@@ -2,17 +2,18 @@
 and supervise the parts that contend, lead and keep the index.
 
 Why: one place wires the process together and decides how it ends; each concern has a
-module of its own. `campaign.py` is the election loop (when to vote, voting, our vote's
-watch), `term.py` the leader's term (its work and what it reports), `standby.py` the
-metadata index (kept leader or not, replaced after a failure), `outage.py` the one
-rule for reads that a store outage interrupts, `leadership.py` the pure decision
-machine. Every event that may start, pause or end leadership (a session state change,
-our vote gone, a fenced write refused, the leader's work failing, SIGTERM, a vote of
-another session with our identity, ...) becomes a `Decision` with a reason, which this
-module logs, records in `state` (the last decisions for `status`, a count per reason
-for the metrics), tells its `listeners` about, and carries out. The API and metrics
-only read `state`; mutating API calls come back here through the `DaemonControl`
-methods.
+module of its own. `session.py` follows the store's session, `campaign.py` is the
+election loop (when to vote, voting, our vote's watch), `term.py` the leader's term (its
+work and what it reports), `watches.py` what every daemon watches (who leads, the
+bookies), `standby.py` the metadata index (kept leader or not, replaced after a
+failure), `outage.py` the one rule for reads that a store outage interrupts,
+`leadership.py` the pure decision machine. Every event that may start, pause or end
+leadership (a session state change, our vote gone, a fenced write refused, the leader's
+work failing, SIGTERM, a vote of another session with our identity, ...) becomes a
+`Decision` with a reason, which this module logs, records in `state` (the last decisions
+for `status`, a count per reason for the metrics), tells its `listeners` about, and
+carries out. The API and metrics only read `state`; mutating API calls come back here
+through the `DaemonControl` methods.
 
 A leader runs its work against a view of the metadata store fenced on its vote and
 stops it the moment leadership is in doubt (LOST at once; after SUSPENDED, it leads on
