@@ -39,6 +39,7 @@ from auditor.checks.runner import driver
 from auditor.config import BookKeeperConfig
 from auditor.daemon.config import PulsarSection, RiskSection, SelfTestSection
 from auditor.daemon.contained import ContainedReads, parse_delay
+from auditor.daemon.outage import wait_out_outage
 from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
 from auditor.daemon.state import RunCompleted, RunFailed, RunOutcome, RunSkipped, RunState
 from auditor.metadata.records import CheckKind
@@ -162,20 +163,19 @@ class LeaderWork:
     async def _wait_enabled(self) -> None:
         """Returns once auto-recovery is enabled.
 
-        A read that fails while ZooKeeper is away is asked again once connected:
+        A read that fails while the metadata store is away is asked again once connected:
         the run waiting here is still due, and giving up would drop it (its
         trigger consumed, nothing reported) until the check's next turn.
         """
         urm = self.ctx.urm
         while True:
             try:
-                stat, changed = await self.ctx.zk.exists_watched(f"{urm.base}/disable")
+                stat, changed = await self.ctx.store.exists_watched(f"{urm.base}/disable")
             except StoreUnavailableError as exc:
                 self.log.warning(
                     "cannot read whether auto-recovery is enabled; asking again when connected",
                     error=str(exc),
                 )
-                await asyncio.sleep(0.1)  # the state change that explains it is on its way
                 await self._reconnected()
                 continue
             if stat is None:
@@ -326,15 +326,20 @@ class LeaderWork:
             raise
         except StoreUnavailableError as exc:
             self.log.warning(
-                "ZooKeeper call failed; resuming when connected", task=str(what), error=str(exc)
+                f"{self.ctx.store.kind.label} call failed; resuming when connected",
+                task=str(what),
+                error=str(exc),
             )
             await self._reconnected()
             return False
         return True
 
     async def _reconnected(self) -> None:
+        """After a call found the store unavailable: once the session is connected again
+        (`daemon/outage.py`'s rule, on the gate); without a gate (no session followed),
+        after a second."""
         if self.gate is not None:
-            await self.gate.wait()
+            await wait_out_outage(self.gate)
         else:
             await asyncio.sleep(1.0)
 
@@ -455,7 +460,7 @@ class LeaderWork:
     async def follow_bookies(self) -> None:
         first = True  # leader_started already saw the first set
         while True:
-            stream = watch_bookies(self.ctx.zk, self.ctx.root)
+            stream = watch_bookies(self.ctx.store, self.ctx.root)
             try:
                 async for bookies in stream:
                     if first:
@@ -484,10 +489,10 @@ class LeaderWork:
         path = self.reads.delay_path
         while True:
             try:
-                data, _, changed = await self.ctx.zk.get_watched(path)
+                data, _, changed = await self.ctx.store.get_watched(path)
                 return data, changed
             except NoNodeError:
-                stat, changed = await self.ctx.zk.exists_watched(path)
+                stat, changed = await self.ctx.store.exists_watched(path)
                 if stat is None:
                     return None, changed
 
@@ -529,8 +534,8 @@ class LeaderWork:
         urm = self.ctx.urm
         await urm.check_layout()
         await urm.init_lost_bookie_recovery_delay(lost_bookie_recovery_delay)
-        cookies = await all_known_bookies(self.ctx.zk, self.ctx.root)
-        available = (await read_bookies(self.ctx.zk, self.ctx.root)).available
+        cookies = await all_known_bookies(self.ctx.store, self.ctx.root)
+        available = (await read_bookies(self.ctx.store, self.ctx.root)).available
         missing = self.sightings.missing_since() if self.sightings is not None else {}
         start = self.delay.leader_started(
             cookies, available, await self._delay_value(), time.monotonic(), missing

@@ -91,7 +91,6 @@ from auditor.secretfiles import check_api_token
 from auditor.selftest.harness import SelfTestResult
 from auditor.store import (
     MetadataStore,
-    StoreKind,
 )
 from auditor.worker.loop import ReplicationWorker, WorkerConnection, default_lock_holder
 from auditor.zk import ZkClient
@@ -129,10 +128,6 @@ class ViewsHandle(Protocol):
 ViewsFactory = Callable[["Daemon"], Awaitable[ViewsHandle]]
 
 
-#: How messages name each metadata store.
-STORE_NAMES = {StoreKind.ZOOKEEPER: "ZooKeeper", StoreKind.ETCD: "etcd"}
-
-
 def backoff_of(config: DaemonConfig) -> Backoff:
     """`daemon.leader_backoff_initial` and `daemon.leader_backoff_max` (seconds)."""
     d = config.daemon
@@ -167,7 +162,7 @@ class Daemon:
         #: Whose election this daemon takes part in (fixed for the process's life: a
         #: reload that changes the driver needs a restart).
         self.driver = config.metadata_driver
-        store_name = STORE_NAMES.get(config.metadata_store, "ZooKeeper")
+        store_name = config.metadata_store.label
         self.state = DaemonState(
             identity=config.daemon.identity, election=str(self.driver), store=store_name
         )

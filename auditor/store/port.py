@@ -62,6 +62,11 @@ class StoreKind(enum.StrEnum):
     ZOOKEEPER = "zookeeper"
     ETCD = "etcd"
 
+    @property
+    def label(self) -> str:
+        """The store's name as messages write it ("ZooKeeper", "etcd")."""
+        return "ZooKeeper" if self is StoreKind.ZOOKEEPER else "etcd"
+
 
 class Stat(Protocol):
     """A node's metadata: kazoo's `ZnodeStat` is one, the etcd adapter's `EtcdStat` another.
