@@ -62,6 +62,10 @@ from auditor.scan.snapshot import (
 )
 
 T = TypeVar("T")
+
+#: How long closing waits for the jobs of a cancelled run to end before it stops the
+#: session anyway (s).
+CLOSE_WAIT = 60.0
 RESULT = "result"
 ROW = "row"
 
@@ -214,6 +218,8 @@ class SparkEngine:
         self._coverage_written = False
         #: The stage being computed and its Spark job group (for `progress`).
         self._running: tuple[StageTally, str] | None = None
+        #: The threads calling into Spark for a job, until their call returns.
+        self._jobs: set[asyncio.Future[Any]] = set()
 
     def default_partitions(self) -> int:
         # A few tasks per core, so one slow range does not hold the whole stage.
@@ -254,9 +260,13 @@ class SparkEngine:
             self.sc.setJobGroup(group, what, interruptOnCancel=True)
             return fn()
 
+        call = asyncio.ensure_future(asyncio.to_thread(work))
+        self._jobs.add(call)
+        call.add_done_callback(self._job_ended)
         try:
-            return await asyncio.to_thread(work)
+            return await asyncio.shield(call)
         except asyncio.CancelledError:
+            # The thread goes on until Spark ends the job: `close` waits for that.
             self.sc.cancelJobGroup(group)
             raise
         except Exception as exc:
@@ -332,5 +342,23 @@ class SparkEngine:
 
         await self._job("write violations", write)
 
+    def _job_ended(self, call: asyncio.Future[Any]) -> None:
+        self._jobs.discard(call)
+        if not call.cancelled():
+            call.exception()  # a cancelled run's job fails; nobody awaits it any more
+
     async def close(self) -> None:
+        """Stops the session once no call of ours into a job is left.
+
+        A SparkContext stopped while a job's call is still in a thread can leave that
+        call waiting for good (seen in the daemon's tests: the job of a run cancelled by
+        lost leadership), and with it whatever joins the thread: the event loop's
+        shutdown, the process's exit. So every job still running is cancelled, again
+        each half second (a job submitted just after a cancellation escapes it), until
+        the calls return, for at most `CLOSE_WAIT` seconds; then the session stops.
+        """
+        deadline = asyncio.get_running_loop().time() + CLOSE_WAIT
+        while self._jobs and asyncio.get_running_loop().time() < deadline:
+            self.sc.cancelAllJobs()
+            await asyncio.wait(set(self._jobs), timeout=0.5)
         await asyncio.to_thread(self.spark.stop)
