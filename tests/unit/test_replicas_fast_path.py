@@ -31,6 +31,7 @@ from auditor.checks.replicas import (
     listed_in_full,
     listing_duties,
 )
+from auditor.checks.replicas_run import batch_shape
 from auditor.metadata.model import LedgerMetadata, LedgerState, Segment
 
 POOL = tuple(f"b{k}:3181" for k in range(7))
@@ -213,3 +214,14 @@ def test_bytes_that_do_not_decode_raise_as_the_decoder_does() -> None:
     assert not holds_every(overlapping, 2, 2, [(0, 3, 0)])
     with pytest.raises(AvailabilityFormatError):
         judge_listings(md, {POOL[0]: whole, POOL[1]: overlapping})
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "shape"), [(1, (1, 1)), (2, (1, 2)), (3, (1, 2)), (100, (50, 2)), (0, (1, 1))]
+)
+def test_batches_never_hold_more_ledgers_than_the_concurrency(
+    concurrency: int, shape: tuple[int, int]
+) -> None:
+    assert batch_shape(concurrency) == shape
+    size, depth = shape
+    assert size * depth <= max(concurrency, 1)
