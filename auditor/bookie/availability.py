@@ -74,6 +74,7 @@ __all__ = [
     "copies_short",
     "expected_count",
     "fewest_copies",
+    "holds_every",
     "min_copies",
     "replica_shortfall",
 ]
@@ -787,6 +788,81 @@ def _explain(
 
 
 EMPTY: Final = Availability()
+
+
+@lru_cache(maxsize=1024)
+def _exact_share(first: int, last: int, ensemble_size: int, write_quorum: int, index: int) -> bytes:
+    """The wire form of exactly bookie `index`'s share of ``[first, last]`` as a real
+    bookie encodes it (one group per maximal run), or b"" when that takes more than
+    `_SMALL` groups (then nothing is compared to it)."""
+    stripe = _bookie_stripe(ensemble_size, write_quorum, index)
+    runs = list(islice(stripe.runs(first, last + 1), _SMALL + 1))
+    if not runs or len(runs) > _SMALL:
+        return b""
+    return Availability.from_runs((start, end - start + 1) for start, end in runs).encode()
+
+
+def holds_every(
+    data: bytes,
+    ensemble_size: int,
+    write_quorum: int,
+    duties: Sequence[tuple[int, int, int]],
+) -> bool:
+    """Whether the wire form `data` is an availability :meth:`Availability.decode` takes
+    that holds every entry bookie ``index`` should store of each ``(first, last, index)``.
+
+    The common answer of a replicas check (a bookie holding its whole share) is decided
+    here from the bytes, without building an `Availability`: first by comparing them
+    with the encoding of exactly that share, then, for up to `_SMALL` groups of single
+    runs, by counting the share's entries inside the groups. False means "not shown
+    here": the bytes may be malformed, periodic, long, or lack entries; the caller
+    decodes them and counts what is missing.
+    """
+    if len(duties) == 1:
+        first, last, index = duties[0]
+        if first >= 0:
+            share = _exact_share(first, last, ensemble_size, write_quorum, index)
+            if share and data == share:
+                return True
+    length = len(data)
+    if length < HEADER_SIZE:
+        return False
+    version, count = _HEADER.unpack_from(data, 0)
+    if version != CURRENT_HEADER_VERSION or not 0 <= count <= _SMALL:
+        return False
+    if count * GROUP_SIZE > length - HEADER_SIZE:
+        return False
+    fields = _small_groups(count).unpack_from(data, HEADER_SIZE)
+    firsts = fields[0::4]
+    sizes = fields[2::4]
+    if any(fields[3::4]) or fields[1::4] != firsts:
+        return False  # periodic groups (or malformed ones): left to the decoder
+    ends = list(map(add, firsts, sizes))
+    if count and not (
+        min(sizes) > 0
+        and firsts[0] >= 0
+        and ends[-1] <= MAX_ENTRY_END
+        and all(map(le, islice(ends, count - 1), islice(firsts, 1, None)))
+    ):
+        return False
+    for first, last, index in duties:
+        if first < 0:
+            return False
+        stripe = _bookie_stripe(ensemble_size, write_quorum, index)
+        stop = last + 1
+        wanted = stripe.between(first, stop)
+        if not wanted:
+            continue
+        held = 0
+        for start, end in zip(firsts, ends, strict=True):
+            if end <= first:
+                continue
+            if start >= stop:
+                break
+            held += stripe.between(max(start, first), min(end, stop))
+        if held != wanted:
+            return False
+    return True
 
 
 def _missing_events(runs: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:

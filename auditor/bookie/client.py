@@ -78,13 +78,14 @@ from auditor.bookie.results import (
     NoAnswer,
     Ok,
     Outcome,
+    RawListOutcome,
     Unanswered,
 )
 from auditor.bookie.tls import TLS_CONTEXT_FACTORY, BookieTls
 from auditor.errors import FormatError
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 
-__all__ = ["BookieClient", "Resolver"]
+__all__ = ["BookieClient", "Resolver", "decode_listing"]
 
 #: Maps a bookie id to (host, port), or None when the bookie has no known address.
 Resolver = Callable[[str], Awaitable[tuple[str, int] | None]]
@@ -499,37 +500,49 @@ class BookieClient:
         `get_list_of_entries`. Otherwise (unknown capability, connecting, backing
         off, cap full) it is `get_list_of_entries` in a task.
         """
+        out: asyncio.Future[ListOutcome] = asyncio.get_running_loop().create_future()
+        if self._send_list(bookie_id, ledger_id, partial(self._list_answered, ledger_id, out)):
+            return out
+        return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
+
+    def _send_list(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        answered: Callable[[_Bookie, pb.Response | CallFailed], None],
+    ) -> bool:
+        """Sends a list request now if nothing has to wait (see `start_list`), its answer
+        (or failure) to `answered`, which returns the slot; False if not sent."""
         b = self._bookies.get(bookie_id)
         conn = None if b is None else b.conn
-        loop = asyncio.get_running_loop()
         if (
             self._closed
             or b is None
             or conn is None
             or not conn.is_open
             or b.list_cap is not ListCapability.CAN_LIST
-            or loop.time() >= b.list_cap_until  # expired: `_capability` forgets it there
+            # expired: `_capability` forgets it there
+            or asyncio.get_running_loop().time() >= b.list_cap_until
             or not b.slots.try_take()
         ):
-            return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
+            return False
         b.in_flight += 1
         txn_id = next(self._txn)
-        out: asyncio.Future[ListOutcome] = loop.create_future()
-        # A caller that gives up on `out` leaves the request to its answer or its
+        # A caller that gives up on its future leaves the request to its answer or its
         # timeout, which return the slot.
         conn.send_frame_then(
             (txn_id, _LIST_OP),
             list_request_frame(txn_id, ledger_id),
             self.list_timeout,
-            partial(self._list_answered, b, ledger_id, out),
+            partial(answered, b),
         )
-        return out
+        return True
 
     def _list_answered(
         self,
-        b: _Bookie,
         ledger_id: int,
         out: asyncio.Future[ListOutcome],
+        b: _Bookie,
         response: pb.Response | CallFailed,
     ) -> None:
         b.in_flight -= 1
@@ -538,6 +551,32 @@ class BookieClient:
         self._observe(_LIST_OP, answered)
         if not out.done():
             out.set_result(_listing(b.bookie_id, ledger_id, answered))
+
+    def start_list_raw(
+        self, bookie_id: str, ledger_id: int
+    ) -> asyncio.Future[RawListOutcome | ListOutcome]:
+        """`start_list`, whose answer on the hot path is the availability's wire form
+        (`Ok(bytes)`, not decoded: the replicas check decides the common case from the
+        bytes, and `decode_listing` gives the decoded outcome otherwise); where a task has
+        to send it, the outcome is `get_list_of_entries`'s, decoded."""
+        out: asyncio.Future[RawListOutcome | ListOutcome]
+        out = asyncio.get_running_loop().create_future()
+        if self._send_list(bookie_id, ledger_id, partial(self._list_answered_raw, out)):
+            return out
+        return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
+
+    def _list_answered_raw(
+        self,
+        out: asyncio.Future[RawListOutcome | ListOutcome],
+        b: _Bookie,
+        response: pb.Response | CallFailed,
+    ) -> None:
+        b.in_flight -= 1
+        b.slots.give()
+        answered = self._answered(b, response)
+        self._observe(_LIST_OP, answered)
+        if not out.done():
+            out.set_result(_raw_listing(b.bookie_id, answered))
 
     # --- the request path ------------------------------------------------------------------
 
@@ -746,6 +785,12 @@ def _listing(
     bookie_id: str, ledger_id: int, resp: pb.Response | NoAnswer | ErrorStatus
 ) -> ListOutcome:
     """A list request's outcome: the decoded availability, or why there is none."""
+    raw = _raw_listing(bookie_id, resp)
+    return decode_listing(bookie_id, ledger_id, raw.value) if isinstance(raw, Ok) else raw
+
+
+def _raw_listing(bookie_id: str, resp: pb.Response | NoAnswer | ErrorStatus) -> RawListOutcome:
+    """A list request's outcome with the availability's wire form, not decoded yet."""
     if isinstance(resp, NoAnswer | ErrorStatus):
         return resp
     r = resp.getListOfEntriesOfLedgerResponse
@@ -753,8 +798,14 @@ def _listing(
         "availabilityOfEntriesOfLedger"
     ):
         return _bad(bookie_id, "EOK list response without an availability")
+    return Ok(r.availabilityOfEntriesOfLedger)
+
+
+def decode_listing(bookie_id: str, ledger_id: int, data: bytes) -> Ok[Availability] | NoAnswer:
+    """An availability's wire form, as a list request's outcome: decoded, or a protocol
+    error naming why not (what `get_list_of_entries` returns for the same answer)."""
     try:
-        return Ok(Availability.decode(r.availabilityOfEntriesOfLedger))
+        return Ok(Availability.decode(data))
     except (FormatError, ValueError) as exc:
         return _bad(bookie_id, f"undecodable availability for ledger {ledger_id}: {exc}")
 

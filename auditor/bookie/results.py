@@ -40,6 +40,7 @@ __all__ = [
     "NoAnswer",
     "Ok",
     "Outcome",
+    "RawListOutcome",
     "Unanswered",
 ]
 
@@ -127,6 +128,9 @@ class CannotList:
 
 Outcome: TypeAlias = Ok[T] | ErrorStatus | NoAnswer
 ListOutcome: TypeAlias = Ok[Availability] | ErrorStatus | NoAnswer | CannotList
+#: A list request answered on `BookieClient.start_list_raw`'s hot path: the availability's
+#: wire form, not decoded yet.
+RawListOutcome: TypeAlias = Ok[bytes] | ErrorStatus | NoAnswer
 
 
 @dataclass(frozen=True, slots=True)

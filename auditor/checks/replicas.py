@@ -33,11 +33,11 @@ are judged at all (`skip_reason`), and the violations a final verdict reports
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.bookie.availability import Availability, copies_short, fewest_copies
+from auditor.bookie.availability import Availability, copies_short, fewest_copies, holds_every
 from auditor.checks.findings import Category, Coverage, SkipReason, Violation
 from auditor.metadata.model import LedgerMetadata, LedgerState, SegmentRange
 from auditor.metadata.schedule import first_stored, last_stored, stores_entry
@@ -313,6 +313,67 @@ def analyse(
         unanswered,
         verified,
     )
+
+
+# --- the common case, judged from the bytes -----------------------------------------------
+
+#: One bookie's duties in one ledger: `(first, last, index)` per segment it must hold
+#: entries of (the `Expectation`s of that bookie, as plain numbers).
+Duties = dict[str, list[tuple[int, int, int]]]
+
+
+def listing_duties(md: LedgerMetadata) -> Duties:
+    """The bookies that must hold entries of a closed ledger, each with its duties: the
+    same pairs as `expectations(md)`, keyed by bookie, in the order first met."""
+    e, w = md.ensemble_size, md.write_quorum
+    out: Duties = {}
+    for seg in md.segment_ranges():
+        first, last = seg.first, seg.last
+        if last < first:
+            continue
+        for i, bookie in enumerate(seg.bookies):
+            if first_stored(first, last, e, w, i) is not None:
+                duty = (first, last, i)
+                found = out.get(bookie)
+                if found is None:
+                    out[bookie] = [duty]
+                else:
+                    found.append(duty)
+    return out
+
+
+def listed_in_full(md: LedgerMetadata, duties: Duties, listings: Mapping[str, bytes]) -> bool:
+    """Whether every bookie with duties listed (its availability's wire form in
+    `listings`, as bytes) every entry it must hold: the ledger is then fully replicated,
+    and its verdict is `in_full_verdict`. False means "not shown from the bytes": decode
+    them and `analyse` (the same verdict whenever this says True)."""
+    e, w = md.ensemble_size, md.write_quorum
+    for bookie, mine in duties.items():
+        data = listings.get(bookie)
+        if data is None or not holds_every(data, e, w, mine):
+            return False
+    return True
+
+
+def in_full_verdict(md: LedgerMetadata, bookies: Iterable[str]) -> ReplicasVerdict:
+    """The verdict `analyse` gives a closed ledger whose `bookies` (those with duties) each
+    listed all they must hold: nothing missing, no category, write-quorum copies."""
+    listed = Verified.LISTED
+    return ReplicasVerdict(
+        md.ledger_id, None, max(md.write_quorum, 0), (), (), {}, dict.fromkeys(bookies, listed)
+    )
+
+
+def judge_listings(md: LedgerMetadata, listings: Mapping[str, bytes]) -> ReplicasVerdict:
+    """The verdict of a closed ledger whose bookies answered with these wire forms (a
+    bookie without one is unanswered): from the bytes when they show it fully replicated,
+    else decoded and analysed. Raises `AvailabilityFormatError` for bytes that do not
+    decode, as `Availability.decode` does."""
+    duties = listing_duties(md)
+    if listed_in_full(md, duties, listings):
+        return in_full_verdict(md, duties)
+    answers = {b: Listed(Availability.decode(data)) for b, data in listings.items()}
+    return analyse(md, answers)
 
 
 def unavailable_violation(

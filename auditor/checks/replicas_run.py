@@ -27,7 +27,13 @@ succeeded, the ledger was marked meanwhile, deleted, or its metadata changed.
 An unanswering bookie that is not registered is not counted: it is not a
 false alarm but the bookie check's finding.
 
-Ledgers flow through the bounded pool (`checks.ledger_concurrency`); only the
+Ledgers are judged in batches (`batch_shape`: two batches of half
+`checks.ledger_concurrency` at once, through the bounded pool): a batch's list
+requests go out together, its answers are awaited together and judged in one
+pass, with no task or coroutine per ledger, and a fully replicated ledger is
+decided from the bytes its bookies sent (`replicas.listed_in_full`); a ledger
+that needs more (a bookie to probe, a would-be violation to re-read) goes on
+as `judge` takes it, after the pass. Only the
 ledgers waiting for a retry are kept, packed with their silent bookies'
 streaks (`replicas_retry.RetryQueue`), so memory stays flat in the number of
 ledgers. A run is a first pass over the walk and retry passes over what did
@@ -41,14 +47,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from auditor.bookie.availability import EMPTY
+from auditor.bookie.client import decode_listing
 from auditor.bookie.protocol import Status
-from auditor.bookie.results import CannotList, ErrorStatus, ListOutcome, Ok
+from auditor.bookie.results import CannotList, ErrorStatus, ListOutcome, Ok, RawListOutcome
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import (
     Check,
@@ -64,6 +71,7 @@ from auditor.checks.progress import Progress
 from auditor.checks.recorder import RunRecorder
 from auditor.checks.replicas import (
     BookieAnswer,
+    Duties,
     Expectation,
     Listed,
     Probed,
@@ -72,6 +80,8 @@ from auditor.checks.replicas import (
     Unverified,
     analyse,
     expectations,
+    listed_in_full,
+    listing_duties,
     probe_entries,
     skip_reason,
     unanswered_registered,
@@ -84,7 +94,7 @@ from auditor.metadata.registry import BookieSet
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.metadata.walk import LedgerRecord
 
-__all__ = ["ReplicasRun", "bookie_answers", "run_replicas_check"]
+__all__ = ["ReplicasRun", "batch_shape", "bookie_answers", "run_replicas_check"]
 
 _ABSENT = (Status.ENOENTRY, Status.ENOLEDGER)
 
@@ -161,6 +171,42 @@ async def _probe(ctx: CheckContext, md: LedgerMetadata, bookie: str) -> BookieAn
 
 # --- the run -------------------------------------------------------------------------------
 
+#: The list requests of one ledger in a batch: per bookie with duties, its answer to
+#: come (None: held by the lost-bookie delay, not asked).
+_Asked = dict[str, "asyncio.Future[RawListOutcome | ListOutcome] | None"]
+
+
+def batch_shape(concurrency: int) -> tuple[int, int]:
+    """(ledgers a batch, batches judged at once) for `checks.ledger_concurrency`: two
+    batches when there is room (one is judged while the other's answers come), never
+    more than `concurrency` ledgers in progress."""
+    concurrency = max(concurrency, 1)
+    depth = 2 if concurrency >= 2 else 1
+    return concurrency // depth, depth
+
+
+async def _all_done(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """Returns once every one of `futures` is done (one waiter, a callback each)."""
+    left = sum(1 for f in futures if not f.done())
+    if not left:
+        return
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def one(_: object) -> None:
+        nonlocal left
+        left -= 1
+        if not left and not done.done():
+            done.set_result(None)
+
+    for f in futures:
+        if not f.done():
+            f.add_done_callback(one)
+    await done
+
+
+async def _ready(value: T) -> T:
+    return value
+
 
 @dataclass(frozen=True, slots=True)
 class _Found:
@@ -171,6 +217,10 @@ class _Found:
     version: int
     verdict: ReplicasVerdict
     silence: Silence
+
+
+#: What one look at a ledger came to (`reread.Look`).
+_Seen = LedgerOutcome | Suspect[_Found] | None
 
 
 class ReplicasRun:
@@ -215,11 +265,18 @@ class ReplicasRun:
         skip = skip_reason(md)
         if skip is not None:
             return self.recorder.skipped(md.ledger_id, skip, version)
-        marked = await self._marked(md.ledger_id, version, fresh=False)
+        marked = self._listed_mark(md.ledger_id, version)
         if marked is not None:
             return marked
         expected = expectations(md)
         verdict = analyse(md, await bookie_answers(self.ctx, md, expected), expected)
+        return self._after(md, version, verdict, silence)
+
+    def _after(
+        self, md: LedgerMetadata, version: int, verdict: ReplicasVerdict, silence: Silence
+    ) -> LedgerOutcome | Suspect[_Found] | None:
+        """A look's end, once its verdict is in: queued for a retry (None), ok (recorded),
+        or a suspect to re-read before reporting."""
         now = silence.after(verdict.unanswered) if verdict.unanswered else NO_SILENCE
         if self.rule.waits(now):
             self.retry.add(md.ledger_id, now)
@@ -227,6 +284,13 @@ class ReplicasRun:
         if verdict.category is None and not verdict.unanswered:
             return self.recorder.ok(md.ledger_id, version, coverage=verdict.coverage())
         return Suspect(_Found(md, version, verdict, now))
+
+    def _listed_mark(self, ledger_id: int, version: int) -> LedgerOutcome | None:
+        """`_marked` on a first look: the marks listed at `begin`, no read."""
+        if ledger_id in self.corrupt_marked:
+            return self.recorder.skipped(ledger_id, SkipReason.UNDERREPLICATED, version)
+        ur = self.marks.get(ledger_id)
+        return None if ur is None else self._mark_outcome(ledger_id, version, ur)
 
     async def _marked(self, ledger_id: int, version: int, *, fresh: bool) -> LedgerOutcome | None:
         """Marked ledgers are skipped (or, past the grace period, reported as such).
@@ -236,15 +300,14 @@ class ReplicasRun:
         A corrupt mark that names the ledger marks it too: skipped, never aged
         (named at `begin`, as the grace check names it).
         """
-        ur: UnderreplicatedLedger | CorruptMark | None
-        if fresh:
-            ur = await self.ctx.urm.get_mark(ledger_id)
-        elif ledger_id in self.corrupt_marked:
-            return self.recorder.skipped(ledger_id, SkipReason.UNDERREPLICATED, version)
-        else:
-            ur = self.marks.get(ledger_id)
-        if ur is None:
-            return None
+        if not fresh:
+            return self._listed_mark(ledger_id, version)
+        ur = await self.ctx.urm.get_mark(ledger_id)
+        return None if ur is None else self._mark_outcome(ledger_id, version, ur)
+
+    def _mark_outcome(
+        self, ledger_id: int, version: int, ur: UnderreplicatedLedger | CorruptMark
+    ) -> LedgerOutcome:
         if isinstance(ur, CorruptMark):
             return self.recorder.skipped(ledger_id, SkipReason.UNDERREPLICATED, version)
         grace = self.cfg.bookkeeper.underreplicatedLedgerRecoveryGracePeriod
@@ -286,9 +349,151 @@ class ReplicasRun:
             await self.ctx.mark_underreplicated(self.report, md.ledger_id, missing, version=version)
         return outcome
 
+    # --- ledgers judged in batches --------------------------------------------------------
+
+    async def _judge_batch(self, batch: Sequence[tuple[LedgerRecord, Silence]]) -> None:
+        """Judges a batch of ledgers as `judge` judges each: their list requests sent
+        together, their answers awaited together and judged in one pass, with no task or
+        coroutine per ledger; a fully replicated ledger is decided from the bytes its
+        bookies sent (`listed_in_full`). What needs more than one look (a bookie to probe,
+        a suspect to re-read) goes on as `judge` does, after the pass."""
+        recorder = self.recorder
+        held = self.ctx.held_bookies()
+        start = self.ctx.bookies.start_list_raw
+        asked: list[tuple[LedgerRecord, Silence, LedgerMetadata, Duties, _Asked]] = []
+        later: list[Callable[[], Coroutine[Any, Any, object]]] = []
+        futures: list[asyncio.Future[RawListOutcome | ListOutcome]] = []
+        try:
+            for rec, silence in batch:
+                md = rec.metadata
+                if md is None:
+                    later.append(partial(self.judge, rec, silence))
+                    continue
+                doubt = DropCause.RETRY_SUCCEEDED if silence.looks else None
+                version = rec.znode_version
+                skip = skip_reason(md)
+                if skip is not None:
+                    recorder.settle(recorder.skipped(md.ledger_id, skip, version), doubt)
+                    continue
+                marked = self._listed_mark(md.ledger_id, version)
+                if marked is not None:
+                    recorder.settle(marked, doubt)
+                    continue
+                duties = listing_duties(md)
+                listings: _Asked = {}
+                for bookie in duties:
+                    if bookie in held:
+                        listings[bookie] = None
+                    else:
+                        listing = start(bookie, md.ledger_id)
+                        listings[bookie] = listing
+                        futures.append(listing)
+                asked.append((rec, silence, md, duties, listings))
+            await _all_done(futures)
+            for rec, silence, md, duties, listings in asked:
+                raw: dict[str, bytes] = {}
+                for bookie, answered in listings.items():
+                    if answered is not None:
+                        out = answered.result()
+                        if type(out) is Ok and type(out.value) is bytes:
+                            raw[bookie] = out.value
+                version = rec.znode_version
+                doubt = DropCause.RETRY_SUCCEEDED if silence.looks else None
+                if len(raw) == len(listings) and listed_in_full(md, duties, raw):
+                    coverage = Coverage(listed=len(raw))
+                    recorder.settle(recorder.ok(md.ledger_id, version, coverage=coverage), doubt)
+                    continue
+                answers, to_probe = self._answers(md, listings)
+                if to_probe:
+                    first = partial(self._probed_look, md, version, silence, answers, to_probe)
+                    later.append(partial(self._judge_from, rec, silence, first))
+                    continue
+                verdict = analyse(md, answers)
+                seen = self._after(md, version, verdict, silence)
+                if seen is None:
+                    continue
+                if isinstance(seen, Suspect):
+                    later.append(partial(self._judge_from, rec, silence, partial(_ready, seen)))
+                    continue
+                recorder.settle(seen, doubt)
+        finally:
+            for listing in futures:
+                if not listing.done():
+                    listing.cancel()
+        if later:
+            # Each to its end (its ledger recorded) before the first error, if any, is raised.
+            ended = await asyncio.gather(*(each() for each in later), return_exceptions=True)
+            for end in ended:
+                if isinstance(end, BaseException):
+                    raise end
+
+    def _answers(
+        self, md: LedgerMetadata, listings: _Asked
+    ) -> tuple[dict[str, BookieAnswer], list[str]]:
+        """What each bookie said, as `bookie_answers` takes it, and those to probe."""
+        probe = self.cfg.checks.probe_unlistable
+        answers: dict[str, BookieAnswer] = {}
+        to_probe: list[str] = []
+        for bookie, answered in sorted(listings.items()):
+            if answered is None:
+                answers[bookie] = Unverified()
+                continue
+            out = answered.result()
+            if isinstance(out, Ok) and isinstance(out.value, bytes):
+                out = decode_listing(bookie, md.ledger_id, out.value)
+            answer = _answer(out)
+            if answer is _PROBE and probe:
+                to_probe.append(bookie)
+            answers[bookie] = Unverified() if answer is _PROBE else answer
+        return answers, to_probe
+
+    async def _probed_look(
+        self,
+        md: LedgerMetadata,
+        version: int,
+        silence: Silence,
+        answers: dict[str, BookieAnswer],
+        to_probe: list[str],
+    ) -> LedgerOutcome | Suspect[_Found] | None:
+        probed = await asyncio.gather(*(_probe(self.ctx, md, b) for b in to_probe))
+        answers.update(zip(to_probe, probed, strict=True))
+        return self._after(md, version, analyse(md, answers), silence)
+
+    async def _judge_from(
+        self,
+        rec: LedgerRecord,
+        silence: Silence,
+        first: Callable[[], Awaitable[_Seen]],
+    ) -> LedgerOutcome | None:
+        """`judge`, whose first look is `first` (begun in a batch); later looks as usual."""
+        pending = [first]
+
+        async def look(
+            md: LedgerMetadata, at: LedgerRecord
+        ) -> LedgerOutcome | Suspect[_Found] | None:
+            if pending:
+                return await pending.pop()()
+            return await self._look(md, at, silence=silence)
+
+        doubt = DropCause.RETRY_SUCCEEDED if silence.looks else None
+        return await self.reread.judge(rec, look, doubt=doubt)
+
+    async def _batches(
+        self, items: AsyncIterator[tuple[LedgerRecord, Silence]]
+    ) -> AsyncIterator[list[tuple[LedgerRecord, Silence]]]:
+        size, _ = batch_shape(self.cfg.checks.ledger_concurrency)
+        batch: list[tuple[LedgerRecord, Silence]] = []
+        async for item in items:
+            batch.append(item)
+            if len(batch) >= size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
     # --- the passes ------------------------------------------------------------------------
 
-    async def _walk(self) -> AsyncIterator[LedgerRecord]:
+    async def _walk(self) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
         progress = Progress(
             self.log,
             str(Check.REPLICAS),
@@ -297,7 +502,7 @@ class ReplicasRun:
         )
         async for rec in self.walker.ledgers(concurrency=self.cfg.checks.walk_window):
             progress.tick(rec.ledger_id)
-            yield rec
+            yield rec, NO_SILENCE
 
     async def _pending(
         self, waiting: Iterable[tuple[int, Silence]]
@@ -311,19 +516,17 @@ class ReplicasRun:
                 continue
             yield rec, silence
 
-    async def _pass(
-        self, items: AsyncIterator[T], one: Callable[[T], Coroutine[Any, Any, object]]
-    ) -> None:
-        await bounded(items, one, self.cfg.checks.ledger_concurrency)
+    async def _pass(self, items: AsyncIterator[tuple[LedgerRecord, Silence]]) -> None:
+        """Judges `items` in batches (`batch_shape`): at most `checks.ledger_concurrency`
+        ledgers in progress."""
+        _, depth = batch_shape(self.cfg.checks.ledger_concurrency)
+        await bounded(self._batches(items), self._judge_batch, depth)
         if self.ctx.on_retry_queue is not None:
             self.ctx.on_retry_queue(len(self.retry))
 
     async def _recheck(self, waiting: Iterable[tuple[int, Silence]]) -> None:
-        async def one(item: tuple[LedgerRecord, Silence]) -> None:
-            await self.judge(*item)
-
         self.registered = await self.ctx.registered()
-        await self._pass(self._pending(waiting), one)
+        await self._pass(self._pending(waiting))
 
     async def begin(self) -> None:
         self.registered = await self.ctx.registered()
@@ -339,7 +542,7 @@ class ReplicasRun:
             )
 
     async def first_pass(self) -> None:
-        await self._pass(self._walk(), self.judge)
+        await self._pass(self._walk())
 
     async def retry_pass(self, pending: Iterable[int], attempt: int) -> None:
         """Checks `pending` ledger ids again at re-check `attempt`; the caller has waited

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from auditor.bookie.availability import Availability
-from auditor.bookie.client import BookieClient
+from auditor.bookie.client import BookieClient, decode_listing
 from auditor.bookie.protocol import (
     AUTH_DISABLED_PLUGIN,
     BookieProtocolError,
@@ -294,6 +294,40 @@ async def test_start_list_sends_without_a_task_and_answers_as_get_list_of_entrie
     emu.inject_status(Status.EIO, LIST)
     assert await client.start_list(bookie, 1) == ErrorStatus(Status.EIO)
     emu.inject_status(None)
+
+
+async def test_start_list_raw_answers_with_the_bytes_get_list_of_entries_decodes(
+    emu: BookieEmulator, clients: MakeClient
+) -> None:
+    """The replicas check's hot path: the same requests and cap as `start_list`, the
+    availability's wire form in the answer (decoded by `decode_listing` to exactly
+    `get_list_of_entries`' outcome); where a task sends it, the outcome is decoded."""
+    client = clients(max_in_flight=4)
+    bookie = emu.bookie_id
+    for ledger in range(1, 21):
+        emu.put_ledger(ledger, range(ledger))
+    first = client.start_list_raw(bookie, 1)
+    assert isinstance(first, asyncio.Task)
+    assert await first == Ok(Availability.from_entries(range(1)))
+    emu.set_latency(0.01)
+    futures = [client.start_list_raw(bookie, ledger) for ledger in range(1, 21)]
+    assert sum(not isinstance(f, asyncio.Task) for f in futures) == 4
+    got = await asyncio.gather(*futures)
+    for ledger, out in zip(range(1, 21), got, strict=True):
+        assert isinstance(out, Ok)
+        if isinstance(out.value, bytes):
+            assert decode_listing(bookie, ledger, out.value) == await client.get_list_of_entries(
+                bookie, ledger
+            )
+        else:
+            assert out == Ok(Availability.from_entries(range(ledger)))
+    assert sum(isinstance(out, Ok) and isinstance(out.value, bytes) for out in got) >= 4
+    assert emu.max_in_flight == 4
+    emu.set_latency(0)
+    assert await client.start_list_raw(bookie, 99) == ErrorStatus(Status.ENOLEDGER)
+    bad = decode_listing(bookie, 7, b"\x00" * 10)
+    assert isinstance(bad, NoAnswer) and bad.reason is Unanswered.PROTOCOL_ERROR
+    assert "undecodable availability for ledger 7" in bad.detail
 
 
 async def test_a_short_timeout_behind_a_long_one_expires_on_time(
