@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import socket
@@ -56,7 +57,38 @@ class ZooKeeperServerError(ServiceUnavailableError):
     """The throwaway ZooKeeper could not be started."""
 
 
+#: Where `free_port` looks first: from here up to the start of the kernel's ephemeral range.
+LOWEST_PORT = 10000
+
+
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on now, for a server a test starts next.
+
+    Why not `bind(0)`: the kernel picks that port from its ephemeral range, the range it
+    also hands to every outgoing connection, and between our check and the server's bind
+    one of the suite's thousands of connections (on another xdist worker, say) can take
+    it. A port below the ephemeral range is never handed out that way; only another
+    explicit bind can take it. Where the machine leaves no room below it, `bind(0)`.
+    """
+    top = _ephemeral_start() - 1
+    if top - LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randint(LOWEST_PORT, top)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # in use (or in TIME_WAIT): another
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

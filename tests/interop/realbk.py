@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from auditor.testing.serverprocess import ServerProcess
+from auditor.testing.zkserver import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEROP_DIR = Path(__file__).resolve().parent
@@ -123,12 +124,6 @@ def classpath(*extra: Path, driver: str = "bookkeeper") -> str:
 def driver_props(driver: str) -> dict[str, str]:
     """The system properties a JVM of a cluster on `driver` needs."""
     return dict(PULSAR_DRIVER_PROPS) if driver == "pulsar" else {}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def java(*args: str | Path, cp: str, props: Mapping[str, str] = {}) -> list[str]:
