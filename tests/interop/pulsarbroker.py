@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from auditor.testing.serverprocess import ServerProcess
+from auditor.testing.zkserver import free_port
 from tests.interop.realbk import (
     ROOT,
     START_TIMEOUT,
     Cluster,
     InteropError,
-    free_port,
     java,
     write_conf,
 )
