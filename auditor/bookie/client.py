@@ -49,7 +49,7 @@ import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Final
+from typing import Final, TypeVar
 
 from auditor.backoff import Backoff
 from auditor.bookie.availability import Availability
@@ -86,6 +86,9 @@ from auditor.errors import FormatError
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 
 __all__ = ["BookieClient", "Resolver", "decode_listing"]
+
+T = TypeVar("T")
+
 
 #: Maps a bookie id to (host, port), or None when the bookie has no known address.
 Resolver = Callable[[str], Awaitable[tuple[str, int] | None]]
@@ -487,7 +490,7 @@ class BookieClient:
             request,
             self.list_timeout if request_timeout is None else request_timeout,
         )
-        return _listing(b.bookie_id, request.getListOfEntriesOfLedgerRequest.ledgerId, resp)
+        return _listing(request.getListOfEntriesOfLedgerRequest.ledgerId, b.bookie_id, resp)
 
     def start_list(self, bookie_id: str, ledger_id: int) -> asyncio.Future[ListOutcome]:
         """`get_list_of_entries` as a future, sent at once where nothing has to wait.
@@ -501,7 +504,8 @@ class BookieClient:
         off, cap full) it is `get_list_of_entries` in a task.
         """
         out: asyncio.Future[ListOutcome] = asyncio.get_running_loop().create_future()
-        if self._send_list(bookie_id, ledger_id, partial(self._list_answered, ledger_id, out)):
+        outcome = partial(_listing, ledger_id)
+        if self._send_list(bookie_id, ledger_id, partial(self._list_answered, out, outcome)):
             return out
         return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
 
@@ -540,17 +544,19 @@ class BookieClient:
 
     def _list_answered(
         self,
-        ledger_id: int,
-        out: asyncio.Future[ListOutcome],
+        out: asyncio.Future[T],
+        outcome: Callable[[str, pb.Response | NoAnswer | ErrorStatus], T],
         b: _Bookie,
         response: pb.Response | CallFailed,
     ) -> None:
+        """A list request's answer (from `_send_list`): the bookie's slot back, the
+        observer told, and `outcome` of the answer into `out`."""
         b.in_flight -= 1
         b.slots.give()
         answered = self._answered(b, response)
         self._observe(_LIST_OP, answered)
         if not out.done():
-            out.set_result(_listing(b.bookie_id, ledger_id, answered))
+            out.set_result(outcome(b.bookie_id, answered))
 
     def start_list_raw(
         self, bookie_id: str, ledger_id: int
@@ -561,22 +567,9 @@ class BookieClient:
         to send it, the outcome is `get_list_of_entries`'s, decoded."""
         out: asyncio.Future[RawListOutcome | ListOutcome]
         out = asyncio.get_running_loop().create_future()
-        if self._send_list(bookie_id, ledger_id, partial(self._list_answered_raw, out)):
+        if self._send_list(bookie_id, ledger_id, partial(self._list_answered, out, _raw_listing)):
             return out
         return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
-
-    def _list_answered_raw(
-        self,
-        out: asyncio.Future[RawListOutcome | ListOutcome],
-        b: _Bookie,
-        response: pb.Response | CallFailed,
-    ) -> None:
-        b.in_flight -= 1
-        b.slots.give()
-        answered = self._answered(b, response)
-        self._observe(_LIST_OP, answered)
-        if not out.done():
-            out.set_result(_raw_listing(b.bookie_id, answered))
 
     # --- the request path ------------------------------------------------------------------
 
@@ -782,7 +775,7 @@ class BookieClient:
 
 
 def _listing(
-    bookie_id: str, ledger_id: int, resp: pb.Response | NoAnswer | ErrorStatus
+    ledger_id: int, bookie_id: str, resp: pb.Response | NoAnswer | ErrorStatus
 ) -> ListOutcome:
     """A list request's outcome: the decoded availability, or why there is none."""
     raw = _raw_listing(bookie_id, resp)
