@@ -92,7 +92,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from auditor.errors import AuditorError
 from auditor.metadata.records import (
@@ -386,6 +386,8 @@ class ReplicationQueue:
                     if again is None or (self._heap and again > self._heap[0][0]):
                         continue
                 taken = await self._try_leaf(lid, path, data, stat)
+                if taken == "unmarked":
+                    continue  # repaired by another worker as we locked it
                 if taken is not None:
                     return taken
                 self._found_locked.add(lid)  # locked by another before the listing said so
@@ -642,13 +644,31 @@ class ReplicationQueue:
 
     async def _try_leaf(
         self, ledger_id: int, path: str, data: bytes, stat: Stat
-    ) -> TakenLedger | None:
-        """Locks a mark read as (`data`, `stat`); None when someone else holds its lock."""
+    ) -> TakenLedger | Literal["unmarked"] | None:
+        """Locks a mark read as (`data`, `stat`); None when someone else holds its lock,
+        "unmarked" when the mark went before our lock was made.
+
+        The mark is read again with the lock, in the same request: a worker that repaired
+        the ledger may have unmarked it and released its lock between our read and our
+        lock (seen under load in the risk-order test). Java's worker would plan that
+        ledger all over again, reading every bookie of it, to find it whole; ours lets
+        the lock go at once. A mark changed meanwhile (the auditor added a bookie to it)
+        is taken as it is now: that version is the one unmarking may delete."""
         lock_path = ur_lock_path(self.base, ledger_id)
-        lock = await self._lock(lock_path)
-        if lock is None:
+        locked = await self._lock(lock_path, path)
+        if locked is None:
             return None
+        lock, mark = locked
         session = int(lock.ephemeralOwner)
+        if mark is None:
+            try:
+                await self._delete_own_lock(lock_path, session)
+            except BaseException:
+                self._orphans[lock_path] = session
+                raise
+            return "unmarked"
+        if int(mark[1].version) != int(stat.version):
+            data, stat = mark
         replicas, _ = _mark_contents(ledger_id, data)
         taken = TakenLedger(
             ledger_id=ledger_id,
@@ -662,8 +682,11 @@ class ReplicationQueue:
         self._orphans.pop(lock_path, None)
         return taken
 
-    async def _lock(self, lock_path: str) -> Stat | None:
-        """Creates the ephemeral lock; its stat when this session owns it, else None.
+    async def _lock(
+        self, lock_path: str, mark_path: str
+    ) -> tuple[Stat, tuple[bytes, Stat] | None] | None:
+        """Creates the ephemeral lock; its stat when this session owns it, with the mark at
+        `mark_path` as read just after (None: no mark), else None.
 
         A create that was cancelled or failed may have happened all the same: it is
         remembered as an orphan and reaped later. A lock made as the session changed is
@@ -673,15 +696,15 @@ class ReplicationQueue:
         try:
             if not await self._create_lock(lock_path):
                 return None
-            lock = await self.store.exists(lock_path)
+            lock, mark = await self.store.get_many([lock_path, mark_path])
         except BaseException:
             if session is not None:
                 self._orphans[lock_path] = session
             raise
         session = self._session()
-        if lock is None or session is None or lock.ephemeralOwner != session:
+        if lock is None or session is None or lock[1].ephemeralOwner != session:
             return None
-        return lock
+        return lock[1], mark
 
     async def _create_lock(self, lock_path: str) -> bool:
         """Whether we created the lock (False: someone holds it)."""
@@ -763,19 +786,15 @@ class ReplicationQueue:
         ledger afresh. The mark's replicas, if it has one, are read for the plan."""
         lock_path = ur_lock_path(self.base, ledger_id)
         mark_path = ur_ledger_path(self.base, ledger_id)
-        lock = await self._lock(lock_path)
-        if lock is None:
+        locked = await self._lock(lock_path, mark_path)
+        if locked is None:
             return None
+        lock, mark = locked
         session = int(lock.ephemeralOwner)
         replicas: tuple[str, ...] = ()
-        try:
-            data, _ = await self.store.get(mark_path)
-            replicas = tuple(decode_underreplicated_ledger(data).replicas)
-        except (NoNodeError, RecordFormatError):
-            pass
-        except BaseException:
-            self._orphans[lock_path] = session
-            raise
+        if mark is not None:
+            with contextlib.suppress(RecordFormatError):
+                replicas = tuple(decode_underreplicated_ledger(mark[0]).replicas)
         taken = TakenLedger(
             ledger_id=ledger_id,
             mark_path=mark_path,

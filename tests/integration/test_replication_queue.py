@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
 
 import pytest
 
@@ -362,6 +363,66 @@ async def test_a_mark_removed_by_someone_else_is_fine(zk: ZkClient) -> None:
         assert await zk.get_children(LOCKS) == []
         # The empty directories it leaves are tolerated by the next walk.
         assert await queue.take() is None
+    finally:
+        await queue.close()
+
+
+class BeforeLock:
+    """The real store, with `action` run once just before the first lock is created (what
+    another worker does between our read of a mark and our lock on it)."""
+
+    def __init__(self, store: ZkClient, action: Callable[[], Awaitable[None]]) -> None:
+        self.store = store
+        self.action: Callable[[], Awaitable[None]] | None = action
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def create(self, path: str, data: bytes = b"", **kwargs: Any) -> str:
+        if path.startswith(LOCKS + "/") and self.action is not None:
+            action, self.action = self.action, None
+            await action()
+        return await self.store.create(path, data, **kwargs)
+
+
+async def test_a_mark_gone_as_we_lock_it_is_let_go_and_the_next_one_taken(zk: ZkClient) -> None:
+    """Another worker repaired ledger 7, unmarked it and let its lock go, between our read
+    of its mark and our lock: the take lets that lock go at once and takes ledger 8."""
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+    await urm.mark_underreplicated(8, ["b:3181"], now_ms=CTIME + 1)
+
+    async def repaired_by_another() -> None:
+        await zk.delete(ur_ledger_path(BASE, 7))
+
+    queue = ReplicationQueue(cast(Any, BeforeLock(zk, repaired_by_another)), ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id == 8
+        assert await zk.get_children(LOCKS) == [ur_lock_path(BASE, 8).rsplit("/", 1)[1]]
+        assert await queue.mark_replicated(taken) is True
+        assert await queue.take() is None
+        assert await zk.get_children(LOCKS) == []
+    finally:
+        await queue.close()
+
+
+async def test_a_mark_changed_as_we_lock_it_is_taken_as_it_is_now(zk: ZkClient) -> None:
+    """The auditor added a bookie to the mark between our read and our lock: the take
+    holds the mark's new version and replicas, so unmarking it deletes that version."""
+    urm = await _layout(zk)
+    await urm.mark_underreplicated(7, ["a:3181"], now_ms=CTIME)
+
+    async def marked_again() -> None:
+        await urm.mark_underreplicated(7, ["b:3181"], now_ms=CTIME + 1)
+
+    queue = ReplicationQueue(cast(Any, BeforeLock(zk, marked_again)), ROOT, "w")
+    try:
+        taken = await queue.take()
+        assert taken is not None
+        assert (taken.mark_version, taken.missing_replicas) == (1, ("a:3181", "b:3181"))
+        assert await queue.mark_replicated(taken) is True
+        assert await _tree(zk, LEDGERS) == set()
     finally:
         await queue.close()
 
