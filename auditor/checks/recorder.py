@@ -141,6 +141,19 @@ class RunRecorder:
         self.report.ledgers_checked += 1
         return self._row(ledger_id, Outcome.OK, None, version, coverage)
 
+    def ok_listed(self, ledger_id: int, version: int, listed: int) -> LedgerOutcome:
+        """`ok` with coverage `Coverage(listed=listed)`: the replicas check's common case
+        (every bookie listed its whole share), recorded without a `Coverage` a ledger."""
+        self.report.ledgers_checked += 1
+        mine = self.report.coverage
+        if mine is None:
+            mine = self.report.coverage = Coverage()
+        mine.listed += listed
+        row = LedgerOutcome(self.check, ledger_id, Outcome.OK, None, version, listed)
+        if self._sink is not None:
+            self._sink(row)
+        return row
+
     def skipped(self, ledger_id: int, reason: SkipReason, version: int = -1) -> LedgerOutcome:
         """Not judged, for `reason`."""
         self.report.ledgers_skipped[str(reason)] += 1
@@ -275,8 +288,9 @@ class RunRecorder:
         version: int,
         coverage: Coverage | None,
     ) -> LedgerOutcome:
-        row = LedgerOutcome(self.check, ledger_id, outcome, reason, version)
-        if coverage is not None:
+        if coverage is None:
+            row = LedgerOutcome(self.check, ledger_id, outcome, reason, version)
+        else:
             mine = self.report.coverage
             if mine is None:
                 mine = self.report.coverage = Coverage()

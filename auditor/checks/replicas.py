@@ -324,22 +324,55 @@ Duties = dict[str, list[tuple[int, int, int]]]
 
 def listing_duties(md: LedgerMetadata) -> Duties:
     """The bookies that must hold entries of a closed ledger, each with its duties: the
-    same pairs as `expectations(md)`, keyed by bookie, in the order first met."""
-    e, w = md.ensemble_size, md.write_quorum
+    same pairs as `expectations(md)`, keyed by bookie, in the order first met.
+
+    The duties of an ensemble position depend on the ledger's shape only (sizes and
+    segment boundaries), not on which bookies fill it; most ledgers of a cluster share a
+    few shapes, so a shape's duties are computed once (`_shape_duties`) and each ledger
+    only puts its bookies' names on them."""
+    key = (
+        md.ensemble_size,
+        md.write_quorum,
+        md.last_entry_id,
+        *[(seg.first_entry_id, len(seg.bookies)) for seg in md.segments],
+    )
+    shape = _SHAPES.get(key)
+    if shape is None:
+        shape = _shape_duties(md)
+        if len(_SHAPES) >= _SHAPES_KEPT:
+            _SHAPES.clear()
+        _SHAPES[key] = shape
+    segments = md.segments
     out: Duties = {}
-    for seg in md.segment_ranges():
+    for seg_index, i, duty in shape:
+        bookie = segments[seg_index].bookies[i]
+        found = out.get(bookie)
+        if found is None:
+            out[bookie] = [duty]
+        else:
+            found.append(duty)
+    return out
+
+
+#: How many ledger shapes `listing_duties` keeps (cleared when full: a cluster whose
+#: ledgers all differ in shape pays what it paid before, plus a dict lookup).
+_SHAPES_KEPT = 4096
+_SHAPES: dict[tuple[object, ...], tuple[tuple[int, int, tuple[int, int, int]], ...]] = {}
+
+
+def _shape_duties(md: LedgerMetadata) -> tuple[tuple[int, int, tuple[int, int, int]], ...]:
+    """Per (segment, position) with entries to hold, in order: `(segment index,
+    position, (first, last, position))`."""
+    e, w = md.ensemble_size, md.write_quorum
+    out: list[tuple[int, int, tuple[int, int, int]]] = []
+    for seg_index, seg in enumerate(md.segment_ranges()):
         first, last = seg.first, seg.last
         if last < first:
             continue
-        for i, bookie in enumerate(seg.bookies):
+        for i in range(len(seg.bookies)):
             if first_stored(first, last, e, w, i) is not None:
-                duty = (first, last, i)
-                found = out.get(bookie)
-                if found is None:
-                    out[bookie] = [duty]
-                else:
-                    found.append(duty)
-    return out
+                out.append((seg_index, i, (first, last, i)))
+    return tuple(out)
 
 
 def listed_in_full(md: LedgerMetadata, duties: Duties, listings: Mapping[str, bytes]) -> bool:

@@ -400,8 +400,9 @@ class ReplicasRun:
                 version = rec.znode_version
                 doubt = DropCause.RETRY_SUCCEEDED if silence.looks else None
                 if len(raw) == len(listings) and listed_in_full(md, duties, raw):
-                    coverage = Coverage(listed=len(raw))
-                    recorder.settle(recorder.ok(md.ledger_id, version, coverage=coverage), doubt)
+                    ok = recorder.ok_listed(md.ledger_id, version, len(raw))
+                    if doubt is not None:
+                        recorder.settle(ok, doubt)
                     continue
                 answers, to_probe = self._answers(md, listings)
                 if to_probe:
