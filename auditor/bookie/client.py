@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Final, TypeVar
 
@@ -138,6 +138,69 @@ class _Slots:
                 waiter.set_result(None)
                 return
         self.free += 1
+
+
+class ListBatch:
+    """The outcomes of a batch of list requests (`BookieClient.start_lists_raw`), each
+    delivered by its answer's callback, with one wait for them all.
+
+    Requests whose answers nobody waits for any more (the batch given up: `cancel`)
+    are left to their answers or time-outs, which return their slots; those sent in
+    tasks are cancelled."""
+
+    __slots__ = ("_done", "_error", "_left", "_tasks", "outcomes")
+
+    def __init__(self) -> None:
+        #: Per (bookie, ledger): the raw outcome, or, where a task asked, the decoded one.
+        self.outcomes: dict[tuple[str, int], RawListOutcome | ListOutcome] = {}
+        self._left = 0
+        self._done: asyncio.Future[None] | None = None
+        self._tasks: list[asyncio.Future[ListOutcome]] = []
+        #: A task that raised (a bug: the request path returns its failures): raised by
+        #: `wait` once the rest are in, as awaiting that task would have raised it.
+        self._error: BaseException | None = None
+
+    def expect(self) -> None:
+        self._left += 1
+
+    def deliver(self, key: tuple[str, int], outcome: RawListOutcome | ListOutcome) -> None:
+        self.outcomes[key] = outcome
+        self._settled()
+
+    def _settled(self) -> None:
+        self._left -= 1
+        if not self._left and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def track(self, key: tuple[str, int], task: asyncio.Future[ListOutcome]) -> None:
+        """A request sent in a task: its outcome delivered when it ends (cancelled: never,
+        as the batch is then given up)."""
+        self._tasks.append(task)
+
+        def ended(done: asyncio.Future[ListOutcome]) -> None:
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is None:
+                self.deliver(key, done.result())
+                return
+            self._error = self._error or error
+            self._settled()
+
+        task.add_done_callback(ended)
+
+    async def wait(self) -> None:
+        """Until every expected outcome is in."""
+        if self._left:
+            self._done = asyncio.get_running_loop().create_future()
+            await self._done
+        if self._error is not None:
+            raise self._error
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            if not task.done():
+                task.cancel()
 
 
 class _Bookie:
@@ -558,18 +621,59 @@ class BookieClient:
         if not out.done():
             out.set_result(outcome(b.bookie_id, answered))
 
-    def start_list_raw(
-        self, bookie_id: str, ledger_id: int
-    ) -> asyncio.Future[RawListOutcome | ListOutcome]:
-        """`start_list`, whose answer on the hot path is the availability's wire form
-        (`Ok(bytes)`, not decoded: the replicas check decides the common case from the
-        bytes, and `decode_listing` gives the decoded outcome otherwise); where a task has
-        to send it, the outcome is `get_list_of_entries`'s, decoded."""
-        out: asyncio.Future[RawListOutcome | ListOutcome]
-        out = asyncio.get_running_loop().create_future()
-        if self._send_list(bookie_id, ledger_id, partial(self._list_answered, out, _raw_listing)):
-            return out
-        return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
+    def start_lists_raw(self, batch: ListBatch, bookie_id: str, ledger_ids: Iterable[int]) -> None:
+        """`start_list` for many ledgers of one bookie, the outcomes into `batch` (keyed
+        `(bookie_id, ledger_id)`) instead of a future each; the outcome of an answer on
+        this hot path is the availability's wire form (`Ok(bytes)`, not decoded: the
+        replicas check decides the common case from the bytes, and `decode_listing` gives
+        the decoded outcome otherwise); where a task asked, it is decoded.
+
+        The replicas check asks every ensemble bookie of a batch of ledgers at once; a
+        future a request (its callback, its wake-up, its `result`) and the per-request
+        checks of `_send_list` cost as much as sending. Here the bookie's state is
+        checked once, and each answer's callback writes its outcome into `batch`, whose
+        one `wait` ends when the last is in. What cannot go out now (as in `_send_list`)
+        is `get_list_of_entries` in a task, whose outcome goes into `batch` the same way.
+        """
+        b = self._bookies.get(bookie_id)
+        conn = None if b is None else b.conn
+        sendable = (
+            b is not None
+            and conn is not None
+            and not self._closed
+            and conn.is_open
+            and b.list_cap is ListCapability.CAN_LIST
+            and asyncio.get_running_loop().time() < b.list_cap_until
+        )
+        timeout = self.list_timeout
+        delivered = self._list_delivered
+        for ledger_id in ledger_ids:
+            key = (bookie_id, ledger_id)
+            batch.expect()
+            if sendable and b is not None and conn is not None and b.slots.try_take():
+                b.in_flight += 1
+                txn_id = next(self._txn)
+                conn.send_frame_then(
+                    (txn_id, _LIST_OP),
+                    list_request_frame(txn_id, ledger_id),
+                    timeout,
+                    partial(delivered, batch, b, key),
+                )
+                continue
+            sendable = False  # the cap is full: the rest wait their turn in tasks
+            task = asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
+            batch.track(key, task)
+
+    def _list_delivered(
+        self, batch: ListBatch, b: _Bookie, key: tuple[str, int], response: pb.Response | CallFailed
+    ) -> None:
+        """A list request's answer (from `start_lists_raw`): the bookie's slot back, the
+        observer told, the raw outcome into `batch`."""
+        b.in_flight -= 1
+        b.slots.give()
+        answered = self._answered(b, response)
+        self._observe(_LIST_OP, answered)
+        batch.deliver(key, _raw_listing(b.bookie_id, answered))
 
     # --- the request path ------------------------------------------------------------------
 

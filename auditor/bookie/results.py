@@ -128,7 +128,7 @@ class CannotList:
 
 Outcome: TypeAlias = Ok[T] | ErrorStatus | NoAnswer
 ListOutcome: TypeAlias = Ok[Availability] | ErrorStatus | NoAnswer | CannotList
-#: A list request answered on `BookieClient.start_list_raw`'s hot path: the availability's
+#: A list request answered on `BookieClient.start_lists_raw`'s hot path: the availability's
 #: wire form, not decoded yet.
 RawListOutcome: TypeAlias = Ok[bytes] | ErrorStatus | NoAnswer
 

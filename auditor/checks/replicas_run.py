@@ -47,13 +47,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from auditor.bookie.availability import EMPTY
-from auditor.bookie.client import decode_listing
+from auditor.bookie.client import ListBatch, decode_listing
 from auditor.bookie.protocol import Status
 from auditor.bookie.results import CannotList, ErrorStatus, ListOutcome, Ok, RawListOutcome
 from auditor.checks.context import CheckContext
@@ -171,10 +179,6 @@ async def _probe(ctx: CheckContext, md: LedgerMetadata, bookie: str) -> BookieAn
 
 # --- the run -------------------------------------------------------------------------------
 
-#: The list requests of one ledger in a batch: per bookie with duties, its answer to
-#: come (None: held by the lost-bookie delay, not asked).
-_Asked = dict[str, "asyncio.Future[RawListOutcome | ListOutcome] | None"]
-
 
 def batch_shape(concurrency: int) -> tuple[int, int]:
     """(ledgers a batch, batches judged at once) for `checks.ledger_concurrency`: two
@@ -183,25 +187,6 @@ def batch_shape(concurrency: int) -> tuple[int, int]:
     concurrency = max(concurrency, 1)
     depth = 2 if concurrency >= 2 else 1
     return concurrency // depth, depth
-
-
-async def _all_done(futures: Sequence[asyncio.Future[Any]]) -> None:
-    """Returns once every one of `futures` is done (one waiter, a callback each)."""
-    left = sum(1 for f in futures if not f.done())
-    if not left:
-        return
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def one(_: object) -> None:
-        nonlocal left
-        left -= 1
-        if not left and not done.done():
-            done.set_result(None)
-
-    for f in futures:
-        if not f.done():
-            f.add_done_callback(one)
-    await done
 
 
 async def _ready(value: T) -> T:
@@ -353,16 +338,17 @@ class ReplicasRun:
 
     async def _judge_batch(self, batch: Sequence[tuple[LedgerRecord, Silence]]) -> None:
         """Judges a batch of ledgers as `judge` judges each: their list requests sent
-        together, their answers awaited together and judged in one pass, with no task or
-        coroutine per ledger; a fully replicated ledger is decided from the bytes its
-        bookies sent (`listed_in_full`). What needs more than one look (a bookie to probe,
-        a suspect to re-read) goes on as `judge` does, after the pass."""
+        together (per bookie, `start_lists_raw`), their answers gathered into one
+        `ListBatch` and judged in one pass, with no task, coroutine or future per ledger;
+        a fully replicated ledger is decided from the bytes its bookies sent
+        (`listed_in_full`). What needs more than one look (a bookie to probe, a suspect
+        to re-read) goes on as `judge` does, after the pass."""
         recorder = self.recorder
         held = self.ctx.held_bookies()
-        start = self.ctx.bookies.start_list_raw
-        asked: list[tuple[LedgerRecord, Silence, LedgerMetadata, Duties, _Asked]] = []
+        asked: list[tuple[LedgerRecord, Silence, LedgerMetadata, Duties]] = []
         later: list[Callable[[], Coroutine[Any, Any, object]]] = []
-        futures: list[asyncio.Future[RawListOutcome | ListOutcome]] = []
+        per_bookie: dict[str, list[int]] = {}
+        answers = ListBatch()
         try:
             for rec, silence in batch:
                 md = rec.metadata
@@ -380,36 +366,40 @@ class ReplicasRun:
                     recorder.settle(marked, doubt)
                     continue
                 duties = listing_duties(md)
-                listings: _Asked = {}
                 for bookie in duties:
-                    if bookie in held:
-                        listings[bookie] = None
-                    else:
-                        listing = start(bookie, md.ledger_id)
-                        listings[bookie] = listing
-                        futures.append(listing)
-                asked.append((rec, silence, md, duties, listings))
-            await _all_done(futures)
-            for rec, silence, md, duties, listings in asked:
+                    if bookie not in held:
+                        ids = per_bookie.get(bookie)
+                        if ids is None:
+                            per_bookie[bookie] = [md.ledger_id]
+                        else:
+                            ids.append(md.ledger_id)
+                asked.append((rec, silence, md, duties))
+            start = self.ctx.bookies.start_lists_raw
+            for bookie, ids in per_bookie.items():
+                start(answers, bookie, ids)
+            await answers.wait()
+            outcomes = answers.outcomes
+            for rec, silence, md, duties in asked:
+                lid = md.ledger_id
                 raw: dict[str, bytes] = {}
-                for bookie, answered in listings.items():
-                    if answered is not None:
-                        out = answered.result()
-                        if type(out) is Ok and type(out.value) is bytes:
-                            raw[bookie] = out.value
+                for bookie in duties:
+                    out = outcomes.get((bookie, lid))
+                    if type(out) is Ok and type(out.value) is bytes:
+                        raw[bookie] = out.value
                 version = rec.znode_version
                 doubt = DropCause.RETRY_SUCCEEDED if silence.looks else None
-                if len(raw) == len(listings) and listed_in_full(md, duties, raw):
-                    ok = recorder.ok_listed(md.ledger_id, version, len(raw))
+                if len(raw) == len(duties) and listed_in_full(md, duties, raw):
+                    ok = recorder.ok_listed(lid, version, len(raw))
                     if doubt is not None:
                         recorder.settle(ok, doubt)
                     continue
-                answers, to_probe = self._answers(md, listings)
+                listings = {b: (None if b in held else outcomes[b, lid]) for b in duties}
+                answered, to_probe = self._answers(md, listings)
                 if to_probe:
-                    first = partial(self._probed_look, md, version, silence, answers, to_probe)
+                    first = partial(self._probed_look, md, version, silence, answered, to_probe)
                     later.append(partial(self._judge_from, rec, silence, first))
                     continue
-                verdict = analyse(md, answers)
+                verdict = analyse(md, answered)
                 seen = self._after(md, version, verdict, silence)
                 if seen is None:
                     continue
@@ -418,9 +408,7 @@ class ReplicasRun:
                     continue
                 recorder.settle(seen, doubt)
         finally:
-            for listing in futures:
-                if not listing.done():
-                    listing.cancel()
+            answers.cancel()
         if later:
             # Each to its end (its ledger recorded) before the first error, if any, is raised.
             ended = await asyncio.gather(*(each() for each in later), return_exceptions=True)
@@ -429,17 +417,17 @@ class ReplicasRun:
                     raise end
 
     def _answers(
-        self, md: LedgerMetadata, listings: _Asked
+        self, md: LedgerMetadata, listings: Mapping[str, RawListOutcome | ListOutcome | None]
     ) -> tuple[dict[str, BookieAnswer], list[str]]:
-        """What each bookie said, as `bookie_answers` takes it, and those to probe."""
+        """What each bookie said (None: held by the lost-bookie delay, not asked), as
+        `bookie_answers` takes it, and those to probe."""
         probe = self.cfg.checks.probe_unlistable
         answers: dict[str, BookieAnswer] = {}
         to_probe: list[str] = []
-        for bookie, answered in sorted(listings.items()):
-            if answered is None:
+        for bookie, out in sorted(listings.items()):
+            if out is None:
                 answers[bookie] = Unverified()
                 continue
-            out = answered.result()
             if isinstance(out, Ok) and isinstance(out.value, bytes):
                 out = decode_listing(bookie, md.ledger_id, out.value)
             answer = _answer(out)

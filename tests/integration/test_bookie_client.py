@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from auditor.bookie.availability import Availability
-from auditor.bookie.client import BookieClient, decode_listing
+from auditor.bookie.client import BookieClient, ListBatch, decode_listing
 from auditor.bookie.protocol import (
     AUTH_DISABLED_PLUGIN,
     BookieProtocolError,
@@ -296,38 +296,78 @@ async def test_start_list_sends_without_a_task_and_answers_as_get_list_of_entrie
     emu.inject_status(None)
 
 
-async def test_start_list_raw_answers_with_the_bytes_get_list_of_entries_decodes(
+async def test_start_lists_raw_answers_with_the_bytes_get_list_of_entries_decodes(
     emu: BookieEmulator, clients: MakeClient
 ) -> None:
     """The replicas check's hot path: the same requests and cap as `start_list`, the
-    availability's wire form in the answer (decoded by `decode_listing` to exactly
-    `get_list_of_entries`' outcome); where a task sends it, the outcome is decoded."""
+    outcomes gathered into one `ListBatch`, the availability's wire form in each answer
+    (decoded by `decode_listing` to exactly `get_list_of_entries`' outcome); where a task
+    sends it (capability not known yet, the cap full), the outcome is decoded."""
     client = clients(max_in_flight=4)
     bookie = emu.bookie_id
     for ledger in range(1, 21):
         emu.put_ledger(ledger, range(ledger))
-    first = client.start_list_raw(bookie, 1)
-    assert isinstance(first, asyncio.Task)
-    assert await first == Ok(Availability.from_entries(range(1)))
+    first = ListBatch()
+    client.start_lists_raw(first, bookie, [1])
+    await first.wait()
+    assert first.outcomes == {(bookie, 1): Ok(Availability.from_entries(range(1)))}
     emu.set_latency(0.01)
-    futures = [client.start_list_raw(bookie, ledger) for ledger in range(1, 21)]
-    assert sum(not isinstance(f, asyncio.Task) for f in futures) == 4
-    got = await asyncio.gather(*futures)
-    for ledger, out in zip(range(1, 21), got, strict=True):
+    batch = ListBatch()
+    client.start_lists_raw(batch, bookie, range(1, 21))
+    await batch.wait()
+    assert sorted(batch.outcomes) == [(bookie, ledger) for ledger in range(1, 21)]
+    raw = 0
+    for ledger in range(1, 21):
+        out = batch.outcomes[bookie, ledger]
         assert isinstance(out, Ok)
         if isinstance(out.value, bytes):
+            raw += 1
             assert decode_listing(bookie, ledger, out.value) == await client.get_list_of_entries(
                 bookie, ledger
             )
         else:
             assert out == Ok(Availability.from_entries(range(ledger)))
-    assert sum(isinstance(out, Ok) and isinstance(out.value, bytes) for out in got) >= 4
+    assert raw == 4  # the cap's four went out at once; the rest waited in tasks
     assert emu.max_in_flight == 4
     emu.set_latency(0)
-    assert await client.start_list_raw(bookie, 99) == ErrorStatus(Status.ENOLEDGER)
+    missing = ListBatch()
+    client.start_lists_raw(missing, bookie, [99])
+    await missing.wait()
+    assert missing.outcomes == {(bookie, 99): ErrorStatus(Status.ENOLEDGER)}
     bad = decode_listing(bookie, 7, b"\x00" * 10)
     assert isinstance(bad, NoAnswer) and bad.reason is Unanswered.PROTOCOL_ERROR
     assert "undecodable availability for ledger 7" in bad.detail
+
+
+async def test_a_list_batch_given_up_cancels_its_tasks_and_its_answers_return_their_slots(
+    emu: BookieEmulator, clients: MakeClient
+) -> None:
+    """A batch given up (the check cancelled) cancels the requests waiting in tasks; those
+    already sent are left to their answers, which return the bookie's slots."""
+    client = clients(max_in_flight=2)
+    bookie = emu.bookie_id
+    for ledger in range(1, 7):
+        emu.put_ledger(ledger, range(3))
+    warm = ListBatch()
+    client.start_lists_raw(warm, bookie, [1])  # learns that the bookie lists
+    await warm.wait()
+    emu.pause()
+    batch = ListBatch()
+    client.start_lists_raw(batch, bookie, range(1, 7))
+    waiting = asyncio.ensure_future(batch.wait())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    waiting.cancel()
+    batch.cancel()
+    emu.resume()
+    again = ListBatch()
+    client.start_lists_raw(again, bookie, range(1, 7))
+    await asyncio.wait_for(again.wait(), 10)
+    assert all(isinstance(out, Ok) for out in again.outcomes.values())
+    assert len(again.outcomes) == 6
+    assert emu.max_in_flight <= 2
+    # The given-up batch's two sent requests were answered; its four in tasks never went.
+    assert dict(emu.list_requests) == {1: 3, 2: 2, 3: 1, 4: 1, 5: 1, 6: 1}
 
 
 async def test_a_short_timeout_behind_a_long_one_expires_on_time(
