@@ -47,7 +47,10 @@ class ByteBudget:
         if self.rate <= 0:
             return 0.0
         self._refill()
-        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+        debt = -self._tokens
+        # Under a millionth of a byte is clock rounding, not debt (a wait that short would
+        # not even move a float clock).
+        return 0.0 if debt <= 1e-6 else debt / self.rate
 
     def spend(self, size: int) -> None:
         """Takes the bytes a read brought from the bucket."""
