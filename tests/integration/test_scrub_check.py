@@ -8,9 +8,10 @@ Round robin with E=3, W=2: entry e on bookies (e mod 3) and (e + 1 mod 3).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
-from auditor.bookie.protocol import Operation
+from auditor.bookie.protocol import Operation, Status
 from auditor.checks.findings import CheckReport, ScrubCoverage
 from auditor.checks.scrub_run import run_scrub_check
 from auditor.metadata.model import DigestType, LedgerState
@@ -138,6 +139,34 @@ async def test_a_silent_bookie_is_rechecked_then_left_unverified(store: Metadata
         assert report.scrub is not None
         assert (report.scrub.copies_unverified, report.scrub.copies_verified) == (4, 7)
         assert report.marked_underreplicated == [1]
+
+
+async def test_a_bookie_that_answers_on_the_recheck_is_judged_then(
+    store: MetadataStore,
+) -> None:
+    """b2 throttles (ETOOMANYREQUESTS: no answer about the entry) on the first look and
+    answers on the re-check: ledger 1 comes out clean (a drop, `retry_succeeded`), ledger
+    2's corrupt copy on b2 is found on the re-check."""
+    async with test_cluster(store, 3) as tc:
+        await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=6)
+        await tc.writer.write_ledger(2, tc.ids, write_quorum=2, num_entries=6)
+        tc.bookies[2].corrupt_entry(2, 4)
+        b2 = tc.bookies[2]
+        b2.reset_stats()
+        b2.inject_status(Status.ETOOMANYREQUESTS, Operation.READ_ENTRY)
+
+        async def answer_again() -> None:
+            # b2 holds entries 1, 2, 4, 5 of each ledger: 8 reads on the first look.
+            await b2.wait_requests(8, Operation.READ_ENTRY)
+            b2.clear_faults()
+
+        again = asyncio.create_task(answer_again())
+        report = await run(tc, "checks.retry_delay=1.0")
+        await again
+        assert found(report) == [(2, "corrupt_copy", tc.ids[2], [[4, 4]], 1)]
+        assert dict(report.dropped) == {"retry_succeeded": 1}
+        assert b2.received[Operation.READ_ENTRY] == 16
+        assert report.scrub is not None and report.scrub.copies_unverified == 0
 
 
 async def test_marked_ledgers_are_skipped_unread(store: MetadataStore) -> None:
