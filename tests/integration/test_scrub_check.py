@@ -236,6 +236,20 @@ async def test_check_scrub_cli_range_and_json(zk: ZkClient) -> None:
             "copies_unverified": 0,
         }
         assert doc["marked_underreplicated"] == []
+        code, out, err = await bk("check", "scrub", "--to", "1", *args[:2], *args[3:])
+        assert code == 1, err
+        assert out.splitlines()[:6] == [
+            "check scrub: 1 ledgers checked",
+            "  corrupt_copy                         1",
+            "  divergent_copies                     0",
+            "  unreadable_copy                      0",
+            "  metadata_invalid                     0",
+            "  read: 5 entries, 9 copies verified (144 bytes), 0 absent, 0 unverified",
+        ]
+        assert out.splitlines()[7].split()[:3] == ["1", "corrupt_copy", tc.ids[0]]
+        assert out.splitlines()[7].endswith(
+            "1 copies, entries 0: CRC32C digest mismatch for ledger 1 entry 0"
+        )
         code, out, err = await bk("check", "replicas", "--from", "2", *args)
         assert code == 2
         assert "--from and --to are for `check scrub` only" in err
