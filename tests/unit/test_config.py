@@ -833,9 +833,14 @@ def test_scrub_section_from_toml_set_and_the_daemon_with_its_rules(tmp_path: Pat
     daemon = load_daemon_config(toml, env=ZK, hostname="node-1")
     assert daemon.auditor.scrub == ScrubConfig(bytes_per_second=1000.0, interval=60.0)
     assert daemon.origin("scrub.interval").startswith(f"{toml}")
-    with pytest.raises(ConfigError, match="scrub.bytes_per_second"):
-        load_config(None, ["scrub.bytes_per_second=-1"])
-    with pytest.raises(ConfigError, match="scrub.interval"):
-        load_config(None, ["scrub.interval=0"])
-    with pytest.raises(ConfigError, match="no_such"):
-        load_config(None, ["scrub.no_such=1"])
+    for override, message in (
+        (
+            "scrub.bytes_per_second=-1",
+            "scrub.bytes_per_second must be bytes per second >= 0 (0: no budget), got '-1'",
+        ),
+        ("scrub.interval=0", "scrub.interval must be positive seconds, got '0'"),
+        ("scrub.no_such=1", "unknown key scrub.no_such"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert str(err.value) == message
