@@ -169,6 +169,44 @@ async def test_a_bookie_that_answers_on_the_recheck_is_judged_then(
         assert report.scrub is not None and report.scrub.copies_unverified == 0
 
 
+async def test_a_ledger_replaced_while_scrubbed_is_judged_again(store: MetadataStore) -> None:
+    """b1's corrupt copies are seen on the first look, but the ledger is re-replicated to
+    b3 meanwhile: the re-read finds a new version, the scrub of it is clean, nothing is
+    reported or marked (a drop, `metadata_changed`)."""
+    async with test_cluster(store, 4) as tc:
+        b = tc.ids
+        written = await tc.writer.write_ledger(7, b[0:3], write_quorum=2, num_entries=30)
+        for entry in (0, 1, 3):  # all on b1
+            tc.bookies[1].corrupt_entry(7, entry)
+        held = tc.bookies[0]
+        held.set_latency(0.5, Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)
+        async with tc.context(overrides=FAST, mark=True) as ctx:
+            task = asyncio.ensure_future(run_scrub_check(ctx))
+            await held.wait_requests(1, Operation.GET_LIST_OF_ENTRIES_OF_LEDGER)
+            await tc.writer.rereplicate(written, [b[0], b[3], b[2]])
+            report = await task
+        assert found(report) == []
+        assert dict(report.dropped) == {"metadata_changed": 1}
+        assert report.marked_underreplicated == []
+        assert report.ledgers_checked == 1
+        assert tc.bookies[3].received[Operation.READ_ENTRY] == 20  # b3's share of 30
+
+
+async def test_reads_are_pipelined_up_to_the_in_flight_cap(store: MetadataStore) -> None:
+    """`checks.bookie_max_in_flight` reads at once per bookie, and no more, however many
+    entries and ledgers want it."""
+    async with test_cluster(store, 3) as tc:
+        for lid in (1, 2):
+            await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=15)
+        for emu in tc.bookies:
+            emu.set_latency(0.2, Operation.READ_ENTRY)
+            emu.reset_stats()
+        report = await run(tc, "checks.bookie_max_in_flight=5")
+        assert found(report) == []
+        assert report.scrub is not None and report.scrub.copies_verified == 90
+        assert [emu.max_in_flight for emu in tc.bookies] == [5, 5, 5]
+
+
 async def test_marked_ledgers_are_skipped_unread(store: MetadataStore) -> None:
     async with test_cluster(store, 3) as tc:
         await tc.writer.write_ledger(1, tc.ids, write_quorum=2, num_entries=6)
