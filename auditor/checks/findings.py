@@ -45,6 +45,9 @@ class Check(enum.StrEnum):
     #: Pulsar's references against BookKeeper's ledgers (`pulsar_audit.py`): off by
     #: default, so not in `ALL_CHECKS`; run on request (`pulsar-audit`).
     PULSAR = "pulsar"
+    #: The deep scrub (`scrub.py`): every copy of every entry read and verified; costly,
+    #: so not in `ALL_CHECKS`; run on request (`check scrub`).
+    SCRUB = "scrub"
 
 
 #: The order `check all` runs them in (and the daemon's checks): `metadata` is not among
@@ -70,6 +73,12 @@ CATEGORIES: dict[Check, tuple[Category, ...]] = {
     Check.BOOKIES: (Category.LEDGERS_ON_LOST_BOOKIES, Category.METADATA_INVALID),
     Check.LEDGERS: (Category.UNREADABLE_FRAGMENTS, Category.METADATA_INVALID),
     Check.METADATA: (Category.METADATA_INVALID,),
+    Check.SCRUB: (
+        Category.CORRUPT_COPY,
+        Category.DIVERGENT_COPIES,
+        Category.UNREADABLE_COPY,
+        Category.METADATA_INVALID,
+    ),
     Check.PULSAR: (
         Category.MISSING,
         Category.ORPHAN,
@@ -135,6 +144,12 @@ DROP_CAUSES: dict[Check, tuple[DropCause, ...]] = {
     Check.PLACEMENT: (),
     Check.GRACE: (),
     Check.METADATA: (),
+    Check.SCRUB: (
+        DropCause.METADATA_CHANGED,
+        DropCause.LEDGER_DELETED,
+        DropCause.RETRY_SUCCEEDED,
+        DropCause.MARKED_MEANWHILE,
+    ),
     Check.PULSAR: (
         DropCause.REFERENCES_CHANGED,
         DropCause.LEDGER_DELETED,
@@ -153,6 +168,35 @@ class Coverage:
 
     def to_json(self) -> dict[str, int]:
         return {"listed": self.listed, "probed": self.probed, "unverified": self.unverified}
+
+
+@dataclass(slots=True)
+class ScrubCoverage:
+    """What a deep scrub read: entries, copies verified (and their payload bytes), copies
+    the bookie said it lacks (missing: the replicas check's finding), copies not verified
+    (no answer after the re-checks)."""
+
+    entries: int = 0
+    copies_verified: int = 0
+    bytes_verified: int = 0
+    copies_absent: int = 0
+    copies_unverified: int = 0
+
+    def add(self, other: ScrubCoverage) -> None:
+        self.entries += other.entries
+        self.copies_verified += other.copies_verified
+        self.bytes_verified += other.bytes_verified
+        self.copies_absent += other.copies_absent
+        self.copies_unverified += other.copies_unverified
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "entries": self.entries,
+            "copies_verified": self.copies_verified,
+            "bytes_verified": self.bytes_verified,
+            "copies_absent": self.copies_absent,
+            "copies_unverified": self.copies_unverified,
+        }
 
 
 class Outcome(enum.StrEnum):
@@ -305,6 +349,8 @@ class CheckReport:
     #: Bad znodes that name no ledger (corrupt marks, ledger paths beyond 2^63-1): every
     #: one counted, as many listed as violations are.
     invalid_znodes: InvalidZnodeLog = field(default_factory=InvalidZnodeLog)
+    #: The deep scrub's reads (`Check.SCRUB` only).
+    scrub: ScrubCoverage | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.violations, ViolationLog):
@@ -335,6 +381,10 @@ class CheckReport:
             mine.unverified += other.coverage.unverified
             self.coverage = mine
         self.owners.update(other.owners)
+        if other.scrub is not None:
+            if self.scrub is None:
+                self.scrub = ScrubCoverage()
+            self.scrub.add(other.scrub)
 
     def counts(self) -> dict[str, int]:
         """Ledgers per category (a ledger counts once per category)."""
@@ -414,6 +464,8 @@ class CheckReport:
             out["lost_bookies"] = sorted(self.lost_bookies)
         if self.check is Check.REPLICAS:
             out["coverage"] = (self.coverage or Coverage()).to_json()
+        if self.check is Check.SCRUB:
+            out["scrub"] = (self.scrub or ScrubCoverage()).to_json()
         return out
 
 

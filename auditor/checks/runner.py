@@ -56,6 +56,10 @@ def _driver(check: Check) -> Driver:
         from auditor.checks.bookie_check_run import run_bookie_check
 
         return run_bookie_check
+    if check is Check.SCRUB:
+        from auditor.checks.scrub_run import run_scrub_check
+
+        return run_scrub_check
     if check is Check.PULSAR:
         # Metadata only here (no bookie asked, no risk): `pulsar-audit` runs the
         # replicas check first and hands its verdicts in (`run_pulsar_audit`).

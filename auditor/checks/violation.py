@@ -26,6 +26,10 @@ class Category(enum.StrEnum):
     LEDGERS_ON_LOST_BOOKIES = "ledgers_on_lost_bookies"
     # ledger check
     UNREADABLE_FRAGMENTS = "unreadable_fragments"
+    # deep scrub (`scrub`: every copy read and verified)
+    CORRUPT_COPY = "corrupt_copy"
+    DIVERGENT_COPIES = "divergent_copies"
+    UNREADABLE_COPY = "unreadable_copy"
     # Pulsar audit (off by default: `pulsar-audit`)
     MISSING = "missing"
     ORPHAN = "orphan"

@@ -36,6 +36,7 @@ from auditor.checks.replicas import (
     Unanswered,
     unanswered_registered,
 )
+from auditor.checks.scrub import ABSENT, Body, Copy, Failed, entry_write_sets
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segment
 from auditor.metadata.pulsar.refs import LedgerRef, PulsarRefs, RefKind
 from auditor.metadata.serde import LedgerMetadataFormatError, encode_ledger_metadata
@@ -545,6 +546,49 @@ def ledgers_cases() -> list[Case]:
     ]
 
 
+# --- scrub ---------------------------------------------------------------------------
+
+S = [_bookie(f"s{i}") for i in range(3)]
+#: E=3, W=2 over entries 0..5: entry e on s(e mod 3) and s(e+1 mod 3); every bookie lists
+#: what it holds.
+SCRUB_MD = _md([(0, S)], w=2, a=2, last=5)
+
+
+def _scrub_case(name: str, changes: dict[tuple[int, str], Copy], expected: object) -> Case:
+    """Every copy sound but those in `changes` ((entry, bookie) -> what it returned)."""
+
+    def run(cores: Cores) -> object:
+        md = SCRUB_MD
+        copies = {
+            e: {b: changes.get((e, b), Body(_body(e))) for b in bookies}
+            for e, bookies in entry_write_sets(md)
+        }
+        listings = {b: Availability.from_entries(range(6)) for b in S}
+        verdict = cores.scrub(md, copies, DigestType.CRC32C, b"", listings)
+        return tuple((c, b, n) for (c, b), n in verdict.bad_copies().items())
+
+    return Case("scrub", name, run, expected)
+
+
+def scrub_cases() -> list[Case]:
+    other = encode_entry_body(LEDGER, 3, 2, 40, b"another payload")
+    return [
+        _scrub_case("clean", {}, ()),
+        _scrub_case(
+            "corrupt_copy", {(2, S[2]): Body(_body(2, corrupt=True))}, (("corrupt_copy", S[2], 1),)
+        ),
+        _scrub_case(
+            "divergent_copies",
+            {(3, S[0]): Body(other)},
+            (("divergent_copies", S[0], 1), ("divergent_copies", S[1], 1)),
+        ),
+        _scrub_case(
+            "unreadable_copy_eio", {(4, S[1]): Failed("EIO")}, (("unreadable_copy", S[1], 1),)
+        ),
+        _scrub_case("unreadable_copy_listed", {(0, S[0]): ABSENT}, (("unreadable_copy", S[0], 1),)),
+    ]
+
+
 # --- metadata ------------------------------------------------------------------------
 
 _VALID = _md([(0, L), (3, [L[0], L[2], L[1]])], w=2, a=2, last=5)
@@ -699,6 +743,7 @@ def all_cases() -> list[Case]:
         *ledgers_cases(),
         *metadata_cases(),
         *pulsar_cases(),
+        *scrub_cases(),
     ]
 
 
@@ -747,6 +792,9 @@ COVERAGE: dict[str, tuple[str, ...]] = {
     "missing": ("pulsar/missing_no_metadata", "pulsar/missing_entries"),
     "orphan": ("pulsar/orphan",),
     "dangling_cursor": ("pulsar/dangling_cursor",),
+    "corrupt_copy": ("scrub/corrupt_copy",),
+    "divergent_copies": ("scrub/divergent_copies",),
+    "unreadable_copy": ("scrub/unreadable_copy_eio", "scrub/unreadable_copy_listed"),
 }
 
 

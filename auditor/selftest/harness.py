@@ -37,13 +37,23 @@ from auditor.checks.ledger_check import (
 from auditor.checks.placement import LedgerPlacement, PlacementPolicy, analyse_ledger
 from auditor.checks.pulsar_audit import PulsarAudit, audit
 from auditor.checks.replicas import BookieAnswer, ReplicasVerdict, analyse
+from auditor.checks.scrub import LedgerScrub, scrub_ledger
 from auditor.metadata.model import LedgerMetadata
 from auditor.metadata.serde import decode_ledger_metadata
 from auditor.schedule.lost_bookie_delay import LostBookieDelay
 
 #: The checks the self-test covers, in report order (`Check` values; metadata is the
 #: decoder every check shares).
-SELFTEST_CHECKS = ("replicas", "placement", "grace", "bookies", "ledgers", "metadata", "pulsar")
+SELFTEST_CHECKS = (
+    "replicas",
+    "placement",
+    "grace",
+    "bookies",
+    "ledgers",
+    "metadata",
+    "pulsar",
+    "scrub",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,8 @@ class Cores:
     decode: Callable[[bytes, int], LedgerMetadata] = decode_ledger_metadata
     #: The Pulsar audit's one pass (`pulsar_audit.audit`).
     pulsar: Callable[..., PulsarAudit] = audit
+    #: The deep scrub's verdict on one ledger (`scrub.scrub_ledger`).
+    scrub: Callable[..., LedgerScrub] = scrub_ledger
 
 
 @dataclass(frozen=True, slots=True)

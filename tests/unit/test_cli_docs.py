@@ -79,6 +79,7 @@ def test_bash_completes_every_command_and_option(capsys: pytest.CaptureFixture[s
         "replicas",
         "grace",
         "metadata",
+        "scrub",
         "all",
     ]
     assert _bash_complete(script, "scan", "--engine", "") == ["asyncio", "spark"]
@@ -153,6 +154,7 @@ def test_zsh_completes_commands_options_choices_and_files() -> None:
         "replicas",
         "grace",
         "metadata",
+        "scrub",
         "all",
     ]
     assert _zsh_complete(script, "scan", "--engine", "") == ["asyncio", "spark"]

@@ -816,3 +816,31 @@ def test_the_admins_digest_type_and_password_read_as_bookkeeper_reads_them(
     with pytest.raises(ConfigError, match=r"bookkeeper\.digestType must be one of CRC32, CRC32C, "
                        r"MAC, DUMMY, got 'crc32'"):  # fmt: skip
         load_config(None, ["digestType=crc32"])
+
+
+def test_scrub_section_from_toml_set_and_the_daemon_with_its_rules(tmp_path: Path) -> None:
+    import pickle
+
+    from auditor.config import ScrubConfig
+
+    assert load_config(None).scrub == ScrubConfig(
+        bytes_per_second=8 * 1024 * 1024, interval=604800.0
+    )
+    toml = write(tmp_path, "s.toml", "[scrub]\nbytes_per_second = 1000\ninterval = 60\n")
+    cfg = load_config(toml, ["scrub.interval=30"])
+    assert cfg.scrub == ScrubConfig(bytes_per_second=1000.0, interval=30.0)
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    daemon = load_daemon_config(toml, env=ZK, hostname="node-1")
+    assert daemon.auditor.scrub == ScrubConfig(bytes_per_second=1000.0, interval=60.0)
+    assert daemon.origin("scrub.interval").startswith(f"{toml}")
+    for override, message in (
+        (
+            "scrub.bytes_per_second=-1",
+            "scrub.bytes_per_second must be bytes per second >= 0 (0: no budget), got '-1'",
+        ),
+        ("scrub.interval=0", "scrub.interval must be positive seconds, got '0'"),
+        ("scrub.no_such=1", "unknown key scrub.no_such"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert str(err.value) == message

@@ -24,11 +24,12 @@ from auditor.checks.placement import LedgerPlacement, PlacementPolicy, analyse_l
 from auditor.checks.pulsar_audit import PulsarAudit
 from auditor.checks.pulsar_audit import audit as pulsar_audit
 from auditor.checks.replicas import BookieAnswer, ReplicasVerdict, analyse
+from auditor.checks.scrub import LedgerScrub, scrub_ledger
 from auditor.cli.main import main
 from auditor.daemon.config import SelfTestSection, load_daemon_config
 from auditor.daemon.metrics import Metrics
 from auditor.errors import ConfigError
-from auditor.metadata.model import LedgerMetadata
+from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.metadata.pulsar.refs import PulsarRefs
 from auditor.metadata.registry import BookieSet
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
@@ -57,6 +58,7 @@ FIXTURES = {
     "ledgers": 5,
     "metadata": 10,
     "pulsar": 10,
+    "scrub": 5,
 }
 
 
@@ -135,6 +137,11 @@ def _lenient_decoder(data: bytes, ledger_id: int) -> LedgerMetadata:
         return _LAST_GOOD
 
 
+def _digest_ignored(md: Any, copies: Any, digest: Any, *args: Any) -> LedgerScrub:
+    """A scrub that never checks digests (compares payloads only)."""
+    return scrub_ledger(md, copies, DigestType.DUMMY, *args)
+
+
 def _offload_forgotten(refs: PulsarRefs, facts: Any, **kw: Any) -> PulsarAudit:
     """Offloaded ledgers judged like any other: their BookKeeper copy counts as data."""
     forgetful = PulsarRefs()
@@ -178,6 +185,7 @@ def _raises(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
             ],
         ),
         (Cores(pulsar=_offload_forgotten), "pulsar", ["offloaded_not_missing"]),
+        (Cores(scrub=_digest_ignored), "scrub", ["corrupt_copy"]),
     ],
     ids=[
         "replicas",
@@ -188,6 +196,7 @@ def _raises(md: LedgerMetadata, answers: Mapping[str, BookieAnswer]) -> Replicas
         "ledgers",
         "metadata",
         "pulsar",
+        "scrub",
     ],
 )
 def test_a_broken_core_fails_exactly_its_check(

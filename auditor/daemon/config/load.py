@@ -260,7 +260,7 @@ def load_daemon_config(
             raise ConfigError(f"{exc} (from {where})") from None
 
     return DaemonConfig(
-        auditor=AuditorConfig(bookkeeper=bk, checks=built["checks"]),
+        auditor=AuditorConfig(bookkeeper=bk, checks=built["checks"], scrub=built["scrub"]),
         daemon=daemon,
         api=api,
         metrics=metrics,

@@ -108,6 +108,7 @@ class DaemonConfig:
             "risk": self.risk,
             "worker": self.worker,
             "pulsar": self.pulsar,
+            "scrub": self.auditor.scrub,
         }
 
     def changed(self, other: DaemonConfig) -> list[str]:

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from auditor.config import (
     BK_RULES,
     CHECKS_RULES,
+    SCRUB_RULES,
     TOML_TABLES,
     BookKeeperConfig,
     ChecksConfig,
     Rules,
+    ScrubConfig,
 )
 from auditor.metadata.layout import DEFAULT_LEDGERS_ROOT
 from auditor.scan.options import ENGINES
@@ -197,6 +199,7 @@ SECTIONS: dict[str, type] = {
     "risk": RiskSection,
     "worker": WorkerSection,
     "pulsar": PulsarSection,
+    "scrub": ScrubConfig,
 }
 # The one-shot commands read the shared tables of the same file; `[scan]` is the daemon's.
 assert set(TOML_TABLES) <= set(SECTIONS)
@@ -267,4 +270,5 @@ RULES: dict[str, Rules] = {
     "risk": _RISK_RULES,
     "worker": _WORKER_RULES,
     "pulsar": _PULSAR_RULES,
+    "scrub": SCRUB_RULES,
 }

@@ -21,6 +21,9 @@ It also has to build big clusters cheaply and break on demand:
 * Faults: drop entries or ledgers, turn read-only, pause (hold every request
   with connections left open), add latency, answer with a chosen status,
   crash (close everything, unregister) and restart with the same id and data.
+  Corruption, for the deep scrub: a stored entry's bit flipped (`corrupt_entry`),
+  an entry listed but unreadable (`make_unreadable`: EIO), a copy that differs
+  from the others with a valid digest (`diverge_entry`).
 * Counters (requests received per operation, requests in flight and their
   maximum, connections accepted, list requests per ledger, plain and recovery
   adds per ledger) let tests assert

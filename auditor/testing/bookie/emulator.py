@@ -29,9 +29,12 @@ from auditor.bookie.protocol import (
     AUTH_DISABLED_PLUGIN,
     Operation,
     Status,
+    decode_entry_header,
+    encode_entry_body,
     master_key,
     response_header,
 )
+from auditor.metadata.model import DigestType
 from auditor.metadata.registry import register_bookie, unregister_bookie
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 from auditor.store import MetadataStore
@@ -109,6 +112,9 @@ class BookieEmulator:
         self._held_tls: list[tuple[Peer, pb.Request]] = []
         self._timers: dict[object, asyncio.TimerHandle] = {}
         self._faults = FaultTable()
+        #: Entries whose index entry survives but whose bytes cannot be read (per ledger):
+        #: listed, and READ_ENTRY answers EIO (`make_unreadable`).
+        self._unreadable: dict[int, set[int]] = {}
         self._count_waiters: list[tuple[int, Operation | None, asyncio.Future[None]]] = []
         # statistics
         self.received: Counter[Operation] = Counter()
@@ -373,6 +379,62 @@ class BookieEmulator:
         ledger = self._ledgers.get(ledger_id)
         return None if ledger is None else ledger.availability()
 
+    # --- corruption (the deep scrub's faults) ---------------------------------------------
+
+    def corrupt_entry(self, ledger_id: int, entry_id: int, *, at: int = -1) -> None:
+        """Bit rot: flips the lowest bit of byte `at` of a stored entry (default its last,
+        a payload byte when it has one). The entry stays listed and readable; its digest
+        no longer matches. Raises KeyError when the bookie does not hold the entry."""
+        ledger = self._ledgers.get(ledger_id)
+        body = None if ledger is None else ledger.body(ledger_id, entry_id)
+        if ledger is None or body is None:
+            raise KeyError(f"{self.bookie_id} holds no entry {entry_id} of ledger {ledger_id}")
+        i = at % len(body)
+        ledger.put(entry_id, body[:i] + bytes([body[i] ^ 0x01]) + body[i + 1 :])
+
+    def diverge_entry(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        payload: bytes,
+        *,
+        digest_type: DigestType = DigestType.CRC32C,
+        password: bytes = b"",
+    ) -> None:
+        """A copy that differs from the others yet passes its digest: the stored entry's
+        header is kept and its payload replaced by `payload`, with a digest computed anew
+        (`digest_type`, `password`: the ledger's). Raises KeyError when the bookie does
+        not hold the entry."""
+        ledger = self._ledgers.get(ledger_id)
+        body = None if ledger is None else ledger.body(ledger_id, entry_id)
+        if ledger is None or body is None:
+            raise KeyError(f"{self.bookie_id} holds no entry {entry_id} of ledger {ledger_id}")
+        h = decode_entry_header(body)
+        ledger.put(
+            entry_id,
+            encode_entry_body(
+                h.ledger_id,
+                h.entry_id,
+                h.last_add_confirmed,
+                h.length,
+                payload,
+                digest_type,
+                password,
+            ),
+        )
+
+    def make_unreadable(self, ledger_id: int, entries: Iterable[int | range]) -> None:
+        """The index keeps these entries but the entry log lost their bytes: they stay
+        listed, and READ_ENTRY answers EIO (what a bookie answers when its storage throws
+        on the read) until the entry is added again."""
+        lost = self._unreadable.setdefault(ledger_id, set())
+        for start, stop in as_runs(entries):
+            lost.update(range(start, stop))
+
+    def _unreadable_read(self, request: pb.Request) -> bool:
+        rr = request.readRequest
+        return rr.entryId in self._unreadable.get(rr.ledgerId, ())
+
     # --- statistics ----------------------------------------------------------------------
 
     def reset_stats(self) -> None:
@@ -545,9 +607,15 @@ class BookieEmulator:
         if bare and op not in SERVED_WITHOUT_MESSAGE:
             return copied_header_reply(request, Status.EBADREQ)
         if op is Operation.READ_ENTRY:
+            if self._unreadable and self._unreadable_read(request):
+                return status_reply(request, op, Status.EIO)
             return read_entry(self._ledgers, request)
         if op is Operation.ADD_ENTRY:
-            return add_entry(self._ledgers, request, readonly=self.readonly, storage=self.storage)
+            reply = add_entry(self._ledgers, request, readonly=self.readonly, storage=self.storage)
+            if self._unreadable and reply.status == int(Status.EOK):
+                ar = request.addRequest
+                self._unreadable.get(ar.ledgerId, set()).discard(ar.entryId)
+            return reply
         if op is Operation.READ_LAC:
             return read_lac(self._ledgers, request, self.storage)
         if op is Operation.GET_BOOKIE_INFO:

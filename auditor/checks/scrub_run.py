@@ -1,0 +1,315 @@
+"""The deep scrub reads every copy of every entry of every closed ledger, so it must be paced
+per bookie and bounded in flight, and what it reports gets copies replaced, so nothing is
+reported on a first impression: the same BP-34 discipline as the replicas check.
+
+Driving the deep scrub: every copy read, judged by `scrub.judge_entry`, re-checked before
+any report, corrupt and unreadable copies marked.
+
+Per closed ledger (`replicas.skip_reason`; a ledger marked under-replicated is skipped:
+re-replication has it in hand):
+- each bookie with duties in it is asked once for its listing (what its index holds),
+  so that "no such entry" for an entry it lists is told apart from a missing copy;
+- every entry is read from every bookie of its write set, `checks.bookie_max_in_flight`
+  entries of the ledger at a time, and no bookie is sent more than that many of the
+  scrub's reads at once (a gate per bookie, beside the client's own cap), each read let
+  go only while the bookie's byte budget (`scrub.bytes_per_second`, `scrub_pace`) is not
+  in debt; each entry is judged as soon as its copies are in, and its bodies dropped;
+- a ledger with a bookie that did not answer waits `checks.retry_delay` and is scrubbed
+  again (`replicas_retry`: the re-checks are owed per (ledger, bookie)); a bookie still
+  silent after them is logged and left to the replicas check, which reports silent
+  bookies (`bookie_unavailable_registered`);
+- a would-be finding goes through `reread.Reread` (a fresh look at the mark, the
+  metadata read again and the ledger scrubbed again when it changed) before it is
+  reported; corrupt and unreadable copies are then marked under-replicated for their
+  bookies (`ctx.mark_underreplicated`, at the version judged), divergent ones only
+  reported (which copy is right is not known).
+
+Bookies held by the lost-bookie delay (`ctx.held_bookies`) are neither read nor judged.
+`bk-auditor check scrub` runs this once, over the id range of the context (`--from`,
+`--to`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from functools import partial
+
+from auditor.bookie.availability import EMPTY, Availability
+from auditor.bookie.protocol import Status
+from auditor.bookie.results import ErrorStatus, Ok
+from auditor.checks.context import CheckContext
+from auditor.checks.findings import (
+    Check,
+    CheckReport,
+    DropCause,
+    LedgerOutcome,
+    ScrubCoverage,
+    SkipReason,
+)
+from auditor.checks.pool import bounded
+from auditor.checks.progress import Progress
+from auditor.checks.recorder import RunRecorder
+from auditor.checks.replicas import listing_duties, skip_reason
+from auditor.checks.replicas_retry import NO_SILENCE, RecheckRule, RetryQueue, Silence
+from auditor.checks.reread import Reread, Suspect
+from auditor.checks.scrub import (
+    ABSENT,
+    Body,
+    Copy,
+    Failed,
+    LedgerScrub,
+    Silent,
+    entry_write_sets,
+    judge_entry,
+)
+from auditor.checks.scrub_pace import ByteBudget
+from auditor.metadata.model import DigestType, LedgerMetadata
+from auditor.metadata.walk import LedgerRecord
+
+__all__ = ["LEDGERS_AT_ONCE", "ScrubRun", "run_scrub_check"]
+
+#: Ledgers scrubbed at once: enough that small ledgers keep every bookie's gate busy;
+#: the gates, not this, bound what each bookie sees.
+LEDGERS_AT_ONCE = 4
+
+_ABSENT_STATUSES = (Status.ENOENTRY, Status.ENOLEDGER)
+
+
+class _Gate:
+    """One bookie's share of the scrub: reads in flight, and its byte budget."""
+
+    __slots__ = ("budget", "slots")
+
+    def __init__(self, in_flight: int, rate: float) -> None:
+        self.slots = asyncio.Semaphore(max(1, in_flight))
+        self.budget = ByteBudget(rate)
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """A would-be finding: the scrub of one version of the metadata."""
+
+    md: LedgerMetadata
+    version: int
+    scrub: LedgerScrub
+
+
+class ScrubRun:
+    """One run of the deep scrub (see the module)."""
+
+    def __init__(self, ctx: CheckContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.recorder = RunRecorder.for_context(ctx, Check.SCRUB, scrub=ScrubCoverage())
+        self.log = self.recorder.log
+        self.walker = ctx.walker()
+        self.rule = RecheckRule(self.cfg.checks.retry_attempts)
+        self.retry = RetryQueue()
+        self.marked: set[int] = set()
+        self.gates: dict[str, _Gate] = {}
+        self.reread: Reread[_Found] = Reread(
+            self.recorder, self.walker, self._report, marked=self._fresh_mark
+        )
+
+    @property
+    def report(self) -> CheckReport:
+        return self.recorder.report
+
+    @property
+    def coverage(self) -> ScrubCoverage:
+        cov = self.report.scrub
+        if cov is None:
+            cov = self.report.scrub = ScrubCoverage()
+        return cov
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def _gate(self, bookie: str) -> _Gate:
+        gate = self.gates.get(bookie)
+        if gate is None:
+            gate = self.gates[bookie] = _Gate(
+                self.cfg.checks.bookie_max_in_flight, self.cfg.scrub.bytes_per_second
+            )
+        return gate
+
+    async def read_copy(self, bookie: str, ledger_id: int, entry_id: int) -> Copy:
+        """One copy, read within the bookie's gate and budget, as the core takes it."""
+        gate = self._gate(bookie)
+        async with gate.slots:
+            wait = gate.budget.delay()
+            if wait > 0:
+                # The wait is the point: the bookie's byte budget is spent until then.
+                await asyncio.sleep(wait)
+            out = await self.ctx.bookies.read_entry(bookie, ledger_id, entry_id)
+        if isinstance(out, Ok):
+            gate.budget.spend(len(out.value.body))
+            return Body(out.value.body)
+        if isinstance(out, ErrorStatus):
+            if out.status in _ABSENT_STATUSES:
+                return ABSENT
+            if out.status is Status.EIO:
+                return Failed(str(out))
+        return Silent(str(out))
+
+    async def _listings(
+        self, md: LedgerMetadata, bookies: Iterable[str]
+    ) -> dict[str, Availability]:
+        """What each bookie's index holds of the ledger, for those that could say."""
+        asked = [(b, self.ctx.bookies.start_list(b, md.ledger_id)) for b in bookies]
+        out: dict[str, Availability] = {}
+        try:
+            for bookie, listing in asked:
+                answer = await listing
+                if isinstance(answer, Ok):
+                    out[bookie] = answer.value
+                elif isinstance(answer, ErrorStatus) and answer.status is Status.ENOLEDGER:
+                    out[bookie] = EMPTY
+        finally:
+            for _, listing in asked:
+                if not listing.done():
+                    listing.cancel()
+        return out
+
+    async def scrub(self, md: LedgerMetadata) -> LedgerScrub:
+        """Every copy of every entry of a closed ledger, read and judged."""
+        bk = self.cfg.bookkeeper
+        digest: DigestType = md.digest_type or bk.recovery_digest_type
+        password = md.password if md.password is not None else bk.recovery_password
+        held = self.ctx.held_bookies()
+        listings = await self._listings(md, [b for b in listing_duties(md) if b not in held])
+        out = LedgerScrub(md.ledger_id)
+        lid = md.ledger_id
+
+        async def entry(item: tuple[int, tuple[str, ...]]) -> None:
+            entry_id, bookies = item
+            asked = [b for b in bookies if b not in held]
+            copies = await asyncio.gather(*(self.read_copy(b, lid, entry_id) for b in asked))
+            out.add(
+                judge_entry(
+                    lid, entry_id, dict(zip(asked, copies, strict=True)), digest, password, listings
+                )
+            )
+
+        await bounded(entry_write_sets(md), entry, self.cfg.checks.bookie_max_in_flight)
+        return out
+
+    # --- one ledger ------------------------------------------------------------------------
+
+    async def judge(self, rec: LedgerRecord, silence: Silence = NO_SILENCE) -> LedgerOutcome | None:
+        """How the ledger came out (recorded); None when it waits for a retry pass."""
+        doubt = DropCause.RETRY_SUCCEEDED if silence.looks else None
+        return await self.reread.judge(rec, partial(self._look, silence=silence), doubt=doubt)
+
+    async def _look(
+        self, md: LedgerMetadata, rec: LedgerRecord, *, silence: Silence
+    ) -> LedgerOutcome | Suspect[_Found] | None:
+        version = rec.znode_version
+        skip = skip_reason(md)
+        if skip is not None:
+            return self.recorder.skipped(md.ledger_id, skip, version)
+        if md.ledger_id in self.marked:
+            return self.recorder.skipped(md.ledger_id, SkipReason.UNDERREPLICATED, version)
+        scrub = await self.scrub(md)
+        now = silence.after(scrub.silent) if scrub.silent else NO_SILENCE
+        if self.rule.waits(now):
+            self.retry.add(md.ledger_id, now)
+            return None
+        self._count(scrub)
+        for bookie, reason in sorted(scrub.silent.items()):
+            self.log.info(
+                "bookie did not answer the scrub's reads; its copies left unverified",
+                ledger_id=md.ledger_id,
+                bookie=bookie,
+                reason=reason,
+            )
+        if not scrub.found:
+            return self.recorder.ok(md.ledger_id, version)
+        return Suspect(_Found(md, version, scrub))
+
+    def _count(self, scrub: LedgerScrub) -> None:
+        cov = self.coverage
+        cov.entries += scrub.entries
+        cov.copies_verified += scrub.copies_verified
+        cov.bytes_verified += scrub.bytes_verified
+        cov.copies_absent += scrub.copies_absent
+        cov.copies_unverified += scrub.copies_silent
+
+    async def _fresh_mark(self, ledger_id: int, version: int) -> LedgerOutcome | None:
+        """The look before reporting: a ledger marked meanwhile is re-replication's."""
+        if await self.ctx.urm.get_mark(ledger_id) is None:
+            return None
+        return self.recorder.skipped(ledger_id, SkipReason.UNDERREPLICATED, version)
+
+    async def _report(self, found: _Found) -> LedgerOutcome:
+        md, version, scrub = found.md, found.version, found.scrub
+        outcome = self.recorder.violation(md.ledger_id, version, scrub.violations(md, version))
+        to_mark = scrub.to_mark()
+        if to_mark:
+            await self.ctx.mark_underreplicated(self.report, md.ledger_id, to_mark, version=version)
+        return outcome
+
+    # --- the passes ------------------------------------------------------------------------
+
+    async def _walk(self) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
+        progress = Progress(
+            self.log,
+            str(Check.SCRUB),
+            interval=self.cfg.checks.progress_interval,
+            max_ledger_id=await self.walker.max_ledger_id(),
+        )
+        async for rec in self.walker.ledgers(concurrency=self.cfg.checks.walk_window):
+            progress.tick(rec.ledger_id)
+            yield rec, NO_SILENCE
+
+    async def _pending(
+        self, waiting: Iterable[tuple[int, Silence]]
+    ) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
+        """The ledgers waiting for a retry, read again (one gone meanwhile is settled here)."""
+        for ledger_id, silence in waiting:
+            rec = await self.walker.read(ledger_id)
+            if rec is None:
+                deleted = self.recorder.skipped(ledger_id, SkipReason.DELETED)
+                self.recorder.settle(deleted, DropCause.LEDGER_DELETED)
+                continue
+            yield rec, silence
+
+    async def _pass(self, items: AsyncIterator[tuple[LedgerRecord, Silence]]) -> None:
+        async def one(item: tuple[LedgerRecord, Silence]) -> None:
+            await self.judge(*item)
+
+        await bounded(items, one, LEDGERS_AT_ONCE)
+
+    async def run(self) -> CheckReport:
+        listing = await self.ctx.urm.read_marks()
+        self.marked = set(listing.marked_ids())
+        await self._pass(self._walk())
+        for attempt in range(1, self.rule.bound + 1):
+            if not self.retry:
+                break
+            pending, self.retry = self.retry, RetryQueue()
+            self.log.info(
+                "scrubbing again the ledgers whose bookies did not answer, after a delay",
+                ledgers=len(pending),
+                delay_s=self.cfg.checks.retry_delay,
+                attempt=attempt,
+            )
+            # The delay is the point (BP-34): give a slow or restarting bookie time.
+            await asyncio.sleep(self.cfg.checks.retry_delay)
+            await self._pass(self._pending(pending.waiting()))
+        return self.recorder.finish(self.walker)
+
+
+async def run_scrub_check(ctx: CheckContext) -> CheckReport:
+    started = time.monotonic()
+    report = await ScrubRun(ctx).run()
+    ctx.log.info(
+        "scrub finished",
+        ledgers_checked=report.ledgers_checked,
+        violations=report.violations.total,
+        bytes_verified=0 if report.scrub is None else report.scrub.bytes_verified,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    return report
