@@ -23,10 +23,16 @@ from xdist.scheduler import LoadGroupScheduling
 
 #: Test ids are relative to the repository's root (the rootdir: pyproject.toml).
 INTEROP = "tests/interop/"
+#: The standalone Spark cluster's tests share one cluster (a master and two workers, JVMs)
+#: and the packed virtualenv, both made once per session: one unit, so one worker makes
+#: them. With more tests than any other unit but the interop suite, it goes out second.
+SPARK_STANDALONE = "tests/integration/test_spark_standalone.py"
 
 
 class InteropOnOneWorker(LoadGroupScheduling):  # type: ignore[misc]  # xdist is untyped
     def _split_scope(self, nodeid: str) -> str:
         if nodeid.startswith(INTEROP):
             return INTEROP
+        if nodeid.startswith(SPARK_STANDALONE):
+            return SPARK_STANDALONE
         return str(super()._split_scope(nodeid))
