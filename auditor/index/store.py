@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 
+from auditor.index.decode import pack_znode
 from auditor.index.packed import (
     Tables,
     error_of,
@@ -34,7 +35,7 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.ledger_tree import UNEXPECTED_KEPT, IdRange, UnexpectedZnode, WalkStats
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import LedgerRecord, LedgerWalker
+from auditor.metadata.walk import LedgerRecord, LedgerWalker, RawLedger
 from auditor.store import MetadataStore
 
 #: Records handed out per turn of the event loop while iterating (a walk of
@@ -67,6 +68,16 @@ class MetadataIndex:
         else:
             reason = rec.error.reason if rec.error is not None else "metadata missing"
             self._records[rec.ledger_id] = pack_error(reason, rec.znode_version, self.tables)
+
+    def put_znodes(self, znodes: Iterable[RawLedger]) -> None:
+        """Ledgers straight from their znodes' bytes (the load's way: `decode.pack_znode`
+        packs what `put` would store for the decoded record, without the record)."""
+        records = self._records
+        tables = self.tables
+        for ledger_id, _, data, stat in znodes:
+            records[ledger_id] = pack_znode(
+                ledger_id, data, int(stat.version), int(stat.ctime), tables
+            )
 
     def remove(self, ledger_id: int) -> None:
         self._records.pop(ledger_id, None)

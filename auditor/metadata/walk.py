@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeAlias, TypeVar
 
 from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
@@ -71,6 +71,12 @@ def batch_shape(concurrency: int) -> tuple[int, int]:
     concurrency = max(concurrency, 1)
     size = min(BATCH_MAX, max(concurrency // 2, 1))
     return size, max(concurrency // size, 1)
+
+
+#: One ledger znode as read and not decoded: (ledger id, path, data, stat).
+RawLedger: TypeAlias = tuple[int, str, bytes, Stat]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,11 +295,42 @@ class LedgerWalker:
         if type(self).read is not LedgerWalker.read:
             # A subclass that hooks `read` (tests inject changes there) sees every read.
             return [await self.read(i, p) for i, p in zip(ids, paths, strict=True)]
+        return [None if raw is None else _record(*raw) for raw in await self._read_raw(ids, paths)]
+
+    async def _read_raw(self, ids: list[int], paths: list[str]) -> list[RawLedger | None]:
         found = await self.store.get_many(paths)
         return [
-            None if got is None else _record(ledger_id, path, got[0], got[1])
+            None if got is None else (ledger_id, path, got[0], got[1])
             for ledger_id, path, got in zip(ids, paths, found, strict=True)
         ]
+
+    async def _windowed(
+        self, size: int, depth: int, read: Callable[[list[int], list[str]], Awaitable[list[T]]]
+    ) -> AsyncGenerator[list[T], None]:
+        """The listing's ledgers read `size` at a time by `read`, `depth` batches in
+        flight, each batch's results handed out whole and in id order."""
+        window: deque[asyncio.Future[list[T]]] = deque()
+        ids: list[int] = []
+        paths: list[str] = []
+        listing = self.ledger_paths()
+        try:
+            async for ledger_id, path in listing:
+                ids.append(ledger_id)
+                paths.append(path)
+                if len(ids) < size:
+                    continue
+                window.append(asyncio.ensure_future(read(ids, paths)))
+                ids, paths = [], []
+                if len(window) >= depth:
+                    yield await window.popleft()
+            if ids:
+                window.append(asyncio.ensure_future(read(ids, paths)))
+            while window:
+                yield await window.popleft()
+        finally:
+            for batch in window:
+                batch.cancel()
+            await listing.aclose()
 
     async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
         """Every ledger's metadata in id order, with at most `concurrency` reads in flight
@@ -312,32 +349,41 @@ class LedgerWalker:
                     if (out := self._account(rec)) is not None:
                         yield out
             return
-        window: deque[asyncio.Future[list[LedgerRecord | None]]] = deque()
-        ids: list[int] = []
-        paths: list[str] = []
-        listing = self.ledger_paths()
-        try:
-            async for ledger_id, path in listing:
-                ids.append(ledger_id)
-                paths.append(path)
-                if len(ids) < size:
-                    continue
-                window.append(asyncio.ensure_future(self._read_batch(ids, paths)))
-                ids, paths = [], []
-                if len(window) >= depth:
-                    for rec in await window.popleft():
-                        if (out := self._account(rec)) is not None:
-                            yield out
-            if ids:
-                window.append(asyncio.ensure_future(self._read_batch(ids, paths)))
-            while window:
-                for rec in await window.popleft():
+        async with aclosing(self._windowed(size, depth, self._read_batch)) as batches:
+            async for batch in batches:
+                for rec in batch:
                     if (out := self._account(rec)) is not None:
                         yield out
-        finally:
-            for batch in window:
-                batch.cancel()
-            await listing.aclose()
+
+    async def raw_batches(self, concurrency: int = 64) -> AsyncIterator[list[RawLedger]]:
+        """Every ledger's znode as read, not decoded, in id order and in batches (those of
+        `ledgers`), for a reader that decodes its own way: the index packs the bytes
+        straight into its records (`index.decode`) instead of building `LedgerMetadata`.
+
+        The walk's `stats` count ledgers and those deleted during the walk; `corrupt` is
+        left to the reader, which is the one to decode. A subclass's `read` hook is not
+        consulted (it hands out records, not bytes)."""
+        size, depth = batch_shape(concurrency)
+        if self.store.ranged:
+            batch: list[RawLedger] = []
+            async with aclosing(RangedWalk(self.store, self.judge, size * depth).items()) as ranged:
+                async for ledger_id, path, item in ranged:
+                    batch.append((ledger_id, path, item.data, item.stat))
+                    if len(batch) >= size:
+                        self.stats.ledgers += len(batch)
+                        yield batch
+                        batch = []
+            if batch:
+                self.stats.ledgers += len(batch)
+                yield batch
+            return
+        async with aclosing(self._windowed(size, depth, self._read_raw)) as batches:
+            async for found in batches:
+                read = [raw for raw in found if raw is not None]
+                self.stats.deleted_during_walk += len(found) - len(read)
+                self.stats.ledgers += len(read)
+                if read:
+                    yield read
 
     def _account(self, rec: LedgerRecord | None) -> LedgerRecord | None:
         if rec is None:
