@@ -139,29 +139,40 @@ class LedgerWalker:
         except NoNodeError:
             return []
 
-    async def _leaves(self, path: str, prefix: str, leaf: re.Pattern[str]) -> AsyncIterator[str]:
+    def _ledger(self, path: str, found: list[tuple[int, str]]) -> None:
+        ledger_id = self.judge.ledger_id(path)
+        if ledger_id is not None:
+            found.append((ledger_id, path))
+
+    async def _leaves(self, path: str, prefix: str, leaf: re.Pattern[str]) -> list[tuple[int, str]]:
+        """The ledgers of one bucket (id, path) in id order; what else is there is judged
+        as it comes, in name order. One list a listing: a walk of millions of ledgers
+        pays the generators between here and its reader per bucket, not per ledger."""
+        found: list[tuple[int, str]] = []
         for name in await self._children(path):
             if leaf.match(name):
                 if self.id_range is None or self.id_range.contains_prefix(prefix + name[1:], 0):
-                    yield f"{path}/{name}"
+                    self._ledger(f"{path}/{name}", found)
             elif not self.judge.owns(prefix, 4) or self.judge.misnamed(f"{path}/{name}", name, 4):
                 continue
             elif not is_special_znode(name):
                 self.judge.foreign(f"{path}/{name}")
+        return found
 
-    async def _tree(self, tree: Tree) -> AsyncIterator[str]:
-        """Every leaf path of one tree, in id order, pruned to `id_range`."""
+    async def _tree(self, tree: Tree) -> AsyncIterator[list[tuple[int, str]]]:
+        """Every ledger of one tree, in id order, pruned to `id_range`: a list a bucket."""
         for top in await self._children(self.root):
             if not tree.top.match(top):
                 continue
             if self.id_range is None or self.id_range.contains_prefix(top, tree.below(top)):
-                async for p in self._levels(f"{self.root}/{top}", top, tree):
-                    yield p
+                async for found in self._levels(f"{self.root}/{top}", top, tree):
+                    yield found
 
-    async def _levels(self, path: str, prefix: str, tree: Tree) -> AsyncIterator[str]:
+    async def _levels(
+        self, path: str, prefix: str, tree: Tree
+    ) -> AsyncIterator[list[tuple[int, str]]]:
         if len(prefix) + 4 == tree.digits:
-            async for p in self._leaves(path, prefix, LEAF):
-                yield p
+            yield await self._leaves(path, prefix, LEAF)
             return
         for name in await self._children(path):
             if not FOUR.match(name):
@@ -170,19 +181,21 @@ class LedgerWalker:
                 continue
             sub = prefix + name
             if self.id_range is None or self.id_range.contains_prefix(sub, tree.below(sub)):
-                async for p in self._levels(f"{path}/{name}", sub, tree):
-                    yield p
+                async for found in self._levels(f"{path}/{name}", sub, tree):
+                    yield found
 
-    async def _flat_paths(self) -> AsyncIterator[str]:
+    async def _flat(self) -> AsyncIterator[list[tuple[int, str]]]:
+        found: list[tuple[int, str]] = []
         for name in await self._children(self.root):
             if FLAT_LEAF.match(name):
                 if self.id_range is None or self.id_range.contains_prefix(name[1:], 0):
-                    yield f"{self.root}/{name}"
+                    self._ledger(f"{self.root}/{name}", found)
             elif self.judge.owns("", 10):
                 path = f"{self.root}/{name}"
                 if not self.judge.misnamed(path, name, 10) and TREE_TOP.match(name):
                     # Ledgers the layout cannot read: a silent "0 ledgers, all clear" else.
                     self.judge.invalid(path, WRONG_LAYOUT_FLAT)
+        yield found
 
     async def _name_flat_strays(self) -> None:
         """Flat ledger znodes at the root of a hierarchical layout: named, never read
@@ -199,8 +212,15 @@ class LedgerWalker:
                 async for ledger_id, path, _ in ranged:
                     yield ledger_id, path
             return
+        async with aclosing(self._listed()) as listed:
+            async for found in listed:
+                for item in found:
+                    yield item
+
+    async def _listed(self) -> AsyncGenerator[list[tuple[int, str]], None]:
+        """`ledger_paths` of a listed tree (not a ranged store), a list per listing."""
         if self.manager is LedgerManager.FLAT:
-            sources = [self._flat_paths()]
+            sources = [self._flat()]
         else:
             # Hierarchical: ids below INT_MAX live in the 2-4-4 tree, the rest in
             # the 3-4-4-4-4 tree, so the two walks in turn are in id order.
@@ -208,10 +228,9 @@ class LedgerWalker:
             if self.manager is LedgerManager.HIERARCHICAL:
                 await self._name_flat_strays()
         for source in sources:
-            async for path in source:
-                found = self.judge.ledger_id(path)
-                if found is not None:
-                    yield found, path
+            async for found in source:
+                if found:
+                    yield found
 
     async def max_ledger_id(self) -> int | None:
         """The largest ledger id, from the last child at each level (for ETAs); a walk of
@@ -312,17 +331,18 @@ class LedgerWalker:
         window: deque[asyncio.Future[list[T]]] = deque()
         ids: list[int] = []
         paths: list[str] = []
-        listing = self.ledger_paths()
+        listing = self._listed()
         try:
-            async for ledger_id, path in listing:
-                ids.append(ledger_id)
-                paths.append(path)
-                if len(ids) < size:
-                    continue
-                window.append(asyncio.ensure_future(read(ids, paths)))
-                ids, paths = [], []
-                if len(window) >= depth:
-                    yield await window.popleft()
+            async for found in listing:
+                for ledger_id, path in found:
+                    ids.append(ledger_id)
+                    paths.append(path)
+                    if len(ids) < size:
+                        continue
+                    window.append(asyncio.ensure_future(read(ids, paths)))
+                    ids, paths = [], []
+                    if len(window) >= depth:
+                        yield await window.popleft()
             if ids:
                 window.append(asyncio.ensure_future(read(ids, paths)))
             while window:
