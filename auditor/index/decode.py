@@ -212,7 +212,8 @@ def pack_v3(data: bytes, version: int, znode_ctime: int, tables: Tables) -> byte
     )
     if len(ensembles) == 1:
         first_entry_id, numbers, _ = ensembles[0]
-        return _one_segment_struct(ensemble_size).pack(*head, first_entry_id, *numbers)
+        whole = _ONE_SEGMENT.get(ensemble_size) or _one_segment_struct(ensemble_size)
+        return whole.pack(*head, first_entry_id, *numbers)
     segment = _segment_struct(ensemble_size)
     parts = [HEADER.pack(*head)]
     for first_entry_id, numbers, _ in ensembles:

@@ -21,7 +21,7 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator
 
-from auditor.index.decode import pack_znode
+from auditor.index.decode import pack_decoded, pack_v3
 from auditor.index.packed import (
     Tables,
     error_of,
@@ -70,14 +70,17 @@ class MetadataIndex:
             self._records[rec.ledger_id] = pack_error(reason, rec.znode_version, self.tables)
 
     def put_znodes(self, znodes: Iterable[RawLedger]) -> None:
-        """Ledgers straight from their znodes' bytes (the load's way: `decode.pack_znode`
-        packs what `put` would store for the decoded record, without the record)."""
+        """Ledgers straight from their znodes' bytes: what `put` would store for their
+        decoded records, without the records (`decode.pack_znode`, inlined: the load's
+        loop runs once a ledger)."""
         records = self._records
         tables = self.tables
         for ledger_id, _, data, stat in znodes:
-            records[ledger_id] = pack_znode(
-                ledger_id, data, int(stat.version), int(stat.ctime), tables
-            )
+            version, ctime = int(stat.version), int(stat.ctime)
+            record = pack_v3(data, version, ctime, tables)
+            if record is None:
+                record = pack_decoded(ledger_id, data, version, ctime, tables)
+            records[ledger_id] = record
 
     def remove(self, ledger_id: int) -> None:
         self._records.pop(ledger_id, None)
