@@ -24,8 +24,6 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from google.protobuf.message import DecodeError
-
 from auditor.index.packed import (
     CTIME_STORED,
     HAS_CTOKEN,
@@ -116,7 +114,7 @@ def pack_v3(data: bytes, version: int, znode_ctime: int, tables: Tables) -> byte
         return None
     try:
         fmt = _parse(data[start : start + length])
-    except DecodeError:
+    except Exception:  # DecodeError or anything else: the full decoder names it
         return None
     if not fmt.IsInitialized():
         return None
