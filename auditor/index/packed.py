@@ -26,13 +26,13 @@ from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState, Segm
 
 # version, format, state, E, W, A, digest, flags, password#, last entry, length, ctime,
 # ctoken, segments
-_HEADER = struct.Struct("<iBBBBBBBHqqqqH")
+HEADER = struct.Struct("<iBBBBBBBHqqqqH")
 _ERROR = struct.Struct("<iBH")  # version, flags (error bit), reason#
 _FIRST = struct.Struct("<q")
-_CTIME_STORED = 1
-_HAS_CTOKEN = 2
+CTIME_STORED = 1
+HAS_CTOKEN = 2
 _ERROR_FLAG = 4
-_NO_PASSWORD = 0xFFFF
+NO_PASSWORD = 0xFFFF
 _MAX_INTERNED = 0xFFFE
 
 
@@ -73,12 +73,10 @@ class Tables:
 
 def pack(md: LedgerMetadata, version: int, tables: Tables) -> bytes:
     e = md.ensemble_size
-    flags = (_CTIME_STORED if md.ctime_stored else 0) | (
-        _HAS_CTOKEN if md.ctoken is not None else 0
-    )
-    password = _NO_PASSWORD if md.password is None else tables.passwords.number(md.password)
+    flags = (CTIME_STORED if md.ctime_stored else 0) | (HAS_CTOKEN if md.ctoken is not None else 0)
+    password = NO_PASSWORD if md.password is None else tables.passwords.number(md.password)
     parts = [
-        _HEADER.pack(
+        HEADER.pack(
             version,
             md.format_version,
             int(md.state),
@@ -139,8 +137,8 @@ def unpack(ledger_id: int, record: bytes, tables: Tables) -> LedgerMetadata:
         ctime,
         ctoken,
         nseg,
-    ) = _HEADER.unpack_from(record)
-    offset = _HEADER.size
+    ) = HEADER.unpack_from(record)
+    offset = HEADER.size
     bookies = tables.bookies.values
     ensemble = struct.Struct(f"<{e}H")
     segments = []
@@ -150,7 +148,7 @@ def unpack(ledger_id: int, record: bytes, tables: Tables) -> LedgerMetadata:
         numbers = ensemble.unpack_from(record, offset)
         offset += ensemble.size
         segments.append(Segment(first, tuple(str(bookies[n]) for n in numbers)))
-    pw = tables.passwords.values[password] if password != _NO_PASSWORD else None
+    pw = tables.passwords.values[password] if password != NO_PASSWORD else None
     return LedgerMetadata(
         ledger_id=ledger_id,
         format_version=fmt,
@@ -164,6 +162,6 @@ def unpack(ledger_id: int, record: bytes, tables: Tables) -> LedgerMetadata:
         digest_type=DigestType(digest) if digest else None,
         password=bytes(pw) if pw is not None else None,
         ctime=ctime,
-        ctime_stored=bool(flags & _CTIME_STORED),
-        ctoken=ctoken if flags & _HAS_CTOKEN else None,
+        ctime_stored=bool(flags & CTIME_STORED),
+        ctoken=ctoken if flags & HAS_CTOKEN else None,
     )

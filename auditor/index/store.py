@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 
+from auditor.index.decode import pack_decoded, pack_v3
 from auditor.index.packed import (
     Tables,
     error_of,
@@ -34,7 +35,7 @@ from auditor.metadata.layout import LedgerManager
 from auditor.metadata.ledger_tree import UNEXPECTED_KEPT, IdRange, UnexpectedZnode, WalkStats
 from auditor.metadata.paths import ledger_path
 from auditor.metadata.serde import LedgerMetadataFormatError
-from auditor.metadata.walk import LedgerRecord, LedgerWalker
+from auditor.metadata.walk import LedgerRecord, LedgerWalker, RawLedger
 from auditor.store import MetadataStore
 
 #: Records handed out per turn of the event loop while iterating (a walk of
@@ -67,6 +68,19 @@ class MetadataIndex:
         else:
             reason = rec.error.reason if rec.error is not None else "metadata missing"
             self._records[rec.ledger_id] = pack_error(reason, rec.znode_version, self.tables)
+
+    def put_znodes(self, znodes: Iterable[RawLedger]) -> None:
+        """Ledgers straight from their znodes' bytes: what `put` would store for their
+        decoded records, without the records (`decode.pack_znode`, inlined: the load's
+        loop runs once a ledger)."""
+        records = self._records
+        tables = self.tables
+        for ledger_id, _, data, stat in znodes:
+            version, ctime = int(stat.version), int(stat.ctime)
+            record = pack_v3(data, version, ctime, tables)
+            if record is None:
+                record = pack_decoded(ledger_id, data, version, ctime, tables)
+            records[ledger_id] = record
 
     def remove(self, ledger_id: int) -> None:
         self._records.pop(ledger_id, None)

@@ -213,13 +213,15 @@ class IndexSync:
         before = array("q", self.index.ids())
         pos = 0
         walker = LedgerWalker(self.store, self.index.root, self.index.manager)
-        async for rec in walker.ledgers(concurrency=self.concurrency):
-            while pos < len(before) and before[pos] < rec.ledger_id:
-                self.index.remove(before[pos])
-                pos += 1
-            if pos < len(before) and before[pos] == rec.ledger_id:
-                pos += 1
-            self.index.put(rec)
+        async for batch in walker.raw_batches(concurrency=self.concurrency):
+            if pos < len(before):  # (a reload: what the walk passed over is gone)
+                for ledger_id, _, _, _ in batch:
+                    while pos < len(before) and before[pos] < ledger_id:
+                        self.index.remove(before[pos])
+                        pos += 1
+                    if pos < len(before) and before[pos] == ledger_id:
+                        pos += 1
+            self.index.put_znodes(batch)
         for ledger_id in before[pos:]:
             self.index.remove(ledger_id)
         self.index.loaded_unexpected(walker.stats)

@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeAlias, TypeVar
 
 from auditor.errors import ConfigError
 from auditor.metadata.layout import LedgerManager
@@ -71,6 +71,12 @@ def batch_shape(concurrency: int) -> tuple[int, int]:
     concurrency = max(concurrency, 1)
     size = min(BATCH_MAX, max(concurrency // 2, 1))
     return size, max(concurrency // size, 1)
+
+
+#: One ledger znode as read and not decoded: (ledger id, path, data, stat).
+RawLedger: TypeAlias = tuple[int, str, bytes, Stat]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,29 +139,40 @@ class LedgerWalker:
         except NoNodeError:
             return []
 
-    async def _leaves(self, path: str, prefix: str, leaf: re.Pattern[str]) -> AsyncIterator[str]:
+    def _ledger(self, path: str, found: list[tuple[int, str]]) -> None:
+        ledger_id = self.judge.ledger_id(path)
+        if ledger_id is not None:
+            found.append((ledger_id, path))
+
+    async def _leaves(self, path: str, prefix: str, leaf: re.Pattern[str]) -> list[tuple[int, str]]:
+        """The ledgers of one bucket (id, path) in id order; what else is there is judged
+        as it comes, in name order. One list a listing: a walk of millions of ledgers
+        pays the generators between here and its reader per bucket, not per ledger."""
+        found: list[tuple[int, str]] = []
         for name in await self._children(path):
             if leaf.match(name):
                 if self.id_range is None or self.id_range.contains_prefix(prefix + name[1:], 0):
-                    yield f"{path}/{name}"
+                    self._ledger(f"{path}/{name}", found)
             elif not self.judge.owns(prefix, 4) or self.judge.misnamed(f"{path}/{name}", name, 4):
                 continue
             elif not is_special_znode(name):
                 self.judge.foreign(f"{path}/{name}")
+        return found
 
-    async def _tree(self, tree: Tree) -> AsyncIterator[str]:
-        """Every leaf path of one tree, in id order, pruned to `id_range`."""
+    async def _tree(self, tree: Tree) -> AsyncIterator[list[tuple[int, str]]]:
+        """Every ledger of one tree, in id order, pruned to `id_range`: a list a bucket."""
         for top in await self._children(self.root):
             if not tree.top.match(top):
                 continue
             if self.id_range is None or self.id_range.contains_prefix(top, tree.below(top)):
-                async for p in self._levels(f"{self.root}/{top}", top, tree):
-                    yield p
+                async for found in self._levels(f"{self.root}/{top}", top, tree):
+                    yield found
 
-    async def _levels(self, path: str, prefix: str, tree: Tree) -> AsyncIterator[str]:
+    async def _levels(
+        self, path: str, prefix: str, tree: Tree
+    ) -> AsyncIterator[list[tuple[int, str]]]:
         if len(prefix) + 4 == tree.digits:
-            async for p in self._leaves(path, prefix, LEAF):
-                yield p
+            yield await self._leaves(path, prefix, LEAF)
             return
         for name in await self._children(path):
             if not FOUR.match(name):
@@ -164,19 +181,21 @@ class LedgerWalker:
                 continue
             sub = prefix + name
             if self.id_range is None or self.id_range.contains_prefix(sub, tree.below(sub)):
-                async for p in self._levels(f"{path}/{name}", sub, tree):
-                    yield p
+                async for found in self._levels(f"{path}/{name}", sub, tree):
+                    yield found
 
-    async def _flat_paths(self) -> AsyncIterator[str]:
+    async def _flat(self) -> AsyncIterator[list[tuple[int, str]]]:
+        found: list[tuple[int, str]] = []
         for name in await self._children(self.root):
             if FLAT_LEAF.match(name):
                 if self.id_range is None or self.id_range.contains_prefix(name[1:], 0):
-                    yield f"{self.root}/{name}"
+                    self._ledger(f"{self.root}/{name}", found)
             elif self.judge.owns("", 10):
                 path = f"{self.root}/{name}"
                 if not self.judge.misnamed(path, name, 10) and TREE_TOP.match(name):
                     # Ledgers the layout cannot read: a silent "0 ledgers, all clear" else.
                     self.judge.invalid(path, WRONG_LAYOUT_FLAT)
+        yield found
 
     async def _name_flat_strays(self) -> None:
         """Flat ledger znodes at the root of a hierarchical layout: named, never read
@@ -193,8 +212,15 @@ class LedgerWalker:
                 async for ledger_id, path, _ in ranged:
                     yield ledger_id, path
             return
+        async with aclosing(self._listed()) as listed:
+            async for found in listed:
+                for item in found:
+                    yield item
+
+    async def _listed(self) -> AsyncGenerator[list[tuple[int, str]], None]:
+        """`ledger_paths` of a listed tree (not a ranged store), a list per listing."""
         if self.manager is LedgerManager.FLAT:
-            sources = [self._flat_paths()]
+            sources = [self._flat()]
         else:
             # Hierarchical: ids below INT_MAX live in the 2-4-4 tree, the rest in
             # the 3-4-4-4-4 tree, so the two walks in turn are in id order.
@@ -202,10 +228,9 @@ class LedgerWalker:
             if self.manager is LedgerManager.HIERARCHICAL:
                 await self._name_flat_strays()
         for source in sources:
-            async for path in source:
-                found = self.judge.ledger_id(path)
-                if found is not None:
-                    yield found, path
+            async for found in source:
+                if found:
+                    yield found
 
     async def max_ledger_id(self) -> int | None:
         """The largest ledger id, from the last child at each level (for ETAs); a walk of
@@ -289,11 +314,43 @@ class LedgerWalker:
         if type(self).read is not LedgerWalker.read:
             # A subclass that hooks `read` (tests inject changes there) sees every read.
             return [await self.read(i, p) for i, p in zip(ids, paths, strict=True)]
+        return [None if raw is None else _record(*raw) for raw in await self._read_raw(ids, paths)]
+
+    async def _read_raw(self, ids: list[int], paths: list[str]) -> list[RawLedger | None]:
         found = await self.store.get_many(paths)
         return [
-            None if got is None else _record(ledger_id, path, got[0], got[1])
+            None if got is None else (ledger_id, path, got[0], got[1])
             for ledger_id, path, got in zip(ids, paths, found, strict=True)
         ]
+
+    async def _windowed(
+        self, size: int, depth: int, read: Callable[[list[int], list[str]], Awaitable[list[T]]]
+    ) -> AsyncGenerator[list[T], None]:
+        """The listing's ledgers read `size` at a time by `read`, `depth` batches in
+        flight, each batch's results handed out whole and in id order."""
+        window: deque[asyncio.Future[list[T]]] = deque()
+        ids: list[int] = []
+        paths: list[str] = []
+        listing = self._listed()
+        try:
+            async for found in listing:
+                for ledger_id, path in found:
+                    ids.append(ledger_id)
+                    paths.append(path)
+                    if len(ids) < size:
+                        continue
+                    window.append(asyncio.ensure_future(read(ids, paths)))
+                    ids, paths = [], []
+                    if len(window) >= depth:
+                        yield await window.popleft()
+            if ids:
+                window.append(asyncio.ensure_future(read(ids, paths)))
+            while window:
+                yield await window.popleft()
+        finally:
+            for batch in window:
+                batch.cancel()
+            await listing.aclose()
 
     async def ledgers(self, concurrency: int = 64) -> AsyncIterator[LedgerRecord]:
         """Every ledger's metadata in id order, with at most `concurrency` reads in flight
@@ -312,32 +369,41 @@ class LedgerWalker:
                     if (out := self._account(rec)) is not None:
                         yield out
             return
-        window: deque[asyncio.Future[list[LedgerRecord | None]]] = deque()
-        ids: list[int] = []
-        paths: list[str] = []
-        listing = self.ledger_paths()
-        try:
-            async for ledger_id, path in listing:
-                ids.append(ledger_id)
-                paths.append(path)
-                if len(ids) < size:
-                    continue
-                window.append(asyncio.ensure_future(self._read_batch(ids, paths)))
-                ids, paths = [], []
-                if len(window) >= depth:
-                    for rec in await window.popleft():
-                        if (out := self._account(rec)) is not None:
-                            yield out
-            if ids:
-                window.append(asyncio.ensure_future(self._read_batch(ids, paths)))
-            while window:
-                for rec in await window.popleft():
+        async with aclosing(self._windowed(size, depth, self._read_batch)) as batches:
+            async for batch in batches:
+                for rec in batch:
                     if (out := self._account(rec)) is not None:
                         yield out
-        finally:
-            for batch in window:
-                batch.cancel()
-            await listing.aclose()
+
+    async def raw_batches(self, concurrency: int = 64) -> AsyncIterator[list[RawLedger]]:
+        """Every ledger's znode as read, not decoded, in id order and in batches (those of
+        `ledgers`), for a reader that decodes its own way: the index packs the bytes
+        straight into its records (`index.decode`) instead of building `LedgerMetadata`.
+
+        The walk's `stats` count ledgers and those deleted during the walk; `corrupt` is
+        left to the reader, which is the one to decode. A subclass's `read` hook is not
+        consulted (it hands out records, not bytes)."""
+        size, depth = batch_shape(concurrency)
+        if self.store.ranged:
+            batch: list[RawLedger] = []
+            async with aclosing(RangedWalk(self.store, self.judge, size * depth).items()) as ranged:
+                async for ledger_id, path, item in ranged:
+                    batch.append((ledger_id, path, item.data, item.stat))
+                    if len(batch) >= size:
+                        self.stats.ledgers += len(batch)
+                        yield batch
+                        batch = []
+            if batch:
+                self.stats.ledgers += len(batch)
+                yield batch
+            return
+        async with aclosing(self._windowed(size, depth, self._read_raw)) as batches:
+            async for found in batches:
+                read = [raw for raw in found if raw is not None]
+                self.stats.deleted_during_walk += len(found) - len(read)
+                self.stats.ledgers += len(read)
+                if read:
+                    yield read
 
     def _account(self, rec: LedgerRecord | None) -> LedgerRecord | None:
         if rec is None:
