@@ -344,6 +344,10 @@ class ReplicationQueue:
         #: The candidates the last take found locked (by the listing, or by a lock it
         #: could not create: another worker's, made before the watch told us).
         self._found_locked: set[int] = set()
+        #: Whether `underreplication/disable` exists, as the watch last told (None: not
+        #: known, read it), and how many of its events came (a read across one is not kept).
+        self._disabled: bool | None = None
+        self._disable_events = 0
 
     # --- taking -------------------------------------------------------------------
 
@@ -833,6 +837,19 @@ class ReplicationQueue:
             return ev
         return self._outdated
 
+    async def replication_disabled(self) -> bool:
+        """Whether `underreplication/disable` exists (replication disabled). Asked before
+        every take: read once, then kept current by the watch's events (no request per
+        ledger); read each time where there is no watch."""
+        await self._ensure_watch()
+        if self._watch is not None and self._disabled is not None:
+            return self._disabled
+        epoch, events = self._epoch, self._disable_events
+        disabled = await self.store.exists(f"{self.base}/disable") is not None
+        if self._watch is not None and epoch == self._epoch and events == self._disable_events:
+            self._disabled = disabled
+        return disabled
+
     async def wait_enabled(self) -> None:
         """Returns once `underreplication/disable` is absent (at once if it is)."""
         path = f"{self.base}/disable"
@@ -853,6 +870,7 @@ class ReplicationQueue:
                 return
             self._epoch += 1
             self._listings.clear()
+            self._disabled = None
             self._dirty.update(self._known)  # nothing watched them meanwhile
             self._watch = asyncio.ensure_future(self._follow(events))
 
@@ -861,17 +879,22 @@ class ReplicationQueue:
         takers; ends when the watch is lost."""
         ledgers = self.ledgers + "/"
         locks = self.locks + "/"
+        disable = self.base + "/disable"
         while True:
             item = await events.get()
             if isinstance(item, Gap):
                 self._epoch += 1
                 self._listings.clear()
+                self._disabled = None
                 self._marks = None
                 self._dirty.update(self._known)
                 self._watch = None
                 self._wake.set()
                 self._outdated.set()
                 return
+            if item.path == disable and item.type != EventType.CHANGED:
+                self._disable_events += 1
+                self._disabled = item.type == EventType.CREATED
             in_ledgers = item.path.startswith(ledgers)
             freed = item.type == EventType.DELETED and item.path.startswith(locks)
             if in_ledgers or freed:
@@ -947,15 +970,26 @@ class ReplicationQueue:
     async def mark_replicated(self, taken: TakenLedger) -> bool:
         """Deletes the mark if it is unchanged since the lock was taken (True), keeps it
         otherwise (False); then always releases the lock. FencedOutError (mark kept)
-        when our lock is gone."""
+        when our lock is gone.
+
+        Once the mark is gone, the lock is released and the emptied hex directories
+        above the mark removed at the same time: neither needs the other, and a worker
+        repairing small ledgers would otherwise wait for one after the other."""
         try:
             unmarked = await self._unmark(taken)
         except BaseException:
             with contextlib.suppress(AuditorError):
                 await self.release(taken)
             raise
-        await self.release(taken)
-        return unmarked
+        if not unmarked:
+            await self.release(taken)
+            return False
+        released, _ = await asyncio.gather(
+            self.release(taken), self._remove_empty_dirs(taken.mark_path), return_exceptions=True
+        )
+        if isinstance(released, BaseException):
+            raise released
+        return True
 
     async def _unmark(self, taken: TakenLedger) -> bool:
         fenced = self.fenced(taken)
@@ -965,20 +999,22 @@ class ReplicationQueue:
             await fenced.delete(taken.mark_path, taken.mark_version)
         except (BadVersionError, NoNodeError):
             return False  # re-marked since we took it (kept), or removed by someone else
-        # The empty hex directories above it, deepest first, as Java: the first that is
-        # not empty (or changed, or gone) ends it; `underreplication/ledgers` stays.
-        parent = taken.mark_path.rsplit("/", 1)[0]
+        return True
+
+    async def _remove_empty_dirs(self, mark_path: str) -> None:
+        """The empty hex directories above a deleted mark, deepest first, as Java: the
+        first that is not empty (or gone) ends it; `underreplication/ledgers` stays. A
+        delete without a version refuses a directory with children (NotEmptyError) just
+        as the version read first did (a directory's data never changes), in one request
+        where `exists` and `delete` were two."""
+        parent = mark_path.rsplit("/", 1)[0]
         with contextlib.suppress(StoreUnavailableError):
             while parent.startswith(self.ledgers + "/"):
-                stat = await self.store.exists(parent)
-                if stat is None or stat.numChildren:
-                    break
                 try:
-                    await self.store.delete(parent, int(stat.version))
+                    await self.store.delete(parent)
                 except (NotEmptyError, NoNodeError, BadVersionError):
                     break
                 parent = parent.rsplit("/", 1)[0]
-        return True
 
     async def release(self, taken: TakenLedger) -> None:
         """Deletes our lock on `taken` if it is still ours; a lock gone, or now another

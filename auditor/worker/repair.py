@@ -77,6 +77,7 @@ from auditor.worker.plan import (
     plan_ledger,
 )
 from auditor.worker.recovery import Recovered, TailLostError, lost_tail, recover_open_ledger
+from auditor.worker.registry_view import RegistryView
 from auditor.worker.state import Failure, InHand, WorkerState
 from auditor.worker.targets import (
     CannotAdhereError,
@@ -236,6 +237,8 @@ class LedgerRepairer:
         self.clock = clock
         self.log = log
         self.placements = PlacementSource(ctx, log=log)
+        #: The registered bookies, listed again only when they may have changed.
+        self.registry = RegistryView(ctx.store, ctx.root)
         #: The last placement refusal per ledger (`_cannot_adhere`), so that each is
         #: reported once; forgotten once the ledger is done.
         self._refusals: dict[int, str] = {}
@@ -270,10 +273,23 @@ class LedgerRepairer:
             return None
         return decode_ledger_metadata(data, lid, int(stat.ctime))
 
+    async def read_with_registry(self, lid: int) -> tuple[LedgerMetadata | None, BookieSet]:
+        """The ledger's metadata and the bookies registered, read together (one round trip
+        where there were two in turn): what each plan starts from."""
+        md, registered = await asyncio.gather(self.read(lid), self.registry.read())
+        return md, registered
+
     async def plan(
-        self, md: LedgerMetadata, taken: TakenLedger, replace: Set[str] = frozenset()
+        self,
+        md: LedgerMetadata,
+        taken: TakenLedger,
+        replace: Set[str] = frozenset(),
+        registered: BookieSet | None = None,
     ) -> LedgerPlan:
-        registered = await self.ctx.registered()
+        """The ledger's plan from fresh bookie answers; `registered` is the registry read
+        with `md` (`read_with_registry`), read here when not given."""
+        if registered is None:
+            registered = await self.registry.read()
         answers = await bookie_answers(self.ctx, md)
         return plan_ledger(
             md,
@@ -302,7 +318,7 @@ class LedgerRepairer:
     async def _repair(self, taken: TakenLedger, replace: Set[str]) -> Outcome:
         lid = taken.ledger_id
         try:
-            md = await self.read(lid)
+            md, registered = await self.read_with_registry(lid)
         except LedgerMetadataFormatError as exc:
             return Outcome(False, Failure.ERROR, f"metadata does not decode: {exc}")
         if md is None:  # deleted: nothing to repair, the mark goes (upstream §1.4)
@@ -316,7 +332,7 @@ class LedgerRepairer:
                 removed=unmarked,
             )
             return Outcome(True, unmarked=unmarked)
-        plan = await self.plan(md, taken, replace)
+        plan = await self.plan(md, taken, replace, registered)
         if plan.skipped is not None and not plan.repairs and not plan.open_tail:
             return Outcome(False, Failure.ERROR, f"cannot be planned: {plan.skipped}")
         if not plan.repairs and not plan.open_tail:
@@ -324,7 +340,7 @@ class LedgerRepairer:
                 return Outcome(
                     False, Failure.UNKNOWN_BOOKIES, f"no answer from {', '.join(plan.unknown)}"
                 )
-            placed = await self._place(taken, md, replace)
+            placed = await self._place(taken, md, replace, registered)
             if placed is not None:
                 committed, failed = placed
                 return failed or await self.verify(taken, committed, replace, placed=True)
@@ -332,7 +348,9 @@ class LedgerRepairer:
             self.state.ledgers_found_healthy += 1
             self.log.info("ledger has every copy; nothing to copy", ledger=lid, unmarked=unmarked)
             return Outcome(True, unmarked=unmarked)
-        committed, failed = await self._repair_segments(taken, md, plan.repairs, replace)
+        committed, failed = await self._repair_segments(
+            taken, md, plan.repairs, registered, replace
+        )
         if failed is not None:
             return failed
         if plan.open_tail:
@@ -350,10 +368,13 @@ class LedgerRepairer:
         taken: TakenLedger,
         md: LedgerMetadata,
         repairs: tuple[Repair, ...],
+        registered: BookieSet,
         replace: Set[str] = frozenset(),
     ) -> tuple[int, Outcome | None]:
-        """Copies and commits segment by segment; (fragments committed, a failure or None)."""
-        registered = await self.ctx.registered()
+        """Copies and commits segment by segment; (fragments committed, a failure or None).
+        Targets are chosen among `registered`, the registry the plan judged with (read
+        with the metadata, moments before: a target gone since fails its adds, and the
+        attempt with them)."""
         placement = await self.placements.placement(md, registered, replace)
         work = placement.targets(md, repairs, self.rng)
         return await self._copy_and_commit(taken, md, work, registered, replace)
@@ -564,7 +585,11 @@ class LedgerRepairer:
         return task.result()
 
     async def _place(
-        self, taken: TakenLedger, md: LedgerMetadata, replace: Set[str]
+        self,
+        taken: TakenLedger,
+        md: LedgerMetadata,
+        replace: Set[str],
+        registered: BookieSet | None = None,
     ) -> tuple[int, Outcome | None] | None:
         """Moves copies so that each failing segment of a closed ledger adheres to the
         placement policy; (fragments committed, a failure or None), or None when nothing
@@ -574,7 +599,7 @@ class LedgerRepairer:
         moved even when another cannot (that one is the failure)."""
         if replace or not self.config.bookkeeper.repairedPlacementPolicyNotAdheringBookieEnabled:
             return None
-        failing, placement, registered = await self._not_adhering(md)
+        failing, placement, registered = await self._not_adhering(md, registered)
         if not failing:
             return None
         work: list[tuple[int, list[Repair], dict[int, str] | NoTargetError]] = []
@@ -599,11 +624,12 @@ class LedgerRepairer:
         return committed, failed
 
     async def _not_adhering(
-        self, md: LedgerMetadata
+        self, md: LedgerMetadata, registered: BookieSet | None = None
     ) -> tuple[tuple[int, ...], Placement, BookieSet]:
         """The segments failing the placement policy, with the placement and registry
-        they were judged with."""
-        registered = await self.ctx.registered()
+        they were judged with (`registered`: the one read with `md`, else read here)."""
+        if registered is None:
+            registered = await self.registry.read()
         placement = await self.placements.placement(md, registered)
         return (
             not_adhering_segments(md, placement.policy, placement.locations),
@@ -634,11 +660,11 @@ class LedgerRepairer:
         (`placed`) a segment still failing is a failed verification."""
         lid = taken.ledger_id
         self.step(lid, "verifying")
-        md = await self.read(lid)
+        md, registered = await self.read_with_registry(lid)
         if md is None:
             unmarked = await self.queue.mark_replicated(taken)
             return Outcome(True, committed=committed, unmarked=unmarked)
-        plan = await self.plan(md, taken, replace)
+        plan = await self.plan(md, taken, replace, registered)
         if plan.repairs or plan.open_tail or plan.unknown:
             left = "; ".join(describe(r) for r in (*plan.repairs, *plan.open_tail))
             unknown = f"; no answer from {', '.join(plan.unknown)}" if plan.unknown else ""
@@ -646,14 +672,14 @@ class LedgerRepairer:
                 False, Failure.VERIFY_FAILED, f"still to repair: {left}{unknown}", committed
             )
         if not placed:
-            moved = await self._place(taken, md, replace)
+            moved = await self._place(taken, md, replace, registered)
             if moved is not None:
                 more, failed = moved
                 if failed is not None:
                     return dataclasses.replace(failed, committed=committed + failed.committed)
                 return await self.verify(taken, committed + more, replace, placed=True)
         elif self.config.bookkeeper.repairedPlacementPolicyNotAdheringBookieEnabled:
-            failing, _, _ = await self._not_adhering(md)
+            failing, _, _ = await self._not_adhering(md, registered)
             if failing:
                 where = ", ".join(str(k) for k in failing)
                 return Outcome(
