@@ -66,7 +66,7 @@ from auditor.metadata.registry import BookieSet
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.metadata.underreplication import ur_ledger_path
-from auditor.store import NoNodeError
+from auditor.store import NoNodeError, Stat
 from auditor.topology.racks import open_rack_resolver
 from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
 from auditor.worker.plan import (
@@ -237,6 +237,8 @@ class LedgerRepairer:
         self.clock = clock
         self.log = log
         self.placements = PlacementSource(ctx, log=log)
+        #: Per ledger being repaired, the metadata last read and what it was decoded from.
+        self._read_as: dict[int, tuple[LedgerMetadata, tuple[bytes, Stat]]] = {}
         #: The registered bookies, listed again only when they may have changed.
         self.registry = RegistryView(ctx.store, ctx.root)
         #: The last placement refusal per ledger (`_cannot_adhere`), so that each is
@@ -266,17 +268,29 @@ class LedgerRepairer:
     def path(self, lid: int) -> str:
         return ledger_path(self.ctx.manager, self.ctx.root, lid)
 
-    async def read(self, lid: int) -> LedgerMetadata | None:
+    async def read(self, lid: int, *, keep: bool = False) -> LedgerMetadata | None:
+        """The ledger's metadata (None: deleted). With `keep`, what was read is kept for
+        the commit of this repair (`_known`) until the repair ends."""
         try:
             data, stat = await self.store.get(self.path(lid))
         except NoNodeError:
+            self._read_as.pop(lid, None)
             return None
-        return decode_ledger_metadata(data, lid, int(stat.ctime))
+        md = decode_ledger_metadata(data, lid, int(stat.ctime))
+        if keep:
+            self._read_as[lid] = (md, (data, stat))
+        return md
+
+    def _known(self, lid: int, md: LedgerMetadata) -> tuple[bytes, Stat] | None:
+        """The bytes and stat `md` was decoded from, if it is the metadata this repair
+        last read (a commit tries its write from them: `update_ledger`'s `known`)."""
+        seen = self._read_as.get(lid)
+        return seen[1] if seen is not None and seen[0] is md else None
 
     async def read_with_registry(self, lid: int) -> tuple[LedgerMetadata | None, BookieSet]:
         """The ledger's metadata and the bookies registered, read together (one round trip
         where there were two in turn): what each plan starts from."""
-        md, registered = await asyncio.gather(self.read(lid), self.registry.read())
+        md, registered = await asyncio.gather(self.read(lid, keep=True), self.registry.read())
         return md, registered
 
     async def plan(
@@ -310,7 +324,10 @@ class LedgerRepairer:
 
     async def repair(self, taken: TakenLedger, replace: Set[str] = frozenset()) -> Outcome:
         """Plans, copies, commits and verifies one ledger; unmarks it when it is whole."""
-        outcome = await self._repair(taken, replace)
+        try:
+            outcome = await self._repair(taken, replace)
+        finally:
+            self._read_as.pop(taken.ledger_id, None)
         if outcome.done:
             self._refusals.pop(taken.ledger_id, None)
         return outcome
@@ -449,6 +466,9 @@ class LedgerRepairer:
                     # The session looked at again once the read is back, just before
                     # the write (a session that ended meanwhile writes nothing).
                     before_write=lambda: self.queue.fenced(taken),
+                    # The metadata this plan was made on, as read under the lock: the
+                    # write is tried from it (version-checked), not after a new read.
+                    known=self._known(lid, md),
                 )
             except LedgerDeletedError:
                 unmarked = await self.queue.mark_replicated(taken)
