@@ -33,7 +33,9 @@ bookie of its rack), so both sides do the same work:
   status): the floor cannot be undercut, never the other way round.
 * **ours**: a `ReplicationWorker` in a process of its own with the default
   configuration, taking the marks until every ledger is repaired
-  (`bench.bench_rereplication.ours_side`).
+  (`bench.bench_rereplication.ours_side`). Not the figure: one more run of ours with
+  four ledgers in flight (`ours_wide`: `worker.ledgers_in_parallel` = 4), to tell
+  waiting on round trips from CPU per ledger.
 
 They alternate BENCH_REPEAT times; between runs the metadata and the marks are written
 back and bookie 3 is restarted from its seed. After each run every re-replicated
@@ -89,6 +91,8 @@ from bench.worker import phase, usage
 #: Entries per ledger (the shape of `make demo`'s ledgers and of issue #33's target).
 ENTRIES = 10
 DEFAULT_N = 2000
+#: The extra run's option (not the default, not the figure): ledgers in flight at once.
+WIDE = ("--parallel", "4")
 BASE = f"{ROOT}/underreplication"
 _V3 = HEADER_PREFIX + b"3\n"
 
@@ -408,6 +412,14 @@ async def measure(n: int) -> dict[str, Any]:
             say(f"rereplication-small: ours {i + 1}/{repeat}: {got['seconds']:.1f} s")
             await cluster.restart_bookie(TARGET)
             await cluster.restore()
+        # Not the figure (the floor has one ledger in flight): ours with four, to tell
+        # how much of a small ledger's time is waiting on round trips.
+        await cluster.mark()
+        wide = await cluster.run_side("ours", lost_ledgers, *WIDE)
+        if wide.run.phases["copy"]["ledgers"] != lost_ledgers:
+            raise RuntimeError(f"ours {WIDE} did {wide.run.phases['copy']}")
+        await check_repaired(cluster)
+        say(f"rereplication-small: ours {' '.join(WIDE)}: {wide.run.phases['copy']['seconds']} s")
     load_after = os.getloadavg()
     best_floor = min(floors, key=lambda m: float(m.run.phases["copy"]["seconds"]))
     best_ours = min(ours, key=lambda m: float(m.run.phases["copy"]["seconds"]))
@@ -426,6 +438,7 @@ async def measure(n: int) -> dict[str, Any]:
         "ours": us,
         "floor": fl,
         "ratio": ratio,
+        "ours_wide": {"options": " ".join(WIDE), **_figure(wide, lost_ledgers)},
         "all_runs_s": {
             "ours": [float(m.run.phases["copy"]["seconds"]) for m in ours],
             "floor": [float(m.run.phases["copy"]["seconds"]) for m in floors],

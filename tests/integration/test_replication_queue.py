@@ -787,3 +787,25 @@ async def test_replication_disabled_without_a_watch_reads_each_time(
         assert await queue.replication_disabled() is True
     finally:
         await queue.close()
+
+
+async def test_free_marks_leave_out_exactly_the_locked_ledgers(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    """A lock counts for the ledger whose `urL%010d` name it has, and no other: a name
+    with other digits (`urL7`, more zeros) locks nothing a worker would take."""
+    urm = await _layout(zk)
+    for lid in (7, 8, 9):
+        await urm.mark_underreplicated(lid, ["a:3181"], now_ms=CTIME)
+    await other.create(ur_lock_path(BASE, 8), b'bookieId: "x"\n', ephemeral=True)
+    for name in ("urL7", "urL000000000009", "urLx"):
+        await other.create(f"{LOCKS}/{name}", b"", ephemeral=True)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        await queue.refresh()
+        assert sorted(queue.free_marks()) == [7, 9]
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id in (7, 9)
+        assert sorted(queue.free_marks()) == sorted({7, 9} - {taken.ledger_id})
+    finally:
+        await queue.close()
