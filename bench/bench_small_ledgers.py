@@ -47,7 +47,7 @@ its threads included: kazoo's for the floor), per ledger.
         --lost BOOKIE --target BOOKIE --expect N
 
 runs one measured side (the bench starts it). `BENCH_CPROFILE=DIR` writes
-DIR/<side>.pstats (not a figure).
+DIR/small-<side>-p<ledgers in flight>.pstats (not a figure).
 """
 
 from __future__ import annotations
@@ -488,7 +488,7 @@ def main() -> None:
 
     with cProfile.Profile() as prof:
         _side(args)
-    prof.dump_stats(str(Path(out) / f"small-{args.side}.pstats"))
+    prof.dump_stats(str(Path(out) / f"small-{args.side}-p{args.parallel}.pstats"))
 
 
 if __name__ == "__main__":
