@@ -51,6 +51,7 @@ from typing import Any, Protocol, TypeVar
 
 from auditor.checks.context import CheckContext
 from auditor.checks.placement_run import placement_policy
+from auditor.checks.replicas import BookieAnswer, expectations
 from auditor.checks.replicas_run import bookie_answers
 from auditor.errors import AuditorError
 from auditor.metadata.ledger_update import (
@@ -237,6 +238,8 @@ class LedgerRepairer:
         self.clock = clock
         self.log = log
         self.placements = PlacementSource(ctx, log=log)
+        #: Per ledger being repaired, the metadata last committed (for `_read_for_verify`).
+        self._wrote: dict[int, LedgerMetadata] = {}
         #: Per ledger being repaired, the metadata last read and what it was decoded from.
         self._read_as: dict[int, tuple[LedgerMetadata, tuple[bytes, Stat]]] = {}
         #: The registered bookies, listed again only when they may have changed.
@@ -299,12 +302,15 @@ class LedgerRepairer:
         taken: TakenLedger,
         replace: Set[str] = frozenset(),
         registered: BookieSet | None = None,
+        answers: Mapping[str, BookieAnswer] | None = None,
     ) -> LedgerPlan:
         """The ledger's plan from fresh bookie answers; `registered` is the registry read
-        with `md` (`read_with_registry`), read here when not given."""
+        with `md` (`read_with_registry`), read here when not given; `answers` are the
+        bookies' answers for exactly `md`'s expectations, asked here when not given."""
         if registered is None:
             registered = await self.registry.read()
-        answers = await bookie_answers(self.ctx, md)
+        if answers is None:
+            answers = await bookie_answers(self.ctx, md)
         return plan_ledger(
             md,
             registered=registered.available,
@@ -312,6 +318,29 @@ class LedgerRepairer:
             mark_replicas=taken.missing_replicas,
             replace=replace,
         )
+
+    async def _read_for_verify(
+        self, lid: int
+    ) -> tuple[LedgerMetadata | None, BookieSet, Mapping[str, BookieAnswer] | None]:
+        """The verification's fresh metadata and registry and, when this repair has just
+        committed, the bookies' answers asked at the same time, for the ensembles it
+        wrote: what the verification would ask once the metadata is back, asked a round
+        trip sooner (after the commit all the same). They are used only if the metadata
+        read back expects exactly what the committed one did (else None: asked again)."""
+        wrote = self._wrote.pop(lid, None)
+        if wrote is None:
+            md, registered = await self.read_with_registry(lid)
+            return md, registered, None
+        early = asyncio.ensure_future(bookie_answers(self.ctx, wrote))
+        try:
+            md, registered = await self.read_with_registry(lid)
+            if md is None or expectations(md) != expectations(wrote):
+                return md, registered, None
+            return md, registered, await early
+        finally:
+            if not early.done():
+                early.cancel()
+                await asyncio.gather(early, return_exceptions=True)
 
     def _counted(self, event: Any) -> None:
         """The copier's counts, into the state the metrics read."""
@@ -328,6 +357,7 @@ class LedgerRepairer:
             outcome = await self._repair(taken, replace)
         finally:
             self._read_as.pop(taken.ledger_id, None)
+            self._wrote.pop(taken.ledger_id, None)
         if outcome.done:
             self._refusals.pop(taken.ledger_id, None)
         return outcome
@@ -488,6 +518,8 @@ class LedgerRepairer:
                     metadata_version=result.version,
                 )
             md = result.metadata
+            if result.written:
+                self._wrote[lid] = md
         if unreadable:
             merged = tuple(sorted(set(unreadable)))
             detail = (
@@ -680,11 +712,11 @@ class LedgerRepairer:
         (`placed`) a segment still failing is a failed verification."""
         lid = taken.ledger_id
         self.step(lid, "verifying")
-        md, registered = await self.read_with_registry(lid)
+        md, registered, answers = await self._read_for_verify(lid)
         if md is None:
             unmarked = await self.queue.mark_replicated(taken)
             return Outcome(True, committed=committed, unmarked=unmarked)
-        plan = await self.plan(md, taken, replace, registered)
+        plan = await self.plan(md, taken, replace, registered, answers)
         if plan.repairs or plan.open_tail or plan.unknown:
             left = "; ".join(describe(r) for r in (*plan.repairs, *plan.open_tail))
             unknown = f"; no answer from {', '.join(plan.unknown)}" if plan.unknown else ""
