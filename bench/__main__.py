@@ -4,9 +4,10 @@
 
 Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
 naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
-rereplication, etcd-floor, etcd-replicas, spark, marks. BENCH_ONLY picks some (by
-figure name, or by benchmark name for all its figures: scrutiny, big, etcd); a
-benchmark whose figures are all left out does not run. The first line
+rereplication, rereplication-small, etcd-floor, etcd-replicas, spark, marks.
+BENCH_ONLY picks some (by figure name, or by benchmark name for all its
+figures: scrutiny, big, etcd); a benchmark whose figures are all left out does
+not run. The first line
 describes the machine.
 Each benchmark sets up its own cluster and tears it down; one that fails
 prints `{"bench": ..., "error": ...}` and the others still run; the exit
@@ -16,8 +17,9 @@ BENCH_LATENCY_MS (bookie-load, default 5), BENCH_SESSION_TIMEOUT (failover,
 default 6), BENCH_BIG_N (memory-1m and failover-1m, default 1,000,000),
 BENCH_ETCD_N (etcd-floor and etcd-replicas, default BENCH_N), BENCH_ETCD_PAGE
 (keys a range read of the etcd floor asks for, default 1,000), BENCH_MARKS_N
-(under-replication marks of `marks`, default 100,000), BENCH_MARKS_SRC (`marks`: the
-source tree whose CLI is timed, default this one).
+(under-replication marks of `marks`, default 100,000), BENCH_SMALL_N
+(ledgers of `rereplication-small`, half re-replicated, default 2,000), BENCH_MARKS_SRC
+(`marks`: the source tree whose CLI is timed, default this one).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from bench import (
     bench_memory,
     bench_rereplication,
     bench_scrutiny,
+    bench_small_ledgers,
     bench_spark,
 )
 from bench.common import bench_n, emit, machine, say
@@ -75,6 +78,10 @@ def _rereplication(n: int) -> Figures:
     return [asyncio.run(bench_rereplication.measure(n))]
 
 
+def _small_ledgers(n: int) -> Figures:
+    return [asyncio.run(bench_small_ledgers.measure(bench_small_ledgers.small_n()))]
+
+
 def _etcd(n: int) -> Figures:
     return asyncio.run(bench_etcd.measure(bench_etcd.bench_etcd_n()))
 
@@ -100,6 +107,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("failover", ("failover",), _failover),
     ("big", ("memory-1m", "failover-1m"), _big),
     ("rereplication", ("rereplication",), _rereplication),
+    ("rereplication-small", ("rereplication-small",), _small_ledgers),
     ("etcd", ("etcd-floor", "etcd-replicas"), _etcd),
     ("spark", ("spark",), _spark),
     ("marks", ("marks",), _marks),

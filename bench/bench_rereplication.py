@@ -94,15 +94,18 @@ class RereplicationCluster(BenchCluster):
     """The bench cluster with long ledgers of 1 KiB payloads, and a restartable bookie."""
 
     entries_per_ledger = ENTRIES
+    #: The module whose `floor` and `ours` sides `run_side` starts (a subclass's own).
+    side_module = "bench.bench_rereplication"
 
     def metadata(self) -> Iterator[LedgerMetadata]:
+        entries = self.entries_per_ledger
         template = make_metadata(
             0,
             self.ids[:E],
             write_quorum=W,
             ack_quorum=A,
-            last_entry_id=ENTRIES - 1,
-            length=PAYLOAD * ENTRIES,
+            last_entry_id=entries - 1,
+            length=PAYLOAD * entries,
         )
         segment = template.segments[0]
         for ledger_id in range(1, self.n + 1):
@@ -163,7 +166,7 @@ class RereplicationCluster(BenchCluster):
 
     async def run_side(self, side: str, expect: int, *options: str) -> Measured:
         """One measured process (`floor` or `ours`), its phases and CPU as `measure` does."""
-        args = [sys.executable, "-m", "bench.bench_rereplication", side, "--zk", self.hosts]
+        args = [sys.executable, "-m", self.side_module, side, "--zk", self.hosts]
         args += ["--racks", str(self.racks), "--lost", self.ids[LOST]]
         args += ["--target", self.ids[TARGET], "--expect", str(expect), *options]
         err_path = self.work / f"{side}-{time.monotonic_ns()}.err"

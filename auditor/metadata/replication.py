@@ -95,6 +95,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from auditor.errors import AuditorError
+from auditor.metadata.paths import is_valid_ledger_id
 from auditor.metadata.records import (
     UNASSIGNED_CTIME,
     RecordFormatError,
@@ -260,6 +261,15 @@ def _ledger_of(path: str) -> int | None:
     return int(m.group(1)) if m is not None else None
 
 
+def _lock_ledger(name: str) -> int | None:
+    """The ledger a lock's name is for (`urL%010d`), None for any other name: exactly the
+    ids whose `mark_name` the name is."""
+    lid = _ledger_of(name)
+    if lid is None or not is_valid_ledger_id(lid):
+        return None
+    return lid if mark_name(lid) == name else None
+
+
 def _mark_contents(ledger_id: int, data: bytes) -> tuple[tuple[str, ...], int]:
     """(the mark's replicas, its ctime field or UNASSIGNED_CTIME); nothing for data
     that does not decode (the ledger is taken all the same, as Java's worker does)."""
@@ -344,6 +354,10 @@ class ReplicationQueue:
         #: The candidates the last take found locked (by the listing, or by a lock it
         #: could not create: another worker's, made before the watch told us).
         self._found_locked: set[int] = set()
+        #: Whether `underreplication/disable` exists, as the watch last told (None: not
+        #: known, read it), and how many of its events came (a read across one is not kept).
+        self._disabled: bool | None = None
+        self._disable_events = 0
 
     # --- taking -------------------------------------------------------------------
 
@@ -626,13 +640,13 @@ class ReplicationQueue:
         """The marked ledgers no lock is known to hold (the cached listing of the locks,
         and ours), as last listed; no I/O. What a take could have taken instead: logged
         beside each take, so the soak judges the order from outside the heap."""
-        locked = set(self._listings.get(self.locks, self._locked))
-        locked.update(path.rsplit("/", 1)[1] for path in self._held)
-        return [
-            lid
-            for lid in self._keys
-            if mark_name(lid) not in locked and lid not in self._found_locked
-        ]
+        names = set(self._listings.get(self.locks, self._locked))
+        names.update(path.rsplit("/", 1)[1] for path in self._held)
+        # The few locks as ledger ids, rather than every mark's name formatted to look
+        # it up (a take logs this: with 100,000 marks that was 100,000 names a take).
+        excluded = {lid for lid in map(_lock_ledger, names) if lid is not None}
+        excluded |= self._found_locked
+        return [lid for lid in self._keys if lid not in excluded]
 
     def queued(self, limit: int) -> list[tuple[int, bool]]:
         """The first `limit` marks in take order as last ranked, each with whether its lock
@@ -833,6 +847,19 @@ class ReplicationQueue:
             return ev
         return self._outdated
 
+    async def replication_disabled(self) -> bool:
+        """Whether `underreplication/disable` exists (replication disabled). Asked before
+        every take: read once, then kept current by the watch's events (no request per
+        ledger); read each time where there is no watch."""
+        await self._ensure_watch()
+        if self._watch is not None and self._disabled is not None:
+            return self._disabled
+        epoch, events = self._epoch, self._disable_events
+        disabled = await self.store.exists(f"{self.base}/disable") is not None
+        if self._watch is not None and epoch == self._epoch and events == self._disable_events:
+            self._disabled = disabled
+        return disabled
+
     async def wait_enabled(self) -> None:
         """Returns once `underreplication/disable` is absent (at once if it is)."""
         path = f"{self.base}/disable"
@@ -853,6 +880,7 @@ class ReplicationQueue:
                 return
             self._epoch += 1
             self._listings.clear()
+            self._disabled = None
             self._dirty.update(self._known)  # nothing watched them meanwhile
             self._watch = asyncio.ensure_future(self._follow(events))
 
@@ -861,17 +889,22 @@ class ReplicationQueue:
         takers; ends when the watch is lost."""
         ledgers = self.ledgers + "/"
         locks = self.locks + "/"
+        disable = self.base + "/disable"
         while True:
             item = await events.get()
             if isinstance(item, Gap):
                 self._epoch += 1
                 self._listings.clear()
+                self._disabled = None
                 self._marks = None
                 self._dirty.update(self._known)
                 self._watch = None
                 self._wake.set()
                 self._outdated.set()
                 return
+            if item.path == disable and item.type != EventType.CHANGED:
+                self._disable_events += 1
+                self._disabled = item.type == EventType.CREATED
             in_ledgers = item.path.startswith(ledgers)
             freed = item.type == EventType.DELETED and item.path.startswith(locks)
             if in_ledgers or freed:
@@ -947,15 +980,26 @@ class ReplicationQueue:
     async def mark_replicated(self, taken: TakenLedger) -> bool:
         """Deletes the mark if it is unchanged since the lock was taken (True), keeps it
         otherwise (False); then always releases the lock. FencedOutError (mark kept)
-        when our lock is gone."""
+        when our lock is gone.
+
+        Once the mark is gone, the lock is released and the emptied hex directories
+        above the mark removed at the same time: neither needs the other, and a worker
+        repairing small ledgers would otherwise wait for one after the other."""
         try:
             unmarked = await self._unmark(taken)
         except BaseException:
             with contextlib.suppress(AuditorError):
                 await self.release(taken)
             raise
-        await self.release(taken)
-        return unmarked
+        if not unmarked:
+            await self.release(taken)
+            return False
+        released, _ = await asyncio.gather(
+            self.release(taken), self._remove_empty_dirs(taken.mark_path), return_exceptions=True
+        )
+        if isinstance(released, BaseException):
+            raise released
+        return True
 
     async def _unmark(self, taken: TakenLedger) -> bool:
         fenced = self.fenced(taken)
@@ -965,20 +1009,22 @@ class ReplicationQueue:
             await fenced.delete(taken.mark_path, taken.mark_version)
         except (BadVersionError, NoNodeError):
             return False  # re-marked since we took it (kept), or removed by someone else
-        # The empty hex directories above it, deepest first, as Java: the first that is
-        # not empty (or changed, or gone) ends it; `underreplication/ledgers` stays.
-        parent = taken.mark_path.rsplit("/", 1)[0]
+        return True
+
+    async def _remove_empty_dirs(self, mark_path: str) -> None:
+        """The empty hex directories above a deleted mark, deepest first, as Java: the
+        first that is not empty (or gone) ends it; `underreplication/ledgers` stays. A
+        delete without a version refuses a directory with children (NotEmptyError) just
+        as the version read first did (a directory's data never changes), in one request
+        where `exists` and `delete` were two."""
+        parent = mark_path.rsplit("/", 1)[0]
         with contextlib.suppress(StoreUnavailableError):
             while parent.startswith(self.ledgers + "/"):
-                stat = await self.store.exists(parent)
-                if stat is None or stat.numChildren:
-                    break
                 try:
-                    await self.store.delete(parent, int(stat.version))
+                    await self.store.delete(parent)
                 except (NotEmptyError, NoNodeError, BadVersionError):
                     break
                 parent = parent.rsplit("/", 1)[0]
-        return True
 
     async def release(self, taken: TakenLedger) -> None:
         """Deletes our lock on `taken` if it is still ours; a lock gone, or now another

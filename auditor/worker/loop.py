@@ -252,7 +252,7 @@ class ReplicationWorker:
         self.ranked.set()
 
     async def _disabled(self) -> bool:
-        return await self.store.exists(f"{self.ctx.root}/underreplication/disable") is not None
+        return await self.queue.replication_disabled()
 
     # --- one taken ledger --------------------------------------------------------------------
 

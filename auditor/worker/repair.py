@@ -51,6 +51,7 @@ from typing import Any, Protocol, TypeVar
 
 from auditor.checks.context import CheckContext
 from auditor.checks.placement_run import placement_policy
+from auditor.checks.replicas import BookieAnswer, expectations
 from auditor.checks.replicas_run import bookie_answers
 from auditor.errors import AuditorError
 from auditor.metadata.ledger_update import (
@@ -66,7 +67,7 @@ from auditor.metadata.registry import BookieSet
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
 from auditor.metadata.serde import LedgerMetadataFormatError, decode_ledger_metadata
 from auditor.metadata.underreplication import ur_ledger_path
-from auditor.store import NoNodeError
+from auditor.store import NoNodeError, Stat
 from auditor.topology.racks import open_rack_resolver
 from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
 from auditor.worker.plan import (
@@ -77,6 +78,7 @@ from auditor.worker.plan import (
     plan_ledger,
 )
 from auditor.worker.recovery import Recovered, TailLostError, lost_tail, recover_open_ledger
+from auditor.worker.registry_view import RegistryView
 from auditor.worker.state import Failure, InHand, WorkerState
 from auditor.worker.targets import (
     CannotAdhereError,
@@ -236,6 +238,12 @@ class LedgerRepairer:
         self.clock = clock
         self.log = log
         self.placements = PlacementSource(ctx, log=log)
+        #: Per ledger being repaired, the metadata last committed (for `_read_for_verify`).
+        self._wrote: dict[int, LedgerMetadata] = {}
+        #: Per ledger being repaired, the metadata last read and what it was decoded from.
+        self._read_as: dict[int, tuple[LedgerMetadata, tuple[bytes, Stat]]] = {}
+        #: The registered bookies, listed again only when they may have changed.
+        self.registry = RegistryView(ctx.store, ctx.root)
         #: The last placement refusal per ledger (`_cannot_adhere`), so that each is
         #: reported once; forgotten once the ledger is done.
         self._refusals: dict[int, str] = {}
@@ -263,18 +271,46 @@ class LedgerRepairer:
     def path(self, lid: int) -> str:
         return ledger_path(self.ctx.manager, self.ctx.root, lid)
 
-    async def read(self, lid: int) -> LedgerMetadata | None:
+    async def read(self, lid: int, *, keep: bool = False) -> LedgerMetadata | None:
+        """The ledger's metadata (None: deleted). With `keep`, what was read is kept for
+        the commit of this repair (`_known`) until the repair ends."""
         try:
             data, stat = await self.store.get(self.path(lid))
         except NoNodeError:
+            self._read_as.pop(lid, None)
             return None
-        return decode_ledger_metadata(data, lid, int(stat.ctime))
+        md = decode_ledger_metadata(data, lid, int(stat.ctime))
+        if keep:
+            self._read_as[lid] = (md, (data, stat))
+        return md
+
+    def _known(self, lid: int, md: LedgerMetadata) -> tuple[bytes, Stat] | None:
+        """The bytes and stat `md` was decoded from, if it is the metadata this repair
+        last read (a commit tries its write from them: `update_ledger`'s `known`)."""
+        seen = self._read_as.get(lid)
+        return seen[1] if seen is not None and seen[0] is md else None
+
+    async def read_with_registry(self, lid: int) -> tuple[LedgerMetadata | None, BookieSet]:
+        """The ledger's metadata and the bookies registered, read together (one round trip
+        where there were two in turn): what each plan starts from."""
+        md, registered = await asyncio.gather(self.read(lid, keep=True), self.registry.read())
+        return md, registered
 
     async def plan(
-        self, md: LedgerMetadata, taken: TakenLedger, replace: Set[str] = frozenset()
+        self,
+        md: LedgerMetadata,
+        taken: TakenLedger,
+        replace: Set[str] = frozenset(),
+        registered: BookieSet | None = None,
+        answers: Mapping[str, BookieAnswer] | None = None,
     ) -> LedgerPlan:
-        registered = await self.ctx.registered()
-        answers = await bookie_answers(self.ctx, md)
+        """The ledger's plan from fresh bookie answers; `registered` is the registry read
+        with `md` (`read_with_registry`), read here when not given; `answers` are the
+        bookies' answers for exactly `md`'s expectations, asked here when not given."""
+        if registered is None:
+            registered = await self.registry.read()
+        if answers is None:
+            answers = await bookie_answers(self.ctx, md)
         return plan_ledger(
             md,
             registered=registered.available,
@@ -282,6 +318,29 @@ class LedgerRepairer:
             mark_replicas=taken.missing_replicas,
             replace=replace,
         )
+
+    async def _read_for_verify(
+        self, lid: int
+    ) -> tuple[LedgerMetadata | None, BookieSet, Mapping[str, BookieAnswer] | None]:
+        """The verification's fresh metadata and registry and, when this repair has just
+        committed, the bookies' answers asked at the same time, for the ensembles it
+        wrote: what the verification would ask once the metadata is back, asked a round
+        trip sooner (after the commit all the same). They are used only if the metadata
+        read back expects exactly what the committed one did (else None: asked again)."""
+        wrote = self._wrote.pop(lid, None)
+        if wrote is None:
+            md, registered = await self.read_with_registry(lid)
+            return md, registered, None
+        early = asyncio.ensure_future(bookie_answers(self.ctx, wrote))
+        try:
+            md, registered = await self.read_with_registry(lid)
+            if md is None or expectations(md) != expectations(wrote):
+                return md, registered, None
+            return md, registered, await early
+        finally:
+            if not early.done():
+                early.cancel()
+                await asyncio.gather(early, return_exceptions=True)
 
     def _counted(self, event: Any) -> None:
         """The copier's counts, into the state the metrics read."""
@@ -294,7 +353,11 @@ class LedgerRepairer:
 
     async def repair(self, taken: TakenLedger, replace: Set[str] = frozenset()) -> Outcome:
         """Plans, copies, commits and verifies one ledger; unmarks it when it is whole."""
-        outcome = await self._repair(taken, replace)
+        try:
+            outcome = await self._repair(taken, replace)
+        finally:
+            self._read_as.pop(taken.ledger_id, None)
+            self._wrote.pop(taken.ledger_id, None)
         if outcome.done:
             self._refusals.pop(taken.ledger_id, None)
         return outcome
@@ -302,7 +365,7 @@ class LedgerRepairer:
     async def _repair(self, taken: TakenLedger, replace: Set[str]) -> Outcome:
         lid = taken.ledger_id
         try:
-            md = await self.read(lid)
+            md, registered = await self.read_with_registry(lid)
         except LedgerMetadataFormatError as exc:
             return Outcome(False, Failure.ERROR, f"metadata does not decode: {exc}")
         if md is None:  # deleted: nothing to repair, the mark goes (upstream §1.4)
@@ -316,7 +379,7 @@ class LedgerRepairer:
                 removed=unmarked,
             )
             return Outcome(True, unmarked=unmarked)
-        plan = await self.plan(md, taken, replace)
+        plan = await self.plan(md, taken, replace, registered)
         if plan.skipped is not None and not plan.repairs and not plan.open_tail:
             return Outcome(False, Failure.ERROR, f"cannot be planned: {plan.skipped}")
         if not plan.repairs and not plan.open_tail:
@@ -324,7 +387,7 @@ class LedgerRepairer:
                 return Outcome(
                     False, Failure.UNKNOWN_BOOKIES, f"no answer from {', '.join(plan.unknown)}"
                 )
-            placed = await self._place(taken, md, replace)
+            placed = await self._place(taken, md, replace, registered)
             if placed is not None:
                 committed, failed = placed
                 return failed or await self.verify(taken, committed, replace, placed=True)
@@ -332,7 +395,9 @@ class LedgerRepairer:
             self.state.ledgers_found_healthy += 1
             self.log.info("ledger has every copy; nothing to copy", ledger=lid, unmarked=unmarked)
             return Outcome(True, unmarked=unmarked)
-        committed, failed = await self._repair_segments(taken, md, plan.repairs, replace)
+        committed, failed = await self._repair_segments(
+            taken, md, plan.repairs, registered, replace
+        )
         if failed is not None:
             return failed
         if plan.open_tail:
@@ -350,10 +415,13 @@ class LedgerRepairer:
         taken: TakenLedger,
         md: LedgerMetadata,
         repairs: tuple[Repair, ...],
+        registered: BookieSet,
         replace: Set[str] = frozenset(),
     ) -> tuple[int, Outcome | None]:
-        """Copies and commits segment by segment; (fragments committed, a failure or None)."""
-        registered = await self.ctx.registered()
+        """Copies and commits segment by segment; (fragments committed, a failure or None).
+        Targets are chosen among `registered`, the registry the plan judged with (read
+        with the metadata, moments before: a target gone since fails its adds, and the
+        attempt with them)."""
         placement = await self.placements.placement(md, registered, replace)
         work = placement.targets(md, repairs, self.rng)
         return await self._copy_and_commit(taken, md, work, registered, replace)
@@ -428,6 +496,9 @@ class LedgerRepairer:
                     # The session looked at again once the read is back, just before
                     # the write (a session that ended meanwhile writes nothing).
                     before_write=lambda: self.queue.fenced(taken),
+                    # The metadata this plan was made on, as read under the lock: the
+                    # write is tried from it (version-checked), not after a new read.
+                    known=self._known(lid, md),
                 )
             except LedgerDeletedError:
                 unmarked = await self.queue.mark_replicated(taken)
@@ -447,6 +518,8 @@ class LedgerRepairer:
                     metadata_version=result.version,
                 )
             md = result.metadata
+            if result.written:
+                self._wrote[lid] = md
         if unreadable:
             merged = tuple(sorted(set(unreadable)))
             detail = (
@@ -564,7 +637,11 @@ class LedgerRepairer:
         return task.result()
 
     async def _place(
-        self, taken: TakenLedger, md: LedgerMetadata, replace: Set[str]
+        self,
+        taken: TakenLedger,
+        md: LedgerMetadata,
+        replace: Set[str],
+        registered: BookieSet | None = None,
     ) -> tuple[int, Outcome | None] | None:
         """Moves copies so that each failing segment of a closed ledger adheres to the
         placement policy; (fragments committed, a failure or None), or None when nothing
@@ -574,7 +651,7 @@ class LedgerRepairer:
         moved even when another cannot (that one is the failure)."""
         if replace or not self.config.bookkeeper.repairedPlacementPolicyNotAdheringBookieEnabled:
             return None
-        failing, placement, registered = await self._not_adhering(md)
+        failing, placement, registered = await self._not_adhering(md, registered)
         if not failing:
             return None
         work: list[tuple[int, list[Repair], dict[int, str] | NoTargetError]] = []
@@ -599,11 +676,12 @@ class LedgerRepairer:
         return committed, failed
 
     async def _not_adhering(
-        self, md: LedgerMetadata
+        self, md: LedgerMetadata, registered: BookieSet | None = None
     ) -> tuple[tuple[int, ...], Placement, BookieSet]:
         """The segments failing the placement policy, with the placement and registry
-        they were judged with."""
-        registered = await self.ctx.registered()
+        they were judged with (`registered`: the one read with `md`, else read here)."""
+        if registered is None:
+            registered = await self.registry.read()
         placement = await self.placements.placement(md, registered)
         return (
             not_adhering_segments(md, placement.policy, placement.locations),
@@ -634,11 +712,11 @@ class LedgerRepairer:
         (`placed`) a segment still failing is a failed verification."""
         lid = taken.ledger_id
         self.step(lid, "verifying")
-        md = await self.read(lid)
+        md, registered, answers = await self._read_for_verify(lid)
         if md is None:
             unmarked = await self.queue.mark_replicated(taken)
             return Outcome(True, committed=committed, unmarked=unmarked)
-        plan = await self.plan(md, taken, replace)
+        plan = await self.plan(md, taken, replace, registered, answers)
         if plan.repairs or plan.open_tail or plan.unknown:
             left = "; ".join(describe(r) for r in (*plan.repairs, *plan.open_tail))
             unknown = f"; no answer from {', '.join(plan.unknown)}" if plan.unknown else ""
@@ -646,14 +724,14 @@ class LedgerRepairer:
                 False, Failure.VERIFY_FAILED, f"still to repair: {left}{unknown}", committed
             )
         if not placed:
-            moved = await self._place(taken, md, replace)
+            moved = await self._place(taken, md, replace, registered)
             if moved is not None:
                 more, failed = moved
                 if failed is not None:
                     return dataclasses.replace(failed, committed=committed + failed.committed)
                 return await self.verify(taken, committed + more, replace, placed=True)
         elif self.config.bookkeeper.repairedPlacementPolicyNotAdheringBookieEnabled:
-            failing, _, _ = await self._not_adhering(md)
+            failing, _, _ = await self._not_adhering(md, registered)
             if failing:
                 where = ", ".join(str(k) for k in failing)
                 return Outcome(

@@ -420,3 +420,80 @@ def test_replace_bookies_touches_one_segment_at_its_positions() -> None:
     assert replace_bookies(10, {A: D, B: E})(partly) == _with_segment(md, 1, (E, D, C))
     assert replace_bookies(10, {X: D})(md) is None
     assert replace_bookies(11, {A: D})(md) is None
+
+
+# --- a write tried from what the caller read (`known`) ----------------------------------
+
+
+async def test_a_write_from_known_bytes_needs_no_read_and_writes_the_same(
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue
+) -> None:
+    path = await cluster.write_ledger(_two_segments(3))
+    taken = await _lock(store, queue)
+    data, stat = await store.get(path)
+    seen: list[LedgerMetadata] = []
+    ours = replace_bookies(10, {B: E})
+
+    def counted(m: LedgerMetadata) -> LedgerMetadata | None:
+        seen.append(m)
+        return ours(m)
+
+    result = await update_ledger(queue.fenced(taken), store, path, LID, counted, known=(data, stat))
+    original = decode_ledger_metadata(data, LID, int(stat.ctime))
+    expected = _with_segment(original, 1, (A, E, D))
+    assert seen == [original]  # one transform: no read after the known one
+    assert result == UpdateResult(True, expected, 1)
+    assert await _stored(store, path) == (encode_ledger_metadata(expected), expected, 1)
+
+
+async def test_known_bytes_moved_since_fall_back_to_a_fresh_read(
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
+) -> None:
+    md = make_metadata(LID, [A, B, C], write_quorum=2, state=LedgerState.OPEN, ctime=CTIME)
+    path = await cluster.write_ledger(md)
+    taken = await _lock(store, queue)
+    known = await store.get(path)
+    _, original, _ = await _stored(store, path)
+
+    def writer_adds_a_segment(m: LedgerMetadata) -> LedgerMetadata:
+        return dataclasses.replace(m, segments=(*m.segments, Segment(5, (A, X, C))))
+
+    interloper.rewrite(path, writer_adds_a_segment)  # after our read, before our write
+    result = await update_ledger(
+        queue.fenced(taken), store, path, LID, replace_bookies(0, {B: E}), known=known
+    )
+    expected = dataclasses.replace(
+        original, segments=(Segment(0, (A, E, C)), Segment(5, (A, X, C)))
+    )
+    assert result == UpdateResult(True, expected, 2)  # the writer's segment kept
+    assert await _stored(store, path) == (encode_ledger_metadata(expected), expected, 2)
+
+
+async def test_known_bytes_deciding_nothing_are_judged_again_on_a_fresh_read(
+    store: MetadataStore, cluster: ClusterWriter, queue: ReplicationQueue, interloper: Interloper
+) -> None:
+    """Known bytes in which the bookie is already replaced (or would conflict) decide
+    nothing: the stored metadata may say otherwise, and it is what is judged."""
+    path = await cluster.write_ledger(_two_segments(3))
+    taken = await _lock(store, queue)
+    _, original, _ = await _stored(store, path)
+    stale = _with_segment(original, 1, (A, E, D))  # as if B were replaced already
+    stat = (await store.get(path))[1]
+    result = await update_ledger(
+        queue.fenced(taken),
+        store,
+        path,
+        LID,
+        replace_bookies(10, {B: E}),
+        known=(encode_ledger_metadata(stale), stat),
+    )
+    assert result == UpdateResult(True, _with_segment(original, 1, (A, E, D)), 1)
+    with pytest.raises(EnsembleConflictError):
+        await update_ledger(
+            queue.fenced(taken),
+            store,
+            path,
+            LID,
+            replace_bookies(10, {A: E}),
+            known=(encode_ledger_metadata(original), stat),  # now stale: E is there
+        )

@@ -749,3 +749,63 @@ async def test_the_order_follows_a_re_mark_and_forgets_an_unmark(zk: ZkClient) -
                 assert (order.risks[3].copies_left, order.risks[2].copies_left) == (0, 1)
             finally:
                 await queue.close()
+
+
+async def test_replication_disabled_follows_the_watch(zk: ZkClient, other: ZkClient) -> None:
+    """The disable flag is read once, then taken from the tree watch's events: each
+    change shows before the mark made after it wakes a taker (events come in order)."""
+    await _layout(zk)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    urm = UnderreplicationManager(other, ROOT)
+    try:
+        assert await queue.replication_disabled() is False
+        woken = await queue.changed()
+        await urm.disable_replication()
+        await urm.mark_underreplicated(5, ["b:3181"])
+        await asyncio.wait_for(woken.wait(), 10)
+        assert await queue.replication_disabled() is True
+        assert await queue.take() is not None  # taking is the loop's call, not the queue's
+        woken = await queue.changed()
+        await urm.enable_replication()
+        await urm.mark_underreplicated(6, ["b:3181"])
+        await asyncio.wait_for(woken.wait(), 10)
+        assert await queue.replication_disabled() is False
+    finally:
+        await queue.close()
+
+
+async def test_replication_disabled_without_a_watch_reads_each_time(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    """Where the store has no persistent watch (ZooKeeper before 3.6), every call reads."""
+    await _layout(zk)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    queue._watch_supported = False  # as `_ensure_watch` leaves it on such a server
+    try:
+        assert await queue.replication_disabled() is False
+        await UnderreplicationManager(other, ROOT).disable_replication()
+        assert await queue.replication_disabled() is True
+    finally:
+        await queue.close()
+
+
+async def test_free_marks_leave_out_exactly_the_locked_ledgers(
+    zk: ZkClient, other: ZkClient
+) -> None:
+    """A lock counts for the ledger whose `urL%010d` name it has, and no other: a name
+    with other digits (`urL7`, more zeros) locks nothing a worker would take."""
+    urm = await _layout(zk)
+    for lid in (7, 8, 9):
+        await urm.mark_underreplicated(lid, ["a:3181"], now_ms=CTIME)
+    await other.create(ur_lock_path(BASE, 8), b'bookieId: "x"\n', ephemeral=True)
+    for name in ("urL7", "urL000000000009", "urLx"):
+        await other.create(f"{LOCKS}/{name}", b"", ephemeral=True)
+    queue = ReplicationQueue(zk, ROOT, "w")
+    try:
+        await queue.refresh()
+        assert sorted(queue.free_marks()) == [7, 9]
+        taken = await queue.take()
+        assert taken is not None and taken.ledger_id in (7, 9)
+        assert sorted(queue.free_marks()) == sorted({7, 9} - {taken.ledger_id})
+    finally:
+        await queue.close()
