@@ -52,6 +52,7 @@ __all__ = [
     "FrameParser",
     "Operation",
     "Status",
+    "add_entry_frame",
     "add_entry_request",
     "auth_request",
     "decode_entry_body",
@@ -69,11 +70,13 @@ __all__ = [
     "get_list_of_entries_request",
     "is_auth_refusal",
     "master_key",
+    "read_entry_frame",
     "read_entry_request",
     "read_lac_request",
     "request_header",
     "response_header",
     "start_tls_request",
+    "verified_entry_ids",
     "verify_entry_body",
 ]
 
@@ -367,6 +370,69 @@ def list_request_frame(txn_id: int, ledger_id: int) -> bytes:
     return _LENGTH.pack(len(message)) + message
 
 
+#: Request.header of a READ_ENTRY: version = VERSION_THREE, operation = READ_ENTRY, then
+#: the txnId's tag (its varint follows).
+_READ_HEADER_START: Final = b"\x08\x03\x10\x01\x18"
+#: Request.readRequest: field 100, length-delimited (tag varint 802).
+_READ_BODY_TAG: Final = b"\xa2\x06"
+#: Request.header of an ADD_ENTRY (operation = ADD_ENTRY), up to the txnId's varint.
+_ADD_HEADER_START: Final = b"\x08\x03\x10\x02\x18"
+#: Request.addRequest: field 101, length-delimited (tag varint 810).
+_ADD_BODY_TAG: Final = b"\xaa\x06"
+#: AddRequest.flag = RECOVERY_ADD: field 100, varint (tag 800), written after the body
+#: because protobuf writes fields in number order.
+_RECOVERY_FLAG: Final = b"\xa0\x06" + bytes((int(pb.AddRequest.RECOVERY_ADD),))
+
+
+def read_entry_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """`read_entry_request(txn_id, ledger_id, entry_id)` (plain: no fencing, no priority) as
+    a complete frame, encoded here.
+
+    The replication worker sends one per entry it copies; building the protobuf message
+    cost more than the rest of sending it. The bytes are protobuf's (fields in number
+    order), which the tests check against `encode_message` of the built request.
+    """
+    header = _READ_HEADER_START + varint(_check_txn(txn_id))
+    body = (
+        b"\x08"
+        + varint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
+        + b"\x10"
+        + varint(_check_i64("entryId", entry_id) & _UINT64_MAX)
+    )
+    message = b"\x0a" + bytes((len(header),)) + header + _READ_BODY_TAG + bytes((len(body),)) + body
+    return _LENGTH.pack(len(message)) + message
+
+
+def add_entry_frame(
+    txn_id: int, ledger_id: int, entry_id: int, master_key: bytes, body: bytes, *, recovery: bool
+) -> tuple[bytes, bytes, bytes]:
+    """`add_entry_request(txn_id, ...)` (no priority) as a complete frame in three parts:
+    what precedes the body, the body itself (the very object given, not a copy), and what
+    follows it (the RECOVERY_ADD flag, or nothing).
+
+    Joined, the parts are the bytes protobuf writes for the built request (the tests check
+    it); kept apart, a large entry body (Pulsar batches reach 1 MiB) is not copied into a
+    message and then into a frame: it is copied once, into the buffer the connection
+    sends.
+    """
+    fields = (
+        b"\x08"
+        + varint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
+        + b"\x10"
+        + varint(_check_i64("entryId", entry_id) & _UINT64_MAX)
+        + b"\x1a"
+        + varint(len(master_key))
+        + master_key
+        + b"\x22"
+        + varint(len(body))
+    )
+    suffix = _RECOVERY_FLAG if recovery else b""
+    inner = len(fields) + len(body) + len(suffix)
+    header = _ADD_HEADER_START + varint(_check_txn(txn_id))
+    prefix = b"\x0a" + bytes((len(header),)) + header + _ADD_BODY_TAG + varint(inner) + fields
+    return _LENGTH.pack(len(prefix) + len(body) + len(suffix)) + prefix, body, suffix
+
+
 def add_entry_request(
     txn_id: int,
     ledger_id: int,
@@ -559,6 +625,43 @@ def decode_entry_body(body: bytes, digest_type: DigestType) -> EntryBody:
         bytes(body[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + m]),
         bytes(body[ENTRY_HEADER_SIZE + m :]),
     )
+
+
+_IDS = struct.Struct(">qq")
+
+
+def verified_entry_ids(
+    body: bytes, digest_type: DigestType, password: bytes = b""
+) -> tuple[int, int]:
+    """`verify_entry_body`'s check, for a caller that needs only the (ledger, entry) ids
+    the body names: the same errors, without copying the payload out of the body (the
+    replication worker checks every entry it copies, up to 1 MiB each). CRC32C alone
+    still takes the payload as a copy: its library reads bytes, not a view."""
+    m = _DIGEST_SIZES[digest_type]
+    size = len(body)
+    if size < ENTRY_HEADER_SIZE + m:
+        decode_entry_body(body, digest_type)  # raises the message it gives for this body
+    view = memoryview(body)
+    start = ENTRY_HEADER_SIZE + m
+    if digest_type is DigestType.CRC32C:
+        crc = google_crc32c.extend(google_crc32c.value(body[:ENTRY_HEADER_SIZE]), body[start:])
+        expected = int(crc).to_bytes(4, "big")
+    elif digest_type is DigestType.CRC32:
+        crc32 = zlib.crc32(view[start:], zlib.crc32(view[:ENTRY_HEADER_SIZE]))
+        expected = crc32.to_bytes(8, "big")
+    elif digest_type is DigestType.HMAC:
+        key = hashlib.sha1(b"mac" + password).digest()
+        mac = hmac.new(key, view[:ENTRY_HEADER_SIZE], hashlib.sha1)
+        mac.update(view[start:])
+        expected = mac.digest()
+    else:
+        expected = b""
+    ledger_id, entry_id = _IDS.unpack_from(body)
+    if not hmac.compare_digest(expected, view[ENTRY_HEADER_SIZE:start]):
+        raise DigestMismatchError(
+            f"{digest_type.name} digest mismatch for ledger {ledger_id} entry {entry_id}"
+        )
+    return ledger_id, entry_id
 
 
 def verify_entry_body(body: bytes, digest_type: DigestType, password: bytes = b"") -> EntryBody:
