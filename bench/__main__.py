@@ -4,7 +4,7 @@
 
 Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
 naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
-rereplication, etcd-floor, etcd-replicas, spark, marks. BENCH_ONLY picks some (by
+rereplication, rereplication-64k, etcd-floor, etcd-replicas, spark, marks. BENCH_ONLY picks some (by
 figure name, or by benchmark name for all its figures: scrutiny, big, etcd); a
 benchmark whose figures are all left out does not run. The first line
 describes the machine.
@@ -72,7 +72,13 @@ def _big(n: int) -> Figures:
 
 
 def _rereplication(n: int) -> Figures:
-    return [asyncio.run(bench_rereplication.measure(n))]
+    wanted = selected()
+    out: Figures = []
+    if "rereplication" in wanted:
+        out.append(asyncio.run(bench_rereplication.measure(n)))
+    if "rereplication-64k" in wanted:
+        out.append(asyncio.run(bench_rereplication.measure_64k(n)))
+    return out
 
 
 def _etcd(n: int) -> Figures:
@@ -99,7 +105,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("bookie-load", ("bookie-load", "naive-latency"), _bookie_load),
     ("failover", ("failover",), _failover),
     ("big", ("memory-1m", "failover-1m"), _big),
-    ("rereplication", ("rereplication",), _rereplication),
+    ("rereplication", ("rereplication", "rereplication-64k"), _rereplication),
     ("etcd", ("etcd-floor", "etcd-replicas"), _etcd),
     ("spark", ("spark",), _spark),
     ("marks", ("marks",), _marks),
