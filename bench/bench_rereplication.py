@@ -509,12 +509,16 @@ def main() -> None:
         asyncio.run(side_main(args))
         return
     # py-spy is not always installed (bench/profile.py); cProfile is, and slows both
-    # sides alike: `BENCH_CPROFILE=DIR` writes DIR/<side>.pstats (not a figure).
+    # sides alike: `BENCH_CPROFILE=DIR` writes DIR/<side>[-wide]-<entries>.pstats (not a
+    # figure). Timed in the process's CPU seconds, not wall time: on a shared machine a
+    # wall-time profile charges to whatever function runs when the process is preempted
+    # (and to `send`, where the kernel delivers loopback data to the bookie).
     import cProfile
 
-    with cProfile.Profile() as prof:
+    with cProfile.Profile(time.process_time) as prof:
         asyncio.run(side_main(args))
-    prof.dump_stats(str(Path(out) / f"{args.side}.pstats"))
+    wide = "-wide" if args.set or args.parallel != 1 else ""
+    prof.dump_stats(str(Path(out) / f"{args.side}{wide}-{args.entries}.pstats"))
 
 
 if __name__ == "__main__":
