@@ -423,14 +423,15 @@ class BookieClient:
         read cost more than the read. Where the bookie's connection is open and a slot
         under its cap is free, the request goes out here, encoded by hand, and `then` is
         called from the answer's callback (or the connection's time-out sweep); otherwise
-        a task waits for the slot or the connection first. Same cap, timeout, txnId and
-        observer as `read_entry`; `then` is never called before this returns, and must
-        not raise.
+        a task waits for the slot or the connection first. Same cap, timeout and
+        observer as `read_entry`, a txnId of the same counter; `then` is never called
+        before this returns, and must not raise.
         """
+        txn_id = next(self._txn)
         self._start(
             bookie_id,
-            _READ_OP,
-            partial(read_entry_frame, ledger_id=ledger_id, entry_id=entry_id),
+            (txn_id, _READ_OP),
+            read_entry_frame(txn_id, ledger_id, entry_id),
             self.request_timeout if request_timeout is None else request_timeout,
             _read_body,
             then,
@@ -452,17 +453,11 @@ class BookieClient:
         of the password), its outcome to `then` as `add_entry` would return it; sent as
         `start_read_entry` sends. The body is not copied into a message: it goes to the
         connection as it is, between the request's hand-encoded fields."""
+        txn_id = next(self._txn)
         self._start(
             bookie_id,
-            _ADD_OP,
-            partial(
-                add_entry_frame,
-                ledger_id=ledger_id,
-                entry_id=entry_id,
-                master_key=key,
-                body=body,
-                recovery=recovery,
-            ),
+            (txn_id, _ADD_OP),
+            add_entry_frame(txn_id, ledger_id, entry_id, key, body, recovery=recovery),
             self.request_timeout if request_timeout is None else request_timeout,
             _added,
             then,
@@ -471,34 +466,29 @@ class BookieClient:
     def _start(
         self,
         bookie_id: str,
-        op: int,
-        frame: Callable[[int], bytes | tuple[bytes, ...]],
+        key: tuple[int, int],
+        frame: bytes | tuple[bytes, ...],
         request_timeout: float,
         outcome: Callable[[str, pb.Response | NoAnswer | ErrorStatus], Outcome[T]],
         then: Callable[[Outcome[T]], None],
     ) -> None:
-        """Sends a request (`frame` of its txnId) now if nothing has to wait, else from a
-        task once its slot and connection are there; its outcome to `then`."""
+        """Sends a request (its `key`, txnId and operation, and its `frame`) now if
+        nothing has to wait, else from a task once its slot and connection are there;
+        its outcome to `then`."""
         b = self._bookies.get(bookie_id)
-        conn = None if b is None else b.conn
-        if (
-            not self._closed
-            and b is not None
-            and conn is not None
-            and conn.is_open
-            and b.slots.try_take()
-        ):
-            b.in_flight += 1
-            txn_id = next(self._txn)
-            conn.send_frame_then(
-                (txn_id, op),
-                frame(txn_id),
-                request_timeout,
-                partial(self._entry_answered, op, outcome, then, b),
-            )
-            return
+        if b is not None and not self._closed:
+            conn = b.conn
+            if conn is not None and conn.is_open and b.slots.try_take():
+                b.in_flight += 1
+                conn.send_frame_then(
+                    key,
+                    frame,
+                    request_timeout,
+                    partial(self._entry_answered, key[1], outcome, then, b),
+                )
+                return
         task = asyncio.ensure_future(
-            self._start_later(bookie_id, op, frame, request_timeout, outcome, then)
+            self._start_later(bookie_id, key, frame, request_timeout, outcome, then)
         )
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
@@ -506,14 +496,15 @@ class BookieClient:
     async def _start_later(
         self,
         bookie_id: str,
-        op: int,
-        frame: Callable[[int], bytes | tuple[bytes, ...]],
+        key: tuple[int, int],
+        frame: bytes | tuple[bytes, ...],
         request_timeout: float,
         outcome: Callable[[str, pb.Response | NoAnswer | ErrorStatus], Outcome[T]],
         then: Callable[[Outcome[T]], None],
     ) -> None:
         """`_start` for a request that waits: for a slot (time spent here does not count
         against its timeout) and for its connection, as `_exchange_once` waits."""
+        op = key[1]
         if self._closed:
             self._observe(op, _CLOSED)
             then(_CLOSED)
@@ -525,7 +516,7 @@ class BookieClient:
         finally:
             b.waiting -= 1
         b.in_flight += 1
-        answered = partial(self._entry_answered, op, outcome, then, b)
+        answered = partial(self._entry_answered, key[1], outcome, then, b)
         if self._closed:
             answered(CallFailed(Unanswered.CLOSED, _CLOSED.detail))
             return
@@ -541,9 +532,8 @@ class BookieClient:
             self._observe(op, conn)
             then(outcome(b.bookie_id, conn))
             return
-        txn_id = next(self._txn)
         try:
-            conn.send_frame_then((txn_id, op), frame(txn_id), request_timeout, answered)
+            conn.send_frame_then(key, frame, request_timeout, answered)
         except CallFailed as exc:
             answered(exc)
 
@@ -559,7 +549,18 @@ class BookieClient:
         observer told, `outcome` of the answer to `then`."""
         b.in_flight -= 1
         b.slots.give()
-        answered = self._answered(b, response)
+        answered: pb.Response | NoAnswer | ErrorStatus
+        if (
+            isinstance(response, CallFailed)
+            or response.status
+            or (response.readResponse if op == _READ_OP else response.addResponse).status
+        ):
+            answered = self._answered(b, response)
+        else:
+            # EOK at the top and inside (or no inner body): `_answered`'s outcome without
+            # its general lookups (no authentication refusal is EOK).
+            answered = response
+            b.failures = 0
         self._observe(op, answered)
         then(outcome(b.bookie_id, answered))
 

@@ -384,6 +384,20 @@ _ADD_BODY_TAG: Final = b"\xaa\x06"
 _RECOVERY_FLAG: Final = b"\xa0\x06" + bytes((int(pb.AddRequest.RECOVERY_ADD),))
 
 
+#: One-byte varints, by value.
+_VARINT1: Final = tuple(bytes((v,)) for v in range(0x80))
+
+
+def _uvarint(value: int) -> bytes:
+    """`varint` with the common sizes unrolled: ids and txnIds below 2^14 (one or two
+    bytes) are most of what the worker sends, several per entry."""
+    if value < 0x80:
+        return _VARINT1[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    return varint(value)
+
+
 def read_entry_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     """`read_entry_request(txn_id, ledger_id, entry_id)` (plain: no fencing, no priority) as
     a complete frame, encoded here.
@@ -392,12 +406,12 @@ def read_entry_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     cost more than the rest of sending it. The bytes are protobuf's (fields in number
     order), which the tests check against `encode_message` of the built request.
     """
-    header = _READ_HEADER_START + varint(_check_txn(txn_id))
+    header = _READ_HEADER_START + _uvarint(_check_txn(txn_id))
     body = (
         b"\x08"
-        + varint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
+        + _uvarint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
         + b"\x10"
-        + varint(_check_i64("entryId", entry_id) & _UINT64_MAX)
+        + _uvarint(_check_i64("entryId", entry_id) & _UINT64_MAX)
     )
     message = b"\x0a" + bytes((len(header),)) + header + _READ_BODY_TAG + bytes((len(body),)) + body
     return _LENGTH.pack(len(message)) + message
@@ -417,19 +431,19 @@ def add_entry_frame(
     """
     fields = (
         b"\x08"
-        + varint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
+        + _uvarint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
         + b"\x10"
-        + varint(_check_i64("entryId", entry_id) & _UINT64_MAX)
+        + _uvarint(_check_i64("entryId", entry_id) & _UINT64_MAX)
         + b"\x1a"
-        + varint(len(master_key))
+        + _uvarint(len(master_key))
         + master_key
         + b"\x22"
-        + varint(len(body))
+        + _uvarint(len(body))
     )
     suffix = _RECOVERY_FLAG if recovery else b""
     inner = len(fields) + len(body) + len(suffix)
-    header = _ADD_HEADER_START + varint(_check_txn(txn_id))
-    prefix = b"\x0a" + bytes((len(header),)) + header + _ADD_BODY_TAG + varint(inner) + fields
+    header = _ADD_HEADER_START + _uvarint(_check_txn(txn_id))
+    prefix = b"\x0a" + bytes((len(header),)) + header + _ADD_BODY_TAG + _uvarint(inner) + fields
     return _LENGTH.pack(len(prefix) + len(body) + len(suffix)) + prefix, body, suffix
 
 
