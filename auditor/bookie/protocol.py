@@ -406,15 +406,28 @@ def read_entry_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     cost more than the rest of sending it. The bytes are protobuf's (fields in number
     order), which the tests check against `encode_message` of the built request.
     """
-    header = _READ_HEADER_START + _uvarint(_check_txn(txn_id))
-    body = (
-        b"\x08"
-        + _uvarint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
-        + b"\x10"
-        + _uvarint(_check_i64("entryId", entry_id) & _UINT64_MAX)
+    if not (
+        0 <= txn_id <= _UINT64_MAX and 0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX
+    ):
+        # Negative ids (ten-byte varints) and values out of range (refused).
+        _check_txn(txn_id)
+        ledger_id = _check_i64("ledgerId", ledger_id) & _UINT64_MAX
+        entry_id = _check_i64("entryId", entry_id) & _UINT64_MAX
+    header = _uvarint(txn_id)
+    body = b"".join((b"\x08", _uvarint(ledger_id), b"\x10", _uvarint(entry_id)))
+    size = 2 + len(_READ_HEADER_START) + len(header) + len(_READ_BODY_TAG) + 1 + len(body)
+    return b"".join(
+        (
+            _LENGTH.pack(size),
+            b"\x0a",
+            _VARINT1[len(_READ_HEADER_START) + len(header)],
+            _READ_HEADER_START,
+            header,
+            _READ_BODY_TAG,
+            _VARINT1[len(body)],
+            body,
+        )
     )
-    message = b"\x0a" + bytes((len(header),)) + header + _READ_BODY_TAG + bytes((len(body),)) + body
-    return _LENGTH.pack(len(message)) + message
 
 
 def add_entry_frame(
@@ -429,22 +442,42 @@ def add_entry_frame(
     message and then into a frame: it is copied once, into the buffer the connection
     sends.
     """
-    fields = (
-        b"\x08"
-        + _uvarint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
-        + b"\x10"
-        + _uvarint(_check_i64("entryId", entry_id) & _UINT64_MAX)
-        + b"\x1a"
-        + _uvarint(len(master_key))
-        + master_key
-        + b"\x22"
-        + _uvarint(len(body))
+    if not (
+        0 <= txn_id <= _UINT64_MAX and 0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX
+    ):
+        _check_txn(txn_id)
+        ledger_id = _check_i64("ledgerId", ledger_id) & _UINT64_MAX
+        entry_id = _check_i64("entryId", entry_id) & _UINT64_MAX
+    fields = b"".join(
+        (
+            b"\x08",
+            _uvarint(ledger_id),
+            b"\x10",
+            _uvarint(entry_id),
+            b"\x1a",
+            _uvarint(len(master_key)),
+            master_key,
+            b"\x22",
+            _uvarint(len(body)),
+        )
     )
     suffix = _RECOVERY_FLAG if recovery else b""
-    inner = len(fields) + len(body) + len(suffix)
-    header = _ADD_HEADER_START + _uvarint(_check_txn(txn_id))
-    prefix = b"\x0a" + bytes((len(header),)) + header + _ADD_BODY_TAG + _uvarint(inner) + fields
-    return _LENGTH.pack(len(prefix) + len(body) + len(suffix)) + prefix, body, suffix
+    inner = _uvarint(len(fields) + len(body) + len(suffix))
+    header = _uvarint(txn_id)
+    size = 2 + len(_ADD_HEADER_START) + len(header) + len(_ADD_BODY_TAG) + len(inner) + len(fields)
+    prefix = b"".join(
+        (
+            _LENGTH.pack(size + len(body) + len(suffix)),
+            b"\x0a",
+            _VARINT1[len(_ADD_HEADER_START) + len(header)],
+            _ADD_HEADER_START,
+            header,
+            _ADD_BODY_TAG,
+            inner,
+            fields,
+        )
+    )
+    return prefix, body, suffix
 
 
 def add_entry_request(

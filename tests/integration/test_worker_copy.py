@@ -698,3 +698,24 @@ async def test_copy_under_a_small_in_flight_cap(zk: ZkClient) -> None:
             assert target.max_in_flight == 2
             assert c.bookies[0].max_in_flight <= 2 and c.bookies[2].max_in_flight <= 2
             assert small.in_flight(ids[3]) == 0
+
+
+async def test_an_observer_that_raises_ends_the_copy(zk: ZkClient) -> None:
+    """A callback's error (here the observer's) ends the copy with it, as the coroutine
+    per entry did, instead of leaving an entry that never ends."""
+    async with cluster(zk, 4) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            7, ids[:3], write_quorum=2, ack_quorum=2, num_entries=50
+        )
+        await c.bookies[1].stop()
+
+        def observer(event: CopyEvent) -> None:
+            if event.entries_written:
+                raise RuntimeError("counting broke")
+
+        copy = FragmentCopier(c.client, batch=4, observer=observer).copy(
+            CopyTask(7, written.metadata, 0, 1, ids[3], ((0, 49),), (ids[0], ids[2]))
+        )
+        with pytest.raises(RuntimeError, match="counting broke"):
+            await asyncio.wait_for(copy, 10)
