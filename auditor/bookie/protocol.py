@@ -190,30 +190,46 @@ class FrameParser:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Adds `data` and returns the payloads of every frame it completes, in order."""
+        """Adds `data` and returns the payloads of every frame it completes, in order.
+
+        Each payload is copied once out of what was received: straight from `data` when
+        nothing was left over from before (the common case, and what lets a large entry
+        body through without a second copy), else out of the buffer through a view.
+        """
         if self._error is not None:
             raise self._error
+        if not self._buf and type(data) is bytes:
+            out, pos = self._frames(data, len(data))
+            if pos < len(data):
+                self._buf += memoryview(data)[pos:]
+            return out
         buf = self._buf
         buf += data
+        with memoryview(buf) as view:
+            out, pos = self._frames(view, len(buf))
+        if pos:
+            del buf[:pos]
+        return out
+
+    def _frames(self, src: bytes | memoryview, end: int) -> tuple[list[bytes], int]:
+        """The payloads of the complete frames at the start of `src` (`end` bytes long),
+        and where the first incomplete one starts."""
         out: list[bytes] = []
         pos = 0
-        end = len(buf)
         while end - pos >= LENGTH_PREFIX_SIZE:
-            (length,) = _LENGTH.unpack_from(buf, pos)
+            (length,) = _LENGTH.unpack_from(src, pos)
             if length > self._max:
                 self._error = BookieProtocolError(
                     f"frame length {length} exceeds the {self._max}-byte limit"
                 )
-                buf.clear()
+                self._buf = bytearray()  # a new one: `src` may be a view of the old
                 raise self._error
             start = pos + LENGTH_PREFIX_SIZE
             if end - start < length:
                 break
-            out.append(bytes(buf[start : start + length]))
+            out.append(bytes(src[start : start + length]))
             pos = start + length
-        if pos:
-            del buf[:pos]
-        return out
+        return out, pos
 
 
 # --- messages ----------------------------------------------------------------
