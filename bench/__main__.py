@@ -4,10 +4,10 @@
 
 Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
 naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
-rereplication, rereplication-small, etcd-floor, etcd-replicas, spark, marks.
-BENCH_ONLY picks some (by figure name, or by benchmark name for all its
-figures: scrutiny, big, etcd); a benchmark whose figures are all left out does
-not run. The first line
+rereplication, rereplication-64k, rereplication-small, etcd-floor, etcd-replicas,
+spark, marks. BENCH_ONLY picks some (by figure name, or by benchmark name for all
+its figures: scrutiny, big, etcd, rereplication-all); a benchmark whose figures are
+all left out does not run. The first line
 describes the machine.
 Each benchmark sets up its own cluster and tears it down; one that fails
 prints `{"bench": ..., "error": ...}` and the others still run; the exit
@@ -75,7 +75,13 @@ def _big(n: int) -> Figures:
 
 
 def _rereplication(n: int) -> Figures:
-    return [asyncio.run(bench_rereplication.measure(n))]
+    wanted = selected()
+    out: Figures = []
+    if "rereplication" in wanted:
+        out.append(asyncio.run(bench_rereplication.measure(n)))
+    if "rereplication-64k" in wanted:
+        out.append(asyncio.run(bench_rereplication.measure_64k(n)))
+    return out
 
 
 def _small_ledgers(n: int) -> Figures:
@@ -106,7 +112,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("bookie-load", ("bookie-load", "naive-latency"), _bookie_load),
     ("failover", ("failover",), _failover),
     ("big", ("memory-1m", "failover-1m"), _big),
-    ("rereplication", ("rereplication",), _rereplication),
+    ("rereplication-all", ("rereplication", "rereplication-64k"), _rereplication),
     ("rereplication-small", ("rereplication-small",), _small_ledgers),
     ("etcd", ("etcd-floor", "etcd-replicas"), _etcd),
     ("spark", ("spark",), _spark),

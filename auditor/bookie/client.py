@@ -57,6 +57,7 @@ from auditor.bookie.connection import BookieConnection, CallFailed
 from auditor.bookie.protocol import (
     MAX_FRAME_SIZE,
     Status,
+    add_entry_frame,
     add_entry_request,
     effective_status,
     get_bookie_info_request,
@@ -64,6 +65,7 @@ from auditor.bookie.protocol import (
     is_auth_refusal,
     list_request_frame,
     master_key,
+    read_entry_frame,
     read_entry_request,
     read_lac_request,
 )
@@ -100,6 +102,8 @@ _EOK: Final = int(Status.EOK)
 #: Operation names as the observer is told them (`OperationType.Name`, lower case),
 #: looked up once per operation rather than once per answer.
 _OPERATION_NAMES: dict[int, str] = {}
+_READ_OP: Final = int(pb.READ_ENTRY)
+_ADD_OP: Final = int(pb.ADD_ENTRY)
 
 
 class _Slots:
@@ -308,6 +312,8 @@ class BookieClient:
         # txnIds are unique across the client, starting at 1 like the Java client's counter.
         self._txn = itertools.count(1)
         self._closed = False
+        #: Tasks of reads and adds that wait for a slot or a connection (`_start_later`).
+        self._starting: set[asyncio.Task[None]] = set()
         #: Called with (operation, status) after every request, e.g. to count them.
         self.observer: Callable[[str, str], None] | None = None
 
@@ -467,6 +473,164 @@ class BookieClient:
         if not resp.HasField("addResponse"):
             return _bad(bookie_id, "EOK add response without its body")
         return Ok(resp.addResponse.entryId)
+
+    def start_read_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        then: Callable[[Outcome[bytes]], None],
+        *,
+        request_timeout: float | None = None,
+    ) -> None:
+        """A plain READ_ENTRY (no fencing, no priority) whose outcome goes to `then`: Ok
+        with the entry's body as stored, or why there is none (the outcomes of
+        `read_entry`).
+
+        The replication worker reads every entry it copies; a coroutine and a future per
+        read cost more than the read. Where the bookie's connection is open and a slot
+        under its cap is free, the request goes out here, encoded by hand, and `then` is
+        called from the answer's callback (or the connection's time-out sweep); otherwise
+        a task waits for the slot or the connection first. Same cap, timeout and
+        observer as `read_entry`, a txnId of the same counter; `then` is never called
+        before this returns, and must not raise.
+        """
+        txn_id = next(self._txn)
+        self._start(
+            bookie_id,
+            (txn_id, _READ_OP),
+            read_entry_frame(txn_id, ledger_id, entry_id),
+            self.request_timeout if request_timeout is None else request_timeout,
+            _read_body,
+            then,
+        )
+
+    def start_add_entry(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        body: bytes,
+        key: bytes,
+        then: Callable[[Outcome[int]], None],
+        *,
+        recovery: bool = False,
+        request_timeout: float | None = None,
+    ) -> None:
+        """An ADD_ENTRY (no priority) of `body` under the master key `key` (`master_key`
+        of the password), its outcome to `then` as `add_entry` would return it; sent as
+        `start_read_entry` sends. The body is not copied into a message: it goes to the
+        connection as it is, between the request's hand-encoded fields."""
+        txn_id = next(self._txn)
+        self._start(
+            bookie_id,
+            (txn_id, _ADD_OP),
+            add_entry_frame(txn_id, ledger_id, entry_id, key, body, recovery=recovery),
+            self.request_timeout if request_timeout is None else request_timeout,
+            _added,
+            then,
+        )
+
+    def _start(
+        self,
+        bookie_id: str,
+        key: tuple[int, int],
+        frame: bytes | tuple[bytes, ...],
+        request_timeout: float,
+        outcome: Callable[[str, pb.Response | NoAnswer | ErrorStatus], Outcome[T]],
+        then: Callable[[Outcome[T]], None],
+    ) -> None:
+        """Sends a request (its `key`, txnId and operation, and its `frame`) now if
+        nothing has to wait, else from a task once its slot and connection are there;
+        its outcome to `then`."""
+        b = self._bookies.get(bookie_id)
+        if b is not None and not self._closed:
+            conn = b.conn
+            if conn is not None and conn.is_open and b.slots.try_take():
+                b.in_flight += 1
+                conn.send_frame_then(
+                    key,
+                    frame,
+                    request_timeout,
+                    partial(self._entry_answered, key[1], outcome, then, b),
+                )
+                return
+        task = asyncio.ensure_future(
+            self._start_later(bookie_id, key, frame, request_timeout, outcome, then)
+        )
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _start_later(
+        self,
+        bookie_id: str,
+        key: tuple[int, int],
+        frame: bytes | tuple[bytes, ...],
+        request_timeout: float,
+        outcome: Callable[[str, pb.Response | NoAnswer | ErrorStatus], Outcome[T]],
+        then: Callable[[Outcome[T]], None],
+    ) -> None:
+        """`_start` for a request that waits: for a slot (time spent here does not count
+        against its timeout) and for its connection, as `_exchange_once` waits."""
+        op = key[1]
+        if self._closed:
+            self._observe(op, _CLOSED)
+            then(_CLOSED)
+            return
+        b = self._bookie(bookie_id)
+        b.waiting += 1
+        try:
+            await b.slots.take()
+        finally:
+            b.waiting -= 1
+        b.in_flight += 1
+        answered = partial(self._entry_answered, key[1], outcome, then, b)
+        if self._closed:
+            answered(CallFailed(Unanswered.CLOSED, _CLOSED.detail))
+            return
+        try:
+            conn = await self._connection(b)
+        except BaseException:
+            b.in_flight -= 1
+            b.slots.give()
+            raise
+        if isinstance(conn, NoAnswer):
+            b.in_flight -= 1
+            b.slots.give()
+            self._observe(op, conn)
+            then(outcome(b.bookie_id, conn))
+            return
+        try:
+            conn.send_frame_then(key, frame, request_timeout, answered)
+        except CallFailed as exc:
+            answered(exc)
+
+    def _entry_answered(
+        self,
+        op: int,
+        outcome: Callable[[str, pb.Response | NoAnswer | ErrorStatus], Outcome[T]],
+        then: Callable[[Outcome[T]], None],
+        b: _Bookie,
+        response: pb.Response | CallFailed,
+    ) -> None:
+        """A read's or an add's answer (from `_start`): the bookie's slot back, the
+        observer told, `outcome` of the answer to `then`."""
+        b.in_flight -= 1
+        b.slots.give()
+        answered: pb.Response | NoAnswer | ErrorStatus
+        if (
+            isinstance(response, CallFailed)
+            or response.status
+            or (response.readResponse if op == _READ_OP else response.addResponse).status
+        ):
+            answered = self._answered(b, response)
+        else:
+            # EOK at the top and inside (or no inner body): `_answered`'s outcome without
+            # its general lookups (no authentication refusal is EOK).
+            answered = response
+            b.failures = 0
+        self._observe(op, answered)
+        then(outcome(b.bookie_id, answered))
 
     async def get_list_of_entries(
         self, bookie_id: str, ledger_id: int, *, request_timeout: float | None = None
@@ -892,6 +1056,25 @@ class BookieClient:
             await asyncio.gather(*tasks, return_exceptions=True)
         for conn in conns:
             await conn.wait_closed()
+
+
+def _read_body(bookie_id: str, resp: pb.Response | NoAnswer | ErrorStatus) -> Outcome[bytes]:
+    """A plain read's outcome: the entry's body as stored, or why there is none."""
+    if isinstance(resp, NoAnswer | ErrorStatus):
+        return resp
+    r = resp.readResponse
+    if not resp.HasField("readResponse") or not r.HasField("body"):
+        return _bad(bookie_id, "EOK read response without an entry body")
+    return Ok(r.body)
+
+
+def _added(bookie_id: str, resp: pb.Response | NoAnswer | ErrorStatus) -> Outcome[int]:
+    """An add's outcome: the entry id the bookie acknowledged, or why there is none."""
+    if isinstance(resp, NoAnswer | ErrorStatus):
+        return resp
+    if not resp.HasField("addResponse"):
+        return _bad(bookie_id, "EOK add response without its body")
+    return Ok(resp.addResponse.entryId)
 
 
 def _listing(

@@ -272,13 +272,15 @@ class BookieConnection(asyncio.Protocol):
         return fut
 
     def send_frame_then(
-        self, key: _Key, frame: bytes, request_timeout: float, then: _Waiter
+        self, key: _Key, frame: bytes | tuple[bytes, ...], request_timeout: float, then: _Waiter
     ) -> None:
         """`send_frame` for a caller that wants its outcome handed to `then`: a future, or
         a callback called (on the loop, at once) with the response or the `CallFailed`.
 
         No coroutine either way. The callback form spares the replicas check's hot
-        path a future and a loop hop per request; it must not raise.
+        path a future and a loop hop per request; it must not raise. A frame may come in
+        parts (an add's fields around its body), which are sent in order without being
+        joined first: a large entry body is copied once, into the iteration's buffer.
         """
         if self._failure is not None:
             raise self._failure
@@ -292,7 +294,10 @@ class BookieConnection(asyncio.Protocol):
             self._sweep_later(loop, deadline)
         if not self._outgoing:
             loop.call_soon(self._flush)
-        self._outgoing.append(frame)
+        if isinstance(frame, bytes):
+            self._outgoing.append(frame)
+        else:
+            self._outgoing.extend(frame)
 
     def forget(self, key: _Key, fut: asyncio.Future[pb.Response]) -> None:
         """Drops a request nobody waits for any more (its answer will be unmatched)."""

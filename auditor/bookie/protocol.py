@@ -52,6 +52,7 @@ __all__ = [
     "FrameParser",
     "Operation",
     "Status",
+    "add_entry_frame",
     "add_entry_request",
     "auth_request",
     "decode_entry_body",
@@ -69,11 +70,13 @@ __all__ = [
     "get_list_of_entries_request",
     "is_auth_refusal",
     "master_key",
+    "read_entry_frame",
     "read_entry_request",
     "read_lac_request",
     "request_header",
     "response_header",
     "start_tls_request",
+    "verified_entry_ids",
     "verify_entry_body",
 ]
 
@@ -187,30 +190,46 @@ class FrameParser:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Adds `data` and returns the payloads of every frame it completes, in order."""
+        """Adds `data` and returns the payloads of every frame it completes, in order.
+
+        Each payload is copied once out of what was received: straight from `data` when
+        nothing was left over from before (the common case, and what lets a large entry
+        body through without a second copy), else out of the buffer through a view.
+        """
         if self._error is not None:
             raise self._error
+        if not self._buf and type(data) is bytes:
+            out, pos = self._frames(data, len(data))
+            if pos < len(data):
+                self._buf += memoryview(data)[pos:]
+            return out
         buf = self._buf
         buf += data
+        with memoryview(buf) as view:
+            out, pos = self._frames(view, len(buf))
+        if pos:
+            del buf[:pos]
+        return out
+
+    def _frames(self, src: bytes | memoryview, end: int) -> tuple[list[bytes], int]:
+        """The payloads of the complete frames at the start of `src` (`end` bytes long),
+        and where the first incomplete one starts."""
         out: list[bytes] = []
         pos = 0
-        end = len(buf)
         while end - pos >= LENGTH_PREFIX_SIZE:
-            (length,) = _LENGTH.unpack_from(buf, pos)
+            (length,) = _LENGTH.unpack_from(src, pos)
             if length > self._max:
                 self._error = BookieProtocolError(
                     f"frame length {length} exceeds the {self._max}-byte limit"
                 )
-                buf.clear()
+                self._buf = bytearray()  # a new one: `src` may be a view of the old
                 raise self._error
             start = pos + LENGTH_PREFIX_SIZE
             if end - start < length:
                 break
-            out.append(bytes(buf[start : start + length]))
+            out.append(bytes(src[start : start + length]))
             pos = start + length
-        if pos:
-            del buf[:pos]
-        return out
+        return out, pos
 
 
 # --- messages ----------------------------------------------------------------
@@ -365,6 +384,116 @@ def list_request_frame(txn_id: int, ledger_id: int) -> bytes:
     body = b"\x08" + varint(_check_i64("ledgerId", ledger_id) & _UINT64_MAX)
     message = b"\x0a" + bytes((len(header),)) + header + _LIST_BODY_TAG + bytes((len(body),)) + body
     return _LENGTH.pack(len(message)) + message
+
+
+#: Request.header of a READ_ENTRY: version = VERSION_THREE, operation = READ_ENTRY, then
+#: the txnId's tag (its varint follows).
+_READ_HEADER_START: Final = b"\x08\x03\x10\x01\x18"
+#: Request.readRequest: field 100, length-delimited (tag varint 802).
+_READ_BODY_TAG: Final = b"\xa2\x06"
+#: Request.header of an ADD_ENTRY (operation = ADD_ENTRY), up to the txnId's varint.
+_ADD_HEADER_START: Final = b"\x08\x03\x10\x02\x18"
+#: Request.addRequest: field 101, length-delimited (tag varint 810).
+_ADD_BODY_TAG: Final = b"\xaa\x06"
+#: AddRequest.flag = RECOVERY_ADD: field 100, varint (tag 800), written after the body
+#: because protobuf writes fields in number order.
+_RECOVERY_FLAG: Final = b"\xa0\x06" + bytes((int(pb.AddRequest.RECOVERY_ADD),))
+
+
+#: One-byte varints, by value.
+_VARINT1: Final = tuple(bytes((v,)) for v in range(0x80))
+
+
+def _uvarint(value: int) -> bytes:
+    """`varint` with the common sizes unrolled: ids and txnIds below 2^14 (one or two
+    bytes) are most of what the worker sends, several per entry."""
+    if value < 0x80:
+        return _VARINT1[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    return varint(value)
+
+
+def read_entry_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """`read_entry_request(txn_id, ledger_id, entry_id)` (plain: no fencing, no priority) as
+    a complete frame, encoded here.
+
+    The replication worker sends one per entry it copies; building the protobuf message
+    cost more than the rest of sending it. The bytes are protobuf's (fields in number
+    order), which the tests check against `encode_message` of the built request.
+    """
+    if not (
+        0 <= txn_id <= _UINT64_MAX and 0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX
+    ):
+        # Negative ids (ten-byte varints) and values out of range (refused).
+        _check_txn(txn_id)
+        ledger_id = _check_i64("ledgerId", ledger_id) & _UINT64_MAX
+        entry_id = _check_i64("entryId", entry_id) & _UINT64_MAX
+    header = _uvarint(txn_id)
+    body = b"".join((b"\x08", _uvarint(ledger_id), b"\x10", _uvarint(entry_id)))
+    size = 2 + len(_READ_HEADER_START) + len(header) + len(_READ_BODY_TAG) + 1 + len(body)
+    return b"".join(
+        (
+            _LENGTH.pack(size),
+            b"\x0a",
+            _VARINT1[len(_READ_HEADER_START) + len(header)],
+            _READ_HEADER_START,
+            header,
+            _READ_BODY_TAG,
+            _VARINT1[len(body)],
+            body,
+        )
+    )
+
+
+def add_entry_frame(
+    txn_id: int, ledger_id: int, entry_id: int, master_key: bytes, body: bytes, *, recovery: bool
+) -> tuple[bytes, bytes, bytes]:
+    """`add_entry_request(txn_id, ...)` (no priority) as a complete frame in three parts:
+    what precedes the body, the body itself (the very object given, not a copy), and what
+    follows it (the RECOVERY_ADD flag, or nothing).
+
+    Joined, the parts are the bytes protobuf writes for the built request (the tests check
+    it); kept apart, a large entry body (Pulsar batches reach 1 MiB) is not copied into a
+    message and then into a frame: it is copied once, into the buffer the connection
+    sends.
+    """
+    if not (
+        0 <= txn_id <= _UINT64_MAX and 0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX
+    ):
+        _check_txn(txn_id)
+        ledger_id = _check_i64("ledgerId", ledger_id) & _UINT64_MAX
+        entry_id = _check_i64("entryId", entry_id) & _UINT64_MAX
+    fields = b"".join(
+        (
+            b"\x08",
+            _uvarint(ledger_id),
+            b"\x10",
+            _uvarint(entry_id),
+            b"\x1a",
+            _uvarint(len(master_key)),
+            master_key,
+            b"\x22",
+            _uvarint(len(body)),
+        )
+    )
+    suffix = _RECOVERY_FLAG if recovery else b""
+    inner = _uvarint(len(fields) + len(body) + len(suffix))
+    header = _uvarint(txn_id)
+    size = 2 + len(_ADD_HEADER_START) + len(header) + len(_ADD_BODY_TAG) + len(inner) + len(fields)
+    prefix = b"".join(
+        (
+            _LENGTH.pack(size + len(body) + len(suffix)),
+            b"\x0a",
+            _VARINT1[len(_ADD_HEADER_START) + len(header)],
+            _ADD_HEADER_START,
+            header,
+            _ADD_BODY_TAG,
+            inner,
+            fields,
+        )
+    )
+    return prefix, body, suffix
 
 
 def add_entry_request(
@@ -559,6 +688,43 @@ def decode_entry_body(body: bytes, digest_type: DigestType) -> EntryBody:
         bytes(body[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + m]),
         bytes(body[ENTRY_HEADER_SIZE + m :]),
     )
+
+
+_IDS = struct.Struct(">qq")
+
+
+def verified_entry_ids(
+    body: bytes, digest_type: DigestType, password: bytes = b""
+) -> tuple[int, int]:
+    """`verify_entry_body`'s check, for a caller that needs only the (ledger, entry) ids
+    the body names: the same errors, without copying the payload out of the body (the
+    replication worker checks every entry it copies, up to 1 MiB each). CRC32C alone
+    still takes the payload as a copy: its library reads bytes, not a view."""
+    m = _DIGEST_SIZES[digest_type]
+    size = len(body)
+    if size < ENTRY_HEADER_SIZE + m:
+        decode_entry_body(body, digest_type)  # raises the message it gives for this body
+    view = memoryview(body)
+    start = ENTRY_HEADER_SIZE + m
+    if digest_type is DigestType.CRC32C:
+        crc = google_crc32c.extend(google_crc32c.value(body[:ENTRY_HEADER_SIZE]), body[start:])
+        expected = int(crc).to_bytes(4, "big")
+    elif digest_type is DigestType.CRC32:
+        crc32 = zlib.crc32(view[start:], zlib.crc32(view[:ENTRY_HEADER_SIZE]))
+        expected = crc32.to_bytes(8, "big")
+    elif digest_type is DigestType.HMAC:
+        key = hashlib.sha1(b"mac" + password).digest()
+        mac = hmac.new(key, view[:ENTRY_HEADER_SIZE], hashlib.sha1)
+        mac.update(view[start:])
+        expected = mac.digest()
+    else:
+        expected = b""
+    ledger_id, entry_id = _IDS.unpack_from(body)
+    if not hmac.compare_digest(expected, view[ENTRY_HEADER_SIZE:start]):
+        raise DigestMismatchError(
+            f"{digest_type.name} digest mismatch for ledger {ledger_id} entry {entry_id}"
+        )
+    return ledger_id, entry_id
 
 
 def verify_entry_body(body: bytes, digest_type: DigestType, password: bytes = b"") -> EntryBody:

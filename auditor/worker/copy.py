@@ -37,7 +37,12 @@ upstream, it is on purpose:
   flight, each from its read to its write; a new one starts as soon as one ends.
   Upstream's batch-then-wait idles on the slowest entry of every batch; the window
   keeps the same bound on bookie memory (apache/bookkeeper#3408) without the stall.
-  Per-bookie request caps and timeouts are the bookie client's.
+  Per-bookie request caps and timeouts are the bookie client's. The window is driven
+  by the answers themselves (`_Run`): no task, coroutine or future per entry, the
+  requests a burst of answers provokes written together, the digest checked on the
+  body as received and the body passed to the target's request without a copy, so
+  that a worker's cost per entry is near that of the bare requests (Pulsar's entries
+  run from 1 KiB to 1 MiB).
 * **Sources that stop answering go last.** Within one copy, a source that did not
   answer is tried after the others for the following entries (until it answers
   again), so a stalled replica costs one timeout, not one per entry (upstream's
@@ -62,14 +67,15 @@ the tail of an open ledger is copied only after recovery has closed it.
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 from auditor.bookie.client import BookieClient
-from auditor.bookie.protocol import BookieProtocolError, Status, verify_entry_body
-from auditor.bookie.results import ErrorStatus, NoAnswer, Ok
+from auditor.bookie.protocol import BookieProtocolError, Status, master_key, verified_entry_ids
+from auditor.bookie.results import ErrorStatus, NoAnswer, Ok, Outcome
 from auditor.errors import AuditorError
 from auditor.metadata.model import DigestType, LedgerMetadata, SegmentRange
 from auditor.metadata.schedule import first_stored, write_set
@@ -91,15 +97,6 @@ __all__ = [
 INITIAL_ENTRY_ESTIMATE = 1024.0
 #: The answers that say a bookie has no copy of an entry (every other failure says nothing).
 _ABSENCE = frozenset({Status.ENOENTRY, Status.ENOLEDGER})
-
-
-class _Miss(enum.Enum):
-    """What `_Run._read` returns instead of a body."""
-
-    #: Every source said it has no copy, or served a bad one (or none was left to ask).
-    ABSENT = "absent"
-    #: No source served it and one of them failed or did not answer.
-    UNAVAILABLE = "unavailable"
 
 
 class InvalidCopyTaskError(AuditorError):
@@ -164,10 +161,14 @@ class CopyResult:
         return self.failure is None and not self.unreadable and not self.unavailable
 
 
-@dataclass(frozen=True, slots=True)
-class CopyEvent:
+class CopyEvent(NamedTuple):
     """One step of a copy, for counting: a read, a failed read attempt, a write, an
-    entry found unreadable. Fields that do not apply are 0."""
+    entry found unreadable. Fields that do not apply are 0.
+
+    A named tuple rather than a frozen dataclass: two are made for every entry copied,
+    and a frozen dataclass's constructor (a checked `__setattr__` per field) cost more
+    than the rest of counting the entry.
+    """
 
     ledger_id: int
     entry_id: int
@@ -380,8 +381,38 @@ def _merge(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+class _Entry:
+    """One entry of a copy, from its first read to its write's answer."""
+
+    __slots__ = ("candidates", "entry_id", "failed", "next", "reserved", "started", "why")
+
+    def __init__(self, entry_id: int, candidates: list[str]) -> None:
+        self.entry_id = entry_id
+        #: The sources to try, in order (fixed when the entry starts).
+        self.candidates = candidates
+        #: Index of the next source to try.
+        self.next = 0
+        #: A source failed (not merely said it has no copy).
+        self.failed = False
+        #: What each source that could not serve it answered (built on the first miss).
+        self.why: list[str] | None = None
+        #: Bytes reserved from the rate limit for the read in flight.
+        self.reserved = 0.0
+        #: When the request in flight was sent (copier clock).
+        self.started = 0.0
+
+
 class _Run:
-    """The state of one copy."""
+    """The state of one copy: a window of entries driven by the answers' callbacks.
+
+    Each entry goes read (source after source, until one serves a verified body), then
+    write; when it ends (written, refused, unreadable, or dropped because the copy
+    stopped) the next entry starts, so `batch` entries are in flight from read to
+    write, with no task or coroutine of their own: the bookie client calls back with
+    each answer (`BookieClient.start_read_entry`, `start_add_entry`) and the requests a
+    burst of answers provokes leave together, one write per connection and loop
+    iteration. `go` waits for the window to empty once nothing more may start.
+    """
 
     def __init__(self, copier: FragmentCopier, task: CopyTask, plan: CopyPlan) -> None:
         self.copier = copier
@@ -389,6 +420,8 @@ class _Run:
         self.task = task
         self.plan = plan
         self.sources = frozenset(task.sources)
+        self.key = master_key(plan.password)
+        self.entries = plan.entries(task.bookie_index)
         self.copied = 0
         self.bytes_read = 0
         self.bytes_written = 0
@@ -398,16 +431,28 @@ class _Run:
         self.failure: str | None = None
         #: Sources that did not answer in this copy (tried after the others).
         self.suspect: set[str] = set()
+        #: Entries started and not ended.
+        self.in_flight = 0
+        #: `_fill` is running (an entry that ends inside it does not call it again).
+        self.filling = False
+        #: The copy is over (finished or cancelled): late answers are dropped.
+        self.ended = False
+        #: Reads waiting for the byte-rate limit, by entry.
+        self.waits: dict[_Entry, asyncio.TimerHandle] = {}
+        self.done: asyncio.Future[None] | None = None
 
     async def go(self) -> CopyResult:
-        entries = self.plan.entries(self.task.bookie_index)
-        workers = [asyncio.ensure_future(self._worker(entries)) for _ in range(self.copier.batch)]
+        self.done = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.gather(*workers)
+            self._fill()
+            await self.done
         finally:
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            # Cancelled: requests in flight are left to their answers or time-outs
+            # (which return their slots); their callbacks do nothing more.
+            self.ended = True
+            for handle in self.waits.values():
+                handle.cancel()
+            self.waits.clear()
         return CopyResult(
             self.copied,
             self.bytes_read,
@@ -418,29 +463,42 @@ class _Run:
             self.unavailable_why,
         )
 
-    async def _worker(self, entries: Iterator[int]) -> None:
-        # The iterator is shared: each worker takes the next entry when it is free, so
-        # `batch` workers make a sliding window of `batch` entries in flight.
-        for e in entries:
-            if self.stopped:
-                return
-            body = await self._read(e)
-            if body is _Miss.UNAVAILABLE:
-                self.unavailable.append(e)
-                self.copier._emit(CopyEvent(self.task.ledger_id, e, entries_unavailable=1))
-                return
-            if body is _Miss.ABSENT:
-                self.unreadable.append(e)
-                self.copier._emit(CopyEvent(self.task.ledger_id, e, entries_unreadable=1))
-                continue
-            if self.stopped:
-                return
-            await self._write(e, body)
-
     @property
     def stopped(self) -> bool:
         """The target failed, or an entry was unavailable: no entry more is started."""
         return self.failure is not None or bool(self.unavailable)
+
+    def _fill(self) -> None:
+        """Starts entries until `batch` are in flight (none once stopped); ends the copy
+        when none is in flight."""
+        self.filling = True
+        try:
+            batch = self.copier.batch
+            while self.in_flight < batch and not self.stopped:
+                e = next(self.entries, None)
+                if e is None:
+                    break
+                self.in_flight += 1
+                entry = _Entry(e, self._candidates(e))
+                self._try_next(entry)
+        finally:
+            self.filling = False
+        if self.in_flight == 0 and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def _crash(self, exc: Exception) -> None:
+        """A callback of this copy raised (an observer's bug, say): the copy ends with
+        that exception, as the coroutine it replaces would have, instead of waiting
+        forever for an entry that will not end."""
+        self.ended = True
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(exc)
+
+    def _end(self) -> None:
+        """An entry is over: the next one may start."""
+        self.in_flight -= 1
+        if not self.filling and not self.ended:
+            self._fill()
 
     def _candidates(self, entry_id: int) -> list[str]:
         seg = self.plan.segment
@@ -449,6 +507,8 @@ class _Run:
             for i in write_set(entry_id, self.plan.ensemble_size, self.plan.write_quorum)
             if seg.bookies[i] in self.sources
         ]
+        if not self.suspect:
+            return members
         return [b for b in members if b not in self.suspect] + [
             b for b in members if b in self.suspect
         ]
@@ -461,105 +521,172 @@ class _Run:
         schedule = write_set(entry_id, self.plan.ensemble_size, self.plan.write_quorum)
         return [seg.bookies[i] for i in schedule if seg.bookies[i] in self.task.away]
 
-    async def _read(self, entry_id: int) -> bytes | _Miss:
-        """A verified body of the entry from the first source that serves one; else
-        `_Miss.ABSENT` when every source answered it has none or served a bad copy (or
-        there is none to ask), `_Miss.UNAVAILABLE` when one of them failed or did not
-        answer."""
-        copier = self.copier
-        lid = self.task.ledger_id
-        failed = False
-        why: list[str] = []
-        for source in self._candidates(entry_id):
+    # --- reading -----------------------------------------------------------------------
+
+    def _try_next(self, entry: _Entry) -> None:
+        """Asks the entry's next source (after the rate limit's wait, if any); with none
+        left, the entry is absent or unavailable."""
+        if entry.next < len(entry.candidates):
+            source = entry.candidates[entry.next]
+            entry.next += 1
+            copier = self.copier
             limit = copier.limit
-            reserved = copier.estimate
+            entry.reserved = copier.estimate
             if limit is not None:
-                wait = limit.reserve(reserved)
+                wait = limit.reserve(entry.reserved)
                 if wait > 0:
-                    await asyncio.sleep(wait)
-            started = copier.clock()
-            out = await self.client.read_entry(
-                source, lid, entry_id, request_timeout=copier.read_timeout
-            )
-            body = out.value.body if isinstance(out, Ok) else None
-            if limit is not None:
-                limit.settle(reserved, 0 if body is None else len(body))
-            if body is None:
-                if isinstance(out, NoAnswer):
-                    self.suspect.add(source)
-                # Only "I have no such entry / ledger" is evidence of absence.
-                failed = failed or not (isinstance(out, ErrorStatus) and out.status in _ABSENCE)
-                why.append(f"{source}: {out}")
-                self._read_failed(entry_id, source, str(out))
-                continue
-            copier.estimate = 0.8 * copier.estimate + 0.2 * len(body)
-            self.suspect.discard(source)
-            try:
-                entry = verify_entry_body(body, self.plan.digest_type, self.plan.password)
-            except BookieProtocolError as exc:
-                why.append(f"{source}: {exc}")
-                self._read_failed(entry_id, source, str(exc))
-                continue
-            if (entry.ledger_id, entry.entry_id) != (lid, entry_id):
-                wrong = f"body of ledger {entry.ledger_id} entry {entry.entry_id} returned"
-                why.append(f"{source}: {wrong}")
-                self._read_failed(entry_id, source, wrong)
-                continue
-            self.bytes_read += len(body)
-            copier._emit(
+                    loop = asyncio.get_running_loop()
+                    self.waits[entry] = loop.call_later(wait, self._read_after_wait, entry, source)
+                    return
+            self._read(entry, source)
+            return
+        self._missed(entry)
+
+    def _read_after_wait(self, entry: _Entry, source: str) -> None:
+        del self.waits[entry]
+        try:
+            self._read(entry, source)
+        except Exception as exc:
+            self._crash(exc)
+
+    def _read(self, entry: _Entry, source: str) -> None:
+        entry.started = self.copier.clock()
+        self.client.start_read_entry(
+            source,
+            self.task.ledger_id,
+            entry.entry_id,
+            partial(self._read_answered, entry, source),
+            request_timeout=self.copier.read_timeout,
+        )
+
+    def _read_answered(self, entry: _Entry, source: str, out: Outcome[bytes]) -> None:
+        try:
+            self._take_read(entry, source, out)
+        except Exception as exc:
+            self._crash(exc)
+
+    def _take_read(self, entry: _Entry, source: str, out: Outcome[bytes]) -> None:
+        copier = self.copier
+        body = out.value if isinstance(out, Ok) else None
+        limit = copier.limit
+        if limit is not None:
+            limit.settle(entry.reserved, 0 if body is None else len(body))
+        if self.ended:
+            return
+        lid = self.task.ledger_id
+        entry_id = entry.entry_id
+        if body is None:
+            if isinstance(out, NoAnswer):
+                self.suspect.add(source)
+            # Only "I have no such entry / ledger" is evidence of absence.
+            if not (isinstance(out, ErrorStatus) and out.status in _ABSENCE):
+                entry.failed = True
+            self._read_failed(entry, source, str(out))
+            self._try_next(entry)
+            return
+        size = len(body)
+        copier.estimate = 0.8 * copier.estimate + 0.2 * size
+        self.suspect.discard(source)
+        try:
+            ids = verified_entry_ids(body, self.plan.digest_type, self.plan.password)
+        except BookieProtocolError as exc:
+            self._read_failed(entry, source, str(exc))
+            self._try_next(entry)
+            return
+        if ids != (lid, entry_id):
+            wrong = f"body of ledger {ids[0]} entry {ids[1]} returned"
+            self._read_failed(entry, source, wrong)
+            self._try_next(entry)
+            return
+        self.bytes_read += size
+        if copier.observer is not None:
+            copier.observer(
                 CopyEvent(
                     lid,
                     entry_id,
                     source,
                     entries_read=1,
-                    bytes_read=len(body),
-                    latency=copier.clock() - started,
+                    bytes_read=size,
+                    latency=copier.clock() - entry.started,
                 )
             )
-            return body
+        if self.stopped:
+            self._end()
+            return
+        self._write(entry, body)
+
+    def _read_failed(self, entry: _Entry, source: str, detail: str) -> None:
+        if entry.why is None:
+            entry.why = []
+        entry.why.append(f"{source}: {detail}")
+        self.copier._emit(
+            CopyEvent(self.task.ledger_id, entry.entry_id, source, read_failures=1, detail=detail)
+        )
+
+    def _missed(self, entry: _Entry) -> None:
+        """No source served the entry: absent (each said so, or served a bad copy, or
+        none was left to ask), unless one failed or an away bookie may hold it."""
+        entry_id = entry.entry_id
+        why = entry.why if entry.why is not None else []
+        failed = entry.failed
         away = self._away(entry_id)
         if away:
             failed = True
             why += [f"{b}: not registered, not named lost by the mark" for b in away]
+        lid = self.task.ledger_id
         if not failed:
-            return _Miss.ABSENT
-        if not self.unavailable_why:
-            self.unavailable_why = f"entry {entry_id}: " + "; ".join(why)
-        return _Miss.UNAVAILABLE
+            self.unreadable.append(entry_id)
+            self.copier._emit(CopyEvent(lid, entry_id, entries_unreadable=1))
+        else:
+            if not self.unavailable_why:
+                self.unavailable_why = f"entry {entry_id}: " + "; ".join(why)
+            self.unavailable.append(entry_id)
+            self.copier._emit(CopyEvent(lid, entry_id, entries_unavailable=1))
+        self._end()
 
-    def _read_failed(self, entry_id: int, source: str, detail: str) -> None:
-        self.copier._emit(
-            CopyEvent(self.task.ledger_id, entry_id, source, read_failures=1, detail=detail)
-        )
+    # --- writing -----------------------------------------------------------------------
 
-    async def _write(self, entry_id: int, body: bytes) -> None:
-        copier = self.copier
+    def _write(self, entry: _Entry, body: bytes) -> None:
         task = self.task
-        started = copier.clock()
-        out = await self.client.add_entry(
+        entry.started = self.copier.clock()
+        self.client.start_add_entry(
             task.target,
             task.ledger_id,
-            entry_id,
+            entry.entry_id,
             body,
-            password=self.plan.password,
+            self.key,
+            partial(self._written, entry, len(body)),
             recovery=True,
-            request_timeout=copier.add_timeout,
+            request_timeout=self.copier.add_timeout,
         )
+
+    def _written(self, entry: _Entry, size: int, out: Outcome[int]) -> None:
+        try:
+            self._take_write(entry, size, out)
+        except Exception as exc:
+            self._crash(exc)
+
+    def _take_write(self, entry: _Entry, size: int, out: Outcome[int]) -> None:
+        if self.ended:
+            return
+        copier = self.copier
+        task = self.task
+        entry_id = entry.entry_id
         if isinstance(out, Ok) and out.value == entry_id:
             self.copied += 1
-            self.bytes_written += len(body)
-            copier._emit(
-                CopyEvent(
-                    task.ledger_id,
-                    entry_id,
-                    task.target,
-                    entries_written=1,
-                    bytes_written=len(body),
-                    latency=copier.clock() - started,
+            self.bytes_written += size
+            if copier.observer is not None:
+                copier.observer(
+                    CopyEvent(
+                        task.ledger_id,
+                        entry_id,
+                        task.target,
+                        entries_written=1,
+                        bytes_written=size,
+                        latency=copier.clock() - entry.started,
+                    )
                 )
-            )
-            return
-        if self.failure is None:
+        elif self.failure is None:
             if isinstance(out, Ok):
                 why = f"acknowledged entry {out.value} instead"
             elif isinstance(out, NoAnswer):
@@ -569,3 +696,4 @@ class _Run:
             self.failure = (
                 f"target {task.target}, entry {entry_id} of ledger {task.ledger_id}: {why}"
             )
+        self._end()

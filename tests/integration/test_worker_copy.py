@@ -18,6 +18,7 @@ import pytest
 
 from auditor.bookie.client import BookieClient
 from auditor.bookie.protocol import Operation, Status, master_key
+from auditor.bookie.results import ErrorStatus, Ok
 from auditor.metadata.model import DigestType, LedgerMetadata, LedgerState
 from auditor.metadata.registry import resolve_bookie
 from auditor.metadata.schedule import stores_entry
@@ -534,3 +535,187 @@ async def test_refusals_before_any_request(zk: ZkClient) -> None:
         assert (await copier.copy(replace(base, entries=()))).complete
         assert all(b.received.total() == 0 for b in c.bookies)
         assert c.client.connections_opened("bk-new:3181") == 0
+
+
+# --- the pipeline: answers drive the copy ---------------------------------------------------
+
+
+async def test_corrupt_entry_in_a_full_window_is_never_written(zk: ZkClient) -> None:
+    """A bad digest in the middle of a window of entries in flight: that entry is refused
+    (its only source served a bad copy: unreadable, so the copy is not complete and the
+    repair commits nothing), every other entry arrives byte for byte, and the bad body
+    is never sent to the target."""
+    async with cluster(zk, 4) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            7, ids[:3], write_quorum=2, ack_quorum=2, num_entries=60
+        )
+        md = written.metadata
+        lost = c.bookies[1]
+        await lost.stop()
+        expected = position_entries(md, 0, 59, 1)
+        bad_entry = expected[15]  # well inside the window, never its first entry
+        [source] = [b for b in (c.bookies[0], c.bookies[2]) if b.has_entry(7, bad_entry)]
+        good = source.entry_body(7, bad_entry)
+        assert good is not None
+        source.put_entry(7, bad_entry, good[:40] + bytes([good[40] ^ 1]) + good[41:])
+        reset(c)
+        events = Events()
+        result = await FragmentCopier(c.client, batch=10, observer=events).copy(
+            CopyTask(7, md, 0, 1, ids[3], ((0, 59),), (ids[0], ids[2]))
+        )
+        target = c.bookies[3]
+        copied = [e for e in expected if e != bad_entry]
+        assert result.unreadable == ((bad_entry, bad_entry),) and result.failure is None
+        assert not result.complete and result.entries_copied == len(copied)
+        assert held(target, 7) == copied
+        assert (7, bad_entry) not in target.recovery_adds_per_entry
+        assert target.received[ADD] == len(copied)
+        assert all(target.entry_body(7, e) == lost.entry_body(7, e) for e in copied)
+        assert events.details == [
+            f"{bad_entry}@{source.bookie_id}: CRC32C digest mismatch for ledger 7 entry {bad_entry}"
+        ]
+
+
+@pytest.mark.parametrize("digest_type", [DigestType.CRC32C, DigestType.CRC32, DigestType.HMAC])
+async def test_one_mib_entries_are_copied_intact(zk: ZkClient, digest_type: DigestType) -> None:
+    """Entries of 1 MiB (Pulsar's largest batches), several in flight: frames that span
+    many socket reads, digests checked on views of the bodies, bodies sent in parts."""
+    size = 1 << 20
+    async with cluster(zk, 3, digest_type=digest_type, payload_size=size) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            4, ids[:2], write_quorum=2, ack_quorum=2, num_entries=6
+        )
+        await c.bookies[1].stop()
+        result = await FragmentCopier(c.client, batch=4).copy(
+            CopyTask(4, written.metadata, 0, 1, ids[2], ((0, 5),), (ids[0],))
+        )
+        body = 32 + {DigestType.CRC32C: 4, DigestType.CRC32: 8, DigestType.HMAC: 20}[digest_type]
+        assert result == CopyResult(6, 6 * (body + size), 6 * (body + size), (), None)
+        for e in range(6):
+            copy = c.bookies[2].entry_body(4, e)
+            assert copy is not None and len(copy) == body + size
+            assert copy == c.bookies[0].entry_body(4, e) == c.bookies[1].entry_body(4, e)
+
+
+async def test_target_time_out_mid_window_stops_the_copy(zk: ZkClient) -> None:
+    """The target stops answering while a window of adds is in flight: each times out
+    (one sweep of the connection, no timer per add), the copy stops with the first as
+    its failure, and no entry more is read."""
+    async with cluster(zk, 4, request_timeout=0.5) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            7, ids[:3], write_quorum=2, ack_quorum=2, num_entries=60
+        )
+        await c.bookies[1].stop()
+        target = c.bookies[3]
+        target.set_latency(0.01, ADD)
+        reset(c)
+        copy = asyncio.ensure_future(
+            FragmentCopier(c.client, batch=5).copy(
+                CopyTask(7, written.metadata, 0, 1, ids[3], ((0, 59),), (ids[0], ids[2]))
+            )
+        )
+        await target.wait_requests(12, ADD)
+        target.pause()
+        paused_at = time.monotonic()
+        result = await asyncio.wait_for(copy, 10)
+        waited = time.monotonic() - paused_at
+        stored = held(target, 7)
+        reads = c.bookies[0].received[READ] + c.bookies[2].received[READ]
+        adds = target.received[ADD]
+        target.resume()
+        assert result.failure is not None
+        assert result.failure.startswith(f"target {ids[3]}, entry ")
+        assert "did not acknowledge it (timeout" in result.failure
+        assert not result.complete and result.entries_copied == len(stored)
+        assert 12 - 5 <= result.entries_copied <= 12
+        # At most the window was in flight when the target went silent: no read beyond it.
+        assert adds <= result.entries_copied + 5
+        assert reads <= result.entries_copied + 5
+        assert waited < 3.0
+
+
+async def test_cancelled_copy_sends_nothing_more(zk: ZkClient) -> None:
+    """Cancelled (the worker's metadata session was suspended): the answers of the reads
+    in flight arrive later and start no write."""
+    async with cluster(zk, 4) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            7, ids[:3], write_quorum=2, ack_quorum=2, num_entries=50
+        )
+        await c.bookies[1].stop()
+        sources = (c.bookies[0], c.bookies[2])
+        for b in sources:
+            b.pause()
+        reset(c)
+        copy = asyncio.ensure_future(
+            FragmentCopier(c.client, batch=8).copy(
+                CopyTask(7, written.metadata, 0, 1, ids[3], ((0, 49),), (ids[0], ids[2]))
+            )
+        )
+        # The window's first 8 entries (0, 1, 3, 4, 6, 7, 9, 10): four from each source.
+        for b in sources:
+            await b.wait_requests(4, READ)
+        copy.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await copy
+        for b in sources:
+            b.resume()  # the held reads are answered now, in order
+        for b in sources:
+            # Answered after the held ones on the same connection: they have arrived.
+            assert isinstance(await c.client.read_entry(b.bookie_id, 7, 0), Ok | ErrorStatus)
+        assert [b.received[READ] for b in sources] == [5, 5]
+        # And a write those answers had started would be at the target before this read.
+        await c.client.read_entry(ids[3], 7, 0)
+        assert c.bookies[3].received == Counter({READ: 1})
+        assert c.client.in_flight(ids[0]) == c.client.in_flight(ids[2]) == 0
+
+
+async def test_copy_under_a_small_in_flight_cap(zk: ZkClient) -> None:
+    """A window larger than the client's cap per bookie: the requests that find no free
+    slot wait for one (not counted against their timeout), and the bookie never sees
+    more than the cap."""
+    async with cluster(zk, 4) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            7, ids[:3], write_quorum=2, ack_quorum=2, num_entries=50
+        )
+        await c.bookies[1].stop()
+
+        async def resolve(bookie_id: str) -> tuple[str, int] | None:
+            return await resolve_bookie(zk, ROOT, bookie_id)
+
+        async with BookieClient(resolve, max_in_flight=2) as small:
+            target = c.bookies[3]
+            target.set_latency(0.005, ADD)
+            reset(c)
+            result = await FragmentCopier(small, batch=10).copy(
+                CopyTask(7, written.metadata, 0, 1, ids[3], ((0, 49),), (ids[0], ids[2]))
+            )
+            assert result.complete and result.entries_copied == 34
+            assert target.max_in_flight == 2
+            assert c.bookies[0].max_in_flight <= 2 and c.bookies[2].max_in_flight <= 2
+            assert small.in_flight(ids[3]) == 0
+
+
+async def test_an_observer_that_raises_ends_the_copy(zk: ZkClient) -> None:
+    """A callback's error (here the observer's) ends the copy with it, as the coroutine
+    per entry did, instead of leaving an entry that never ends."""
+    async with cluster(zk, 4) as c:
+        ids = c.ids
+        written = await c.writer.write_ledger(
+            7, ids[:3], write_quorum=2, ack_quorum=2, num_entries=50
+        )
+        await c.bookies[1].stop()
+
+        def observer(event: CopyEvent) -> None:
+            if event.entries_written:
+                raise RuntimeError("counting broke")
+
+        copy = FragmentCopier(c.client, batch=4, observer=observer).copy(
+            CopyTask(7, written.metadata, 0, 1, ids[3], ((0, 49),), (ids[0], ids[2]))
+        )
+        with pytest.raises(RuntimeError, match="counting broke"):
+            await asyncio.wait_for(copy, 10)

@@ -22,6 +22,7 @@ from auditor.bookie.protocol import (
     FrameParser,
     Operation,
     Status,
+    add_entry_frame,
     add_entry_request,
     auth_request,
     decode_entry_body,
@@ -39,10 +40,12 @@ from auditor.bookie.protocol import (
     get_list_of_entries_request,
     list_request_frame,
     master_key,
+    read_entry_frame,
     read_entry_request,
     read_lac_request,
     request_header,
     response_header,
+    verified_entry_ids,
     verify_entry_body,
 )
 from auditor.errors import FormatError
@@ -482,3 +485,60 @@ def test_hand_encoded_list_frame_refuses_out_of_range_values() -> None:
         list_request_frame(-1, 1)
     with pytest.raises(ValueError, match="ledgerId"):
         list_request_frame(1, 2**63)
+
+
+@given(
+    st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1)
+)
+def test_hand_encoded_read_frame_is_the_built_requests_bytes(
+    txn_id: int, ledger_id: int, entry_id: int
+) -> None:
+    """The worker's reads are encoded by hand: protobuf's bytes for the plain read."""
+    frame = read_entry_frame(txn_id, ledger_id, entry_id)
+    assert frame == encode_message(read_entry_request(txn_id, ledger_id, entry_id))
+    with pytest.raises(ValueError, match="entryId"):
+        read_entry_frame(txn_id, ledger_id, 2**63)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 2**64 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+    st.binary(max_size=40),
+    st.sampled_from([0, 1, 127, 128, 300, 70_000]),
+    st.booleans(),
+)
+def test_hand_encoded_add_frame_is_the_built_requests_bytes(
+    txn_id: int, ledger_id: int, entry_id: int, key: bytes, size: int, recovery: bool
+) -> None:
+    """An add's frame in three parts, the body itself in the middle (not a copy): joined,
+    protobuf's bytes for the built request, the RECOVERY_ADD flag after the body."""
+    body = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    prefix, middle, suffix = add_entry_frame(
+        txn_id, ledger_id, entry_id, key, body, recovery=recovery
+    )
+    assert middle is body
+    built = add_entry_request(txn_id, ledger_id, entry_id, key, body, recovery=recovery)
+    assert prefix + middle + suffix == encode_message(built)
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_verified_entry_ids_checks_as_verify_entry_body(digest_type: DigestType) -> None:
+    """The worker's check (on views of the body) accepts and refuses exactly the bodies
+    `verify_entry_body` does, with the same errors."""
+    body = encode_entry_body(3, 9, 8, 1000, b"payload" * 100, digest_type, b"pw")
+    assert verified_entry_ids(body, digest_type, b"pw") == (3, 9)
+    candidates = [body[:-1] + bytes([body[-1] ^ 1]), body[:40], body[:33], body[:31]]
+    if digest_type is DigestType.HMAC:
+        candidates.append(body)  # checked with another password below
+    for bad in candidates:
+        password = b"other" if bad is body else b"pw"
+        try:
+            verify_entry_body(bad, digest_type, password)
+        except BookieProtocolError as exc:
+            with pytest.raises(type(exc)) as got:
+                verified_entry_ids(bad, digest_type, password)
+            assert str(got.value) == str(exc)
+        else:
+            assert verified_entry_ids(bad, digest_type, password) == struct.unpack_from(">qq", bad)
