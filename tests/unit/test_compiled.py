@@ -125,7 +125,17 @@ def test_pure_wheel_builds_without_mypyc(tmp_path: Path) -> None:
     out = tmp_path / "dist"
     env = {**os.environ, "BK_AUDITOR_MYPYC": "0"}
     subprocess.run(
-        [sys.executable, "-m", "build", "-q", "--wheel", "--no-isolation", "--outdir", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "-q",
+            "--wheel",
+            "--no-isolation",
+            "-x",
+            "--outdir",
+            str(out),
+        ],
         cwd=src,
         env=env,
         check=True,
