@@ -1,6 +1,7 @@
 """The wheel ships a few pure-computation modules compiled with mypyc where a C compiler is
-present, because the replicas check spends much of its CPU in them; everywhere else, and in
-every editable install, the same package stays pure Python.
+present, because the replicas check runs them for every ledger and compiled they cost less
+(bench/README.md, "mypyc: what each step bought"); everywhere else, and in every editable
+install, the same package stays pure Python.
 
 Everything about the package is in pyproject.toml; this file only adds the compiled modules
 (pyproject.toml's `[tool.bookkeeper-auditor.mypyc] modules`, each also importable as plain
