@@ -15,10 +15,12 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md MANIFEST.in constraints.txt ./
+COPY pyproject.toml setup.py README.md MANIFEST.in constraints.txt ./
+COPY build_support ./build_support
 COPY proto ./proto
 COPY auditor ./auditor
-# The same wheel `make dist` builds (setuptools in an isolated build environment).
+# The wheel `make dist` builds (setuptools in an isolated build environment, through
+# build_support/backend.py); this slim image has no C compiler, so it is the pure one.
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

@@ -117,8 +117,8 @@ test: $(STAMP_PY) chromium zsh etcd promtool interop-jars
 static: lint typecheck layers proto-check promtool-check wheel-check
 
 lint: $(STAMP_PY)
-	@$(VENV)/bin/ruff check auditor tests bench
-	@$(VENV)/bin/ruff format --check auditor tests bench
+	@$(VENV)/bin/ruff check auditor tests bench setup.py build_support
+	@$(VENV)/bin/ruff format --check auditor tests bench setup.py build_support
 
 typecheck: $(STAMP_PY)
 	@$(VENV)/bin/mypy
@@ -152,19 +152,27 @@ unit: $(STAMP_PY) chromium zsh etcd interop-jars
 # --- release ------------------------------------------------------------------------
 # pyproject.toml's `version` (the one source of truth) names the artefacts.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
-WHEEL := dist/bookkeeper_auditor-$(VERSION)-py3-none-any.whl
-DIST_SRC := pyproject.toml README.md MANIFEST.in constraints.txt \
-	$(shell find auditor proto -type f ! -path '*/__pycache__/*' 2>/dev/null)
+# The wheel's name depends on the build: bookkeeper_auditor-VERSION-py3-none-any.whl (pure
+# Python), or -cp311-cp311-linux_x86_64.whl and the like where a C compiler compiled the
+# modules of pyproject.toml's [tool.bookkeeper-auditor.mypyc] (build_support/backend.py).
+# BK_AUDITOR_MYPYC=0 make dist builds the pure wheel anyway. dist/.stamp stands for both.
+DIST_STAMP := dist/.stamp
+# (A shell glob when the recipe runs: make's own wildcard may not see a file a recipe made.)
+WHEEL = "$$(ls dist/bookkeeper_auditor-$(VERSION)-*.whl | head -n 1)"
+DIST_SRC := pyproject.toml setup.py README.md MANIFEST.in constraints.txt \
+	$(shell find auditor proto build_support -type f ! -path '*/__pycache__/*' ! -name '*.so' 2>/dev/null)
 
 # dist/: the sdist, and the wheel built from that sdist (so the sdist is known to build).
-dist: $(WHEEL)
-$(WHEEL): $(STAMP_PY) $(DIST_SRC)
-	@rm -f dist/bookkeeper_auditor-*
+dist: $(DIST_STAMP)
+$(DIST_STAMP): $(STAMP_PY) $(DIST_SRC)
+	@rm -f dist/bookkeeper_auditor-* $@
 	@$(PY) -m build -q --outdir dist . >$(VENV)/build.log 2>&1 || { cat $(VENV)/build.log; exit 1; }
+	@touch $@
 	@echo "dist: $$(cd dist && echo bookkeeper_auditor-$(VERSION)*)"
 
 # The wheel as the docs install it: a fresh virtualenv, the wheel with -c constraints.txt,
-# then `bk-auditor --version` and `bk-auditor selftest` from it (scripts/check_wheel.sh).
+# then `bk-auditor --version` and `bk-auditor selftest` from it, and for a compiled wheel
+# that its compiled modules are what is imported (scripts/check_wheel.sh).
 wheel-check: dist
 	@PYTHON=$(PYTHON) scripts/check_wheel.sh $(WHEEL)
 

@@ -5,9 +5,9 @@
 Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
 naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
 rereplication, rereplication-64k, rereplication-small, etcd-floor, etcd-replicas,
-spark, marks. BENCH_ONLY picks some (by figure name, or by benchmark name for all
-its figures: scrutiny, big, etcd, rereplication-all); a benchmark whose figures are
-all left out does not run. The first line
+spark, marks, compiled-pieces. BENCH_ONLY picks some (by figure name, or by
+benchmark name for all its figures: scrutiny, big, etcd, rereplication-all); a
+benchmark whose figures are all left out does not run. The first line
 describes the machine.
 Each benchmark sets up its own cluster and tears it down; one that fails
 prints `{"bench": ..., "error": ...}` and the others still run; the exit
@@ -19,7 +19,9 @@ BENCH_ETCD_N (etcd-floor and etcd-replicas, default BENCH_N), BENCH_ETCD_PAGE
 (keys a range read of the etcd floor asks for, default 1,000), BENCH_MARKS_N
 (under-replication marks of `marks`, default 100,000), BENCH_SMALL_N
 (ledgers of `rereplication-small`, half re-replicated, default 2,000), BENCH_MARKS_SRC
-(`marks`: the source tree whose CLI is timed, default this one).
+(`marks`: the source tree whose CLI is timed, default this one). BENCH_COMPILED=1 first
+compiles pyproject.toml's mypyc modules in place (`python -m bench.compiled`), runs, and
+removes them again; the machine line says which modules were compiled.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from bench import (
     bench_big,
     bench_bookie_load,
     bench_codec,
+    bench_compiled,
     bench_etcd,
     bench_failover,
     bench_marks,
@@ -45,6 +48,7 @@ from bench import (
     bench_small_ledgers,
     bench_spark,
 )
+from bench import compiled as compiled_build
 from bench.common import bench_n, emit, machine, say
 
 Figures = list[dict[str, Any]]
@@ -100,6 +104,10 @@ def _marks(n: int) -> Figures:
     return [asyncio.run(bench_marks.measure(bench_marks.bench_marks_n()))]
 
 
+def _compiled_pieces(n: int) -> Figures:
+    return [bench_compiled.run_child(n)]
+
+
 #: Benchmarks in the order they run, each with the figures it produces.
 BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("codec", ("codec",), _codec),
@@ -117,6 +125,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("etcd", ("etcd-floor", "etcd-replicas"), _etcd),
     ("spark", ("spark",), _spark),
     ("marks", ("marks",), _marks),
+    ("compiled", ("compiled-pieces",), _compiled_pieces),
 ]
 FIGURES = [f for _, figures, _ in BENCHMARKS for f in figures]
 
@@ -140,7 +149,19 @@ def run() -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     wanted = selected()
     n = bench_n()
-    emit({"bench": "machine", **machine()})
+    compiled = os.environ.get("BENCH_COMPILED", "") == "1"
+    if compiled:
+        say("compiling pyproject.toml's mypyc modules in place (BENCH_COMPILED=1)")
+        compiled_build.build(compiled_build.listed_modules())
+    try:
+        emit({"bench": "machine", **machine(), "compiled": compiled_build.compiled_modules()})
+        return _run(wanted, n)
+    finally:
+        if compiled:
+            compiled_build.clean()
+
+
+def _run(wanted: set[str], n: int) -> int:
     failed = False
     for name, figures, bench in BENCHMARKS:
         if not wanted & set(figures):

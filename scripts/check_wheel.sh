@@ -95,5 +95,23 @@ fi
   echo "check_wheel: bk-auditor selftest from the installed wheel failed" >&2
   exit 1
 }
-echo "check_wheel: $(basename "$wheel") installed with constraints.txt in a fresh venv;" \
+# A compiled wheel (not py3-none-any: setup.py's mypyc modules): each module pyproject.toml
+# lists is imported from its extension, not from a .py beside it.
+built="pure Python"
+case "$(basename "$wheel")" in
+  *-py3-none-any.whl) ;;
+  *)
+    built=$("$venv/bin/python" - "$repo/pyproject.toml" <<'EOF'
+import importlib, sys, tomllib
+paths = tomllib.load(open(sys.argv[1], "rb"))["tool"]["bookkeeper-auditor"]["mypyc"]["modules"]
+names = [p.removesuffix(".py").replace("/", ".") for p in paths]
+pure = [n for n in names if str(importlib.import_module(n).__file__).endswith(".py")]
+if pure:
+    sys.exit("check_wheel: a compiled wheel whose modules import from source: " + ", ".join(pure))
+print(f"{len(names)} modules compiled")
+EOF
+    )
+    ;;
+esac
+echo "check_wheel: $(basename "$wheel") ($built) installed with constraints.txt in a fresh venv;" \
   "'$got'; selftest passed ($((SECONDS - start)) s)"

@@ -207,10 +207,11 @@ def decode_ledger_metadata(
     check_ledger_id(ledger_id)
     try:
         return _decode(bytes(data), ledger_id, znode_ctime)
-    except _Invalid as e:
-        raise LedgerMetadataFormatError(ledger_id, str(e)) from None
-    except (TextFormatError, DecodeError) as e:
-        raise LedgerMetadataFormatError(ledger_id, str(e)) from e
+    # One name per clause: mypyc types an `except ... as` name by its first clause.
+    except _Invalid as invalid:
+        raise LedgerMetadataFormatError(ledger_id, str(invalid)) from None
+    except (TextFormatError, DecodeError) as bad:
+        raise LedgerMetadataFormatError(ledger_id, str(bad)) from bad
     except (ValueError, TypeError, IndexError, KeyError, OverflowError, RecursionError) as e:
         # Defensive: every expected failure is an _Invalid above. This keeps the
         # "only LedgerMetadataFormatError" promise if a protobuf corner case slips
@@ -245,8 +246,8 @@ def encode_ledger_metadata(md: LedgerMetadata, *, text_style: EscapeStyle = DEFA
             return _header(FORMAT_VERSION_2) + body
         raw = _build_format(md, include_ctoken=True).SerializeToString()
         return _header(FORMAT_VERSION_3) + varint(len(raw)) + raw
-    except _Invalid as e:
-        raise LedgerMetadataFormatError(md.ledger_id, f"cannot encode: {e}") from None
+    except _Invalid as invalid:  # one name per clause (mypyc: see decode_ledger_metadata)
+        raise LedgerMetadataFormatError(md.ledger_id, f"cannot encode: {invalid}") from None
     except (TextFormatError, ValueError, TypeError) as e:
         raise LedgerMetadataFormatError(md.ledger_id, f"cannot encode: {e}") from e
 
