@@ -66,21 +66,17 @@ def test_compiled_list_is_of_existing_sources() -> None:
         assert (REPO / path).is_file(), path
 
 
-@pytest.mark.skipif(TEST_COMPILED, reason="BK_AUDITOR_TEST_COMPILED=1: the compiled run")
-def test_the_suite_runs_on_the_sources() -> None:
-    stray = sorted(str(p.relative_to(REPO)) for p in (REPO / "auditor").rglob("*.so"))
-    assert stray == [], "compiled modules shadow their sources: python -m bench.compiled clean"
-    for path in _listed():
-        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
-        assert module.__file__ == str(REPO / path)
-
-
-@pytest.mark.skipif(not TEST_COMPILED, reason="only with BK_AUDITOR_TEST_COMPILED=1")
-def test_the_compiled_run_imports_the_compiled_modules() -> None:
+def test_each_listed_module_is_imported_from_what_this_run_tests() -> None:
+    """The sources (no stray .so shadowing them), or, in the compiled run
+    (BK_AUDITOR_TEST_COMPILED=1), each listed module's compiled extension."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    if not TEST_COMPILED:
+        stray = sorted(str(p.relative_to(REPO)) for p in (REPO / "auditor").rglob("*.so"))
+        assert stray == [], "compiled modules shadow their sources: python -m bench.compiled clean"
     for path in _listed():
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
-        assert module.__file__ == str(REPO / path.removesuffix(".py")) + suffix
+        want = str(REPO / path.removesuffix(".py")) + suffix if TEST_COMPILED else str(REPO / path)
+        assert module.__file__ == want
 
 
 @pytest.mark.parametrize(

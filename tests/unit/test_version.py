@@ -70,7 +70,7 @@ def _release_files() -> list[Path]:
 
 #: A wheel or sdist of the project, or an image of it, named with a version.
 _NAMED = re.compile(
-    r"bookkeeper_auditor-(\d+\.\d+\.\d+[^-\s/]*?)(?:-py3-none-any\.whl|\.tar\.gz)"
+    r"bookkeeper_auditor-(\d+\.\d+\.\d+[^-\s/]*?)(?:-py3-none-any\.whl|-\*\.whl|-cp\d+|\.tar\.gz)"
     r"|bk-auditor(?:-spark)?:(\d+\.\d+\.\d+[\w.+-]*)"
 )
 
