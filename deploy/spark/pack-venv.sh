@@ -33,7 +33,12 @@ venv="$dest/pyspark_venv"
 # Built from a copy of the sources, so the checkout gets no build/ directory.
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
-cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/auditor" "$src/"
+cp -r "$repo/pyproject.toml" "$repo/setup.py" "$repo/MANIFEST.in" "$repo/README.md" \
+    "$repo/build_support" "$repo/auditor" "$src/"
+# The executors get the pure-Python package unless BK_AUDITOR_MYPYC says otherwise: a wheel
+# compiled here runs only on the same Python and platform, and compiling needs mypy in the
+# build (`make dist` ships the compiled wheel for systemd installs; README, "Installing").
+export BK_AUDITOR_MYPYC="${BK_AUDITOR_MYPYC:-0}"
 
 python_real=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable))')
 stamp=$(cat "$repo/pyproject.toml" "$repo/constraints.txt" "${BASH_SOURCE[0]}" \
