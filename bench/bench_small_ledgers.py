@@ -475,6 +475,9 @@ def main() -> None:
     parser.add_argument("--expect", type=int, default=0)
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    # Passed by `RereplicationCluster.run_side` to every side module; ledgers here have
+    # ENTRIES entries, always.
+    parser.add_argument("--entries", type=int, default=ENTRIES, choices=[ENTRIES])
     args = parser.parse_args()
     if args.side is None:
         emit(asyncio.run(measure(small_n())))
