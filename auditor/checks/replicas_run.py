@@ -74,8 +74,8 @@ from auditor.checks.findings import (
     SkipReason,
 )
 from auditor.checks.grace import past_grace
+from auditor.checks.looks import first_looks, looks_again
 from auditor.checks.pool import bounded
-from auditor.checks.progress import Progress
 from auditor.checks.recorder import RunRecorder
 from auditor.checks.replicas import (
     BookieAnswer,
@@ -482,28 +482,13 @@ class ReplicasRun:
 
     # --- the passes ------------------------------------------------------------------------
 
-    async def _walk(self) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
-        progress = Progress(
-            self.log,
-            str(Check.REPLICAS),
-            interval=self.cfg.checks.progress_interval,
-            max_ledger_id=await self.walker.max_ledger_id(),
-        )
-        async for rec in self.walker.ledgers(concurrency=self.cfg.checks.walk_window):
-            progress.tick(rec.ledger_id)
-            yield rec, NO_SILENCE
+    def _walk(self) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
+        return first_looks(self.walker, self.log, str(Check.REPLICAS), self.cfg.checks)
 
-    async def _pending(
+    def _pending(
         self, waiting: Iterable[tuple[int, Silence]]
     ) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
-        """The ledgers waiting for a retry, read again (one gone meanwhile is settled here)."""
-        for ledger_id, silence in waiting:
-            rec = await self.walker.read(ledger_id)
-            if rec is None:
-                deleted = self.recorder.skipped(ledger_id, SkipReason.DELETED)
-                self.recorder.settle(deleted, DropCause.LEDGER_DELETED)
-                continue
-            yield rec, silence
+        return looks_again(self.walker, self.recorder, waiting)
 
     async def _pass(self, items: AsyncIterator[tuple[LedgerRecord, Silence]]) -> None:
         """Judges `items` in batches (`batch_shape`): at most `checks.ledger_concurrency`
