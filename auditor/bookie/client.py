@@ -737,7 +737,8 @@ class BookieClient:
         """
         out: asyncio.Future[ListOutcome] = asyncio.get_running_loop().create_future()
         outcome = partial(_listing, ledger_id)
-        if self._send_list(bookie_id, ledger_id, partial(self._list_answered, out, outcome)):
+        deliver = partial(_set_if_pending, out)
+        if self._send_list(bookie_id, ledger_id, partial(self._list_answered, deliver, outcome)):
             return out
         return asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
 
@@ -776,19 +777,29 @@ class BookieClient:
 
     def _list_answered(
         self,
-        out: asyncio.Future[T],
+        deliver: Callable[[T], None],
         outcome: Callable[[str, pb.Response | NoAnswer | ErrorStatus], T],
         b: _Bookie,
         response: pb.Response | CallFailed,
     ) -> None:
-        """A list request's answer (from `_send_list`): the bookie's slot back, the
-        observer told, and `outcome` of the answer into `out`."""
+        """A list request's answer (from `_send_list`, `start_lists_raw`): the bookie's slot
+        back, the observer told, and `outcome` of the answer to `deliver`."""
         b.in_flight -= 1
         b.slots.give()
-        answered = self._answered(b, response)
+        answered: pb.Response | NoAnswer | ErrorStatus
+        if (
+            type(response) is pb.Response
+            and response.status == _EOK
+            and response.getListOfEntriesOfLedgerResponse.status == _EOK
+        ):
+            # The common answer, told apart by two fields (`_answered` gives it the same
+            # outcome after four more look-ups of the message).
+            b.failures = 0
+            answered = response
+        else:
+            answered = self._answered(b, response)
         self._observe(_LIST_OP, answered)
-        if not out.done():
-            out.set_result(outcome(b.bookie_id, answered))
+        deliver(outcome(b.bookie_id, answered))
 
     def start_lists_raw(self, batch: ListBatch, bookie_id: str, ledger_ids: Iterable[int]) -> None:
         """`start_list` for many ledgers of one bookie, the outcomes into `batch` (keyed
@@ -815,7 +826,7 @@ class BookieClient:
             and asyncio.get_running_loop().time() < b.list_cap_until
         )
         timeout = self.list_timeout
-        delivered = self._list_delivered
+        answered = self._list_answered
         for ledger_id in ledger_ids:
             key = (bookie_id, ledger_id)
             batch.expect()
@@ -826,32 +837,12 @@ class BookieClient:
                     (txn_id, _LIST_OP),
                     list_request_frame(txn_id, ledger_id),
                     timeout,
-                    partial(delivered, batch, b, key),
+                    partial(answered, partial(batch.deliver, key), _raw_listing, b),
                 )
                 continue
             sendable = False  # the cap is full: the rest wait their turn in tasks
             task = asyncio.ensure_future(self.get_list_of_entries(bookie_id, ledger_id))
             batch.track(key, task)
-
-    def _list_delivered(
-        self, batch: ListBatch, b: _Bookie, key: tuple[str, int], response: pb.Response | CallFailed
-    ) -> None:
-        """A list request's answer (from `start_lists_raw`): the bookie's slot back, the
-        observer told, the raw outcome into `batch`."""
-        b.in_flight -= 1
-        b.slots.give()
-        if type(response) is pb.Response and response.status == _EOK:
-            # The common answer, told apart by two fields (the general path below gives
-            # it the same outcome after four more look-ups of the message).
-            inner = response.getListOfEntriesOfLedgerResponse
-            if inner.status == _EOK and inner.HasField("availabilityOfEntriesOfLedger"):
-                b.failures = 0
-                self._observe(_LIST_OP, response)
-                batch.deliver(key, Ok(inner.availabilityOfEntriesOfLedger))
-                return
-        answered = self._answered(b, response)
-        self._observe(_LIST_OP, answered)
-        batch.deliver(key, _raw_listing(b.bookie_id, answered))
 
     # --- the request path ------------------------------------------------------------------
 
@@ -1075,6 +1066,12 @@ def _added(bookie_id: str, resp: pb.Response | NoAnswer | ErrorStatus) -> Outcom
     if not resp.HasField("addResponse"):
         return _bad(bookie_id, "EOK add response without its body")
     return Ok(resp.addResponse.entryId)
+
+
+def _set_if_pending(out: asyncio.Future[T], value: T) -> None:
+    """`value` into `out`, unless its caller gave up on it (cancelled it)."""
+    if not out.done():
+        out.set_result(value)
 
 
 def _listing(
