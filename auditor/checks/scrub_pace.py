@@ -52,6 +52,19 @@ class ByteBudget:
         # not even move a float clock).
         return 0.0 if debt <= 1e-6 else debt / self.rate
 
+    def set_rate(self, rate: float) -> None:
+        """A new rate from now (the daemon's pace changes between chunks): what the old
+        rate earned until now is kept, up to the new burst; a debt stays a debt."""
+        if rate < 0:
+            raise ValueError(f"rate must be >= 0, got {rate}")
+        if self.rate > 0:
+            self._refill()
+        else:
+            self._stamp = self._clock()
+        self.rate = float(rate)
+        self.burst = float(rate)
+        self._tokens = min(self._tokens, self.burst)
+
     def spend(self, size: int) -> None:
         """Takes the bytes a read brought from the bucket."""
         if self.rate <= 0:

@@ -26,16 +26,20 @@ re-replication has it in hand):
 
 Bookies held by the lost-bookie delay (`ctx.held_bookies`) are neither read nor judged.
 `bk-auditor check scrub` runs this once, over the id range of the context (`--from`,
-`--to`).
+`--to`). The daemon's leader runs it a chunk at a time (`limit` ledgers from its cursor:
+`daemon/scrub_cycle.py`), with gates that outlive the chunk (so the byte budget is one
+bucket per bookie across chunks, not a fresh burst each) and the pace of the cycle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 from auditor.bookie.availability import EMPTY, Availability
 from auditor.bookie.protocol import Status
@@ -69,7 +73,7 @@ from auditor.checks.scrub_pace import ByteBudget
 from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.metadata.walk import LedgerRecord
 
-__all__ = ["LEDGERS_AT_ONCE", "ScrubRun", "run_scrub_check"]
+__all__ = ["LEDGERS_AT_ONCE", "Gates", "ScrubRun", "run_scrub_check"]
 
 #: Ledgers scrubbed at once: enough that small ledgers keep every bookie's gate busy;
 #: the gates, not this, bound what each bookie sees.
@@ -88,6 +92,27 @@ class _Gate:
         self.budget = ByteBudget(rate)
 
 
+class Gates:
+    """Every bookie's gate, created as bookies are first read, at one rate for all."""
+
+    def __init__(self, in_flight: int, rate: float) -> None:
+        self.in_flight = in_flight
+        self.rate = rate
+        self._by_bookie: dict[str, _Gate] = {}
+
+    def of(self, bookie: str) -> _Gate:
+        gate = self._by_bookie.get(bookie)
+        if gate is None:
+            gate = self._by_bookie[bookie] = _Gate(self.in_flight, self.rate)
+        return gate
+
+    def set_rate(self, rate: float) -> None:
+        """A new pace for every bookie, from now (`ByteBudget.set_rate`)."""
+        self.rate = rate
+        for gate in self._by_bookie.values():
+            gate.budget.set_rate(rate)
+
+
 @dataclass(frozen=True, slots=True)
 class _Found:
     """A would-be finding: the scrub of one version of the metadata."""
@@ -100,8 +125,16 @@ class _Found:
 class ScrubRun:
     """One run of the deep scrub (see the module)."""
 
-    def __init__(self, ctx: CheckContext) -> None:
+    def __init__(
+        self, ctx: CheckContext, *, limit: int | None = None, gates: Gates | None = None
+    ) -> None:
         self.ctx = ctx
+        #: The first pass stops after this many ledgers (None: the whole walk).
+        self.limit = limit
+        #: The id of the last ledger the first pass walked (None: none).
+        self.last_walked: int | None = None
+        #: Whether the first pass walked to the end of the ledgers (not stopped by `limit`).
+        self.exhausted = False
         self.cfg = ctx.config
         self.recorder = RunRecorder.for_context(ctx, Check.SCRUB, scrub=ScrubCoverage())
         self.log = self.recorder.log
@@ -109,7 +142,9 @@ class ScrubRun:
         self.rule = RecheckRule(self.cfg.checks.retry_attempts)
         self.retry = RetryQueue()
         self.marked: set[int] = set()
-        self.gates: dict[str, _Gate] = {}
+        self.gates = gates or Gates(
+            self.cfg.checks.bookie_max_in_flight, self.cfg.scrub.bytes_per_second
+        )
         self.reread: Reread[_Found] = Reread(
             self.recorder, self.walker, self._report, marked=self._fresh_mark
         )
@@ -127,17 +162,9 @@ class ScrubRun:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def _gate(self, bookie: str) -> _Gate:
-        gate = self.gates.get(bookie)
-        if gate is None:
-            gate = self.gates[bookie] = _Gate(
-                self.cfg.checks.bookie_max_in_flight, self.cfg.scrub.bytes_per_second
-            )
-        return gate
-
     async def read_copy(self, bookie: str, ledger_id: int, entry_id: int) -> Copy:
         """One copy, read within the bookie's gate and budget, as the core takes it."""
-        gate = self._gate(bookie)
+        gate = self.gates.of(bookie)
         async with gate.slots:
             wait = gate.budget.delay()
             if wait > 0:
@@ -253,8 +280,22 @@ class ScrubRun:
 
     # --- the passes ------------------------------------------------------------------------
 
-    def _walk(self) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
-        return first_looks(self.walker, self.log, str(Check.SCRUB), self.cfg.checks)
+    async def _walk(self) -> AsyncIterator[tuple[LedgerRecord, Silence]]:
+        """The first looks, in id order, up to `limit` ledgers."""
+        walked = 0
+        # An async generator: closed here when the limit stops the walk early.
+        looks = cast(
+            AsyncGenerator[tuple[LedgerRecord, Silence], None],
+            first_looks(self.walker, self.log, str(Check.SCRUB), self.cfg.checks),
+        )
+        async with contextlib.aclosing(looks):
+            async for item in looks:
+                self.last_walked = item[0].ledger_id
+                yield item
+                walked += 1
+                if self.limit is not None and walked >= self.limit:
+                    return
+        self.exhausted = True
 
     def _pending(
         self, waiting: Iterable[tuple[int, Silence]]

@@ -233,6 +233,10 @@ class ScrubConfig:
     bytes_per_second: float = 8 * 1024 * 1024
     #: Seconds the daemon's scrub takes to go round the whole cluster (seven days).
     interval: float = 7 * 86400.0
+    #: Whether the daemon's leader scrubs continuously, a cycle every `interval`
+    #: (`daemon/scrub_cycle.py`). Off by default: its first cycle reads every byte of the
+    #: cluster, which an operator turns on knowingly; `check scrub` ignores it.
+    continuous: bool = False
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
         return _by_name(self)

@@ -41,7 +41,15 @@ from auditor.daemon.config import PulsarSection, RiskSection, SelfTestSection
 from auditor.daemon.contained import ContainedReads, parse_delay
 from auditor.daemon.outage import wait_out_outage
 from auditor.daemon.scan_driver import IN_PROCESS, ScanDriver
-from auditor.daemon.state import RunCompleted, RunFailed, RunOutcome, RunSkipped, RunState
+from auditor.daemon.scrub_cycle import ScrubCycle
+from auditor.daemon.state import (
+    DaemonState,
+    RunCompleted,
+    RunFailed,
+    RunOutcome,
+    RunSkipped,
+    RunState,
+)
 from auditor.metadata.records import CheckKind
 from auditor.metadata.registry import all_known_bookies, read_bookies, watch_bookies
 from auditor.schedule.bookie_sightings import BookieSightings
@@ -123,6 +131,7 @@ class LeaderWork:
         pulsar: PulsarSection | None = None,
         on_pulsar: Callable[[PulsarAudit], None] | None = None,
         last_reports: Callable[[], Sequence[CheckReport]] | None = None,
+        scrub_state: DaemonState | None = None,
     ) -> None:
         self.ctx = ctx
         #: The ctime and delay znodes, read so that a bad value never ends the work.
@@ -148,6 +157,9 @@ class LeaderWork:
         self.on_pulsar = on_pulsar
         #: The other checks' last reports, whose verdicts the Pulsar audit joins.
         self.last_reports = last_reports
+        #: Where the continuous deep scrub reports its progress; None: no scrub (it also
+        #: needs `[scrub] continuous`).
+        self.scrub_state = scrub_state
         self.log = ctx.log.bind(role="leader")
         self.delay = LostBookieDelay()
         # The restart rule: while a bookie's lost-bookie delay runs, the checks leave it alone.
@@ -424,6 +436,30 @@ class LeaderWork:
         if self.on_risk is not None:
             self.on_risk(report)
 
+    # --- the continuous deep scrub ---------------------------------------------------------
+
+    async def scrub_ready(self) -> None:
+        """The scrub's gate before each turn: auto-recovery enabled (it marks), the store
+        connected, the index loaded (its walks would otherwise read ZooKeeper twice)."""
+        await self._wait_enabled()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.ctx.index is not None:
+            await self.ctx.index.usable()
+
+    async def scrub_loop(self, state: DaemonState) -> None:
+        """`daemon/scrub_cycle.py`'s loop for as long as this leader leads; an outage of
+        the metadata store pauses it (the record says where to go on)."""
+        cycle = ScrubCycle(
+            self.ctx,
+            state,
+            ready=self.scrub_ready,
+            on_report=self.on_report,
+            on_state=self.on_state,
+        )
+        while True:
+            await self._outlasting(Check.SCRUB, cycle.run())
+
     # --- the lost-bookie audit ---------------------------------------------------------
 
     async def _apply(self, decisions: list[Decision]) -> None:
@@ -548,6 +584,9 @@ class LeaderWork:
                 self._tasks.append(asyncio.ensure_future(self.selftest_loop(self.selftest.period)))
             if self.risk is not None and self.risk.interval > 0:
                 self._tasks.append(asyncio.ensure_future(self.risk_loop(float(self.risk.interval))))
+            if self.scrub_state is not None and self.ctx.config.scrub.continuous:
+                # Beside the checks, not queued with them (see `daemon/scrub_cycle.py`).
+                self._tasks.append(asyncio.ensure_future(self.scrub_loop(self.scrub_state)))
             await self._apply(start)
             # Checks due now run one after another in START_ORDER, so a new
             # leader's first round is predictable; then each keeps its rhythm.

@@ -127,6 +127,52 @@ class CheckState:
 
 
 @dataclass(frozen=True, slots=True)
+class ScrubStatus:
+    """Where the leader's continuous deep scrub stands (`daemon/scrub_cycle.py`), as of
+    `updated`: its record (`checks/scrub_progress.py`) and what follows from it."""
+
+    cycle: int
+    #: Unix time the cycle started; `interval` seconds is its target length.
+    started: float
+    interval: float
+    #: Every ledger with a smaller id was verified in this cycle.
+    cursor: int
+    #: Payload bytes verified and ledgers judged in this cycle; the last complete
+    #: cycle's bytes (0: none complete).
+    bytes: int
+    ledgers: int
+    previous_bytes: int
+    #: The share of the cluster verified in this cycle (0..1).
+    share: float
+    #: When the cycle should end at its rate so far (None: not known yet); when it
+    #: ended, once it has.
+    expected_end: float | None
+    finished: float | None
+    #: While the cycle is done: when the next starts.
+    rest_until: float | None
+    #: Bytes per second per bookie in force (0: no budget).
+    rate: float
+    updated: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cycle": self.cycle,
+            "started": self.started,
+            "interval": self.interval,
+            "cursor": self.cursor,
+            "bytes": self.bytes,
+            "ledgers": self.ledgers,
+            "previous_bytes": self.previous_bytes,
+            "share": self.share,
+            "expected_end": self.expected_end,
+            "finished": self.finished,
+            "rest_until": self.rest_until,
+            "rate": self.rate,
+            "updated": self.updated,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class SelfTestState:
     """The last detector self-test (or canary) result of one check, for `status`."""
 
@@ -230,6 +276,9 @@ class DaemonState:
     #: The leader's last Pulsar audit (`[pulsar] interval`): its findings and rollups
     #: (its `CheckReport` is `checks[Check.PULSAR]`'s, present while the audit is on).
     pulsar: PulsarAudit | None = None
+    #: The leader's continuous deep scrub (`[scrub] continuous`); None while off, on a
+    #: follower, and before the leader first read its record.
+    scrub: ScrubStatus | None = None
 
     # --- leadership ---------------------------------------------------------------------
 
@@ -255,6 +304,7 @@ class DaemonState:
 
     def stepped_down(self) -> None:
         self.is_leader = False
+        self.scrub = None
         for cs in self.checks.values():
             cs.progress = None
         self.tallies.leader_changed(False)
@@ -328,6 +378,20 @@ class DaemonState:
         else:
             self.checks.pop(Check.PULSAR, None)
             self.tallies.intervals.pop(str(Check.PULSAR), None)
+
+    def scrub_scheduled(self, on: bool) -> None:
+        """`[scrub] continuous`: the scrub gets a check row while it is on, none when off."""
+        if on:
+            self.checks.setdefault(Check.SCRUB, CheckState(Check.SCRUB))
+            self.tallies.know(Check.SCRUB)
+        else:
+            self.checks.pop(Check.SCRUB, None)
+            self.scrub = None
+
+    def scrub_progressed(self, status: ScrubStatus, bytes_verified: int) -> None:
+        """The scrub's record as written (or read), and the bytes the chunk verified."""
+        self.scrub = status
+        self.tallies.scrub_bytes_verified += bytes_verified
 
     def pulsar_done(self, audit: PulsarAudit, top: int) -> None:
         """A confirmed Pulsar audit (its report arrives through `check_ended`)."""

@@ -164,6 +164,8 @@ class Tallies:
     pulsar_last_run: float = 0.0
     risk_last_run: float = 0.0
     underreplicated: int = 0
+    #: Payload bytes the leader's continuous deep scrub verified on this node.
+    scrub_bytes_verified: int = 0
     #: Invalid znodes in each check's last report (corrupt marks, bad ledger znodes).
     invalid_znodes: dict[str, int] = field(default_factory=dict)
     #: Corrupt under-replication marks the last grace run saw.

@@ -186,11 +186,13 @@ class LeaderTerms:
                     pulsar=config.pulsar,
                     on_pulsar=self._on_pulsar,
                     last_reports=self._last_reports,
+                    scrub_state=self.state,
                 )
                 for check, iv in intervals(bk).items():
                     self.state.check_interval(check, iv)
                 self.state.tallies.selftest_interval = config.selftest.period
                 self.state.pulsar_scheduled(config.pulsar.interval)
+                self.state.scrub_scheduled(config.auditor.scrub.continuous)
                 work = asyncio.ensure_future(self.work.run(bk.lostBookieRecoveryDelay))
                 restart = asyncio.ensure_future(self._restart.wait())
                 vote = asyncio.ensure_future(campaign.watch_vote(leadership))

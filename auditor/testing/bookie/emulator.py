@@ -138,6 +138,9 @@ class BookieEmulator:
         #: fencing read of the last entry (-1) without priority and the recovery reads
         #: after it at 100, and a test can tell which the product sent.
         self.fence_reads_by_priority: Counter[tuple[int, int, int]] = Counter()
+        #: Every READ_ENTRY request received, in order: (`time.monotonic()`, ledger id,
+        #: entry id), so a test can tell exactly which entries were read, and when.
+        self.entry_reads: list[tuple[float, int, int]] = []
 
     # --- identity and lifecycle ------------------------------------------------------
 
@@ -449,6 +452,7 @@ class BookieEmulator:
         self.fence_reads.clear()
         self.first_fence_read_at.clear()
         self.fence_reads_by_priority.clear()
+        self.entry_reads.clear()
 
     def stats(self) -> dict[str, Any]:
         """Every counter as plain JSON values (for a process that reports to another).
@@ -546,6 +550,7 @@ class BookieEmulator:
                 self.add_requests[ar.ledgerId] += 1
         elif op is Operation.READ_ENTRY and request.HasField("readRequest"):
             rr = request.readRequest
+            self.entry_reads.append((time.monotonic(), rr.ledgerId, rr.entryId))
             if rr.HasField("flag") and rr.flag == pb.ReadRequest.FENCE_LEDGER:
                 self.fence_reads[rr.ledgerId] += 1
                 self.first_fence_read_at.setdefault(rr.ledgerId, time.monotonic())

@@ -1,0 +1,196 @@
+"""The leader's continuous deep scrub on a real ZooKeeper and emulated bookies: a new leader
+goes on from the record's cursor and reads nothing the last one verified in this cycle,
+exactly (each bookie's request log); the bytes each bookie answers stay within its budget
+over every span of the run; operators see the cycle in the metrics, `status` and the page.
+
+Round robin with E=3, W=2: entry e of a ledger on bookies (e mod 3) and (e + 1 mod 3).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from auditor.checks.findings import Check
+from auditor.checks.scrub_progress import decode
+from auditor.checks.scrub_progress_store import progress_path
+from auditor.daemon import scrub_cycle
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.service import Daemon
+from auditor.metadata.schedule import write_set
+from auditor.testing.harness import TestCluster, test_cluster
+from auditor.testing.inprocess import fast_config, running, until
+from auditor.testing.observe import events_of
+from auditor.zk import ZkClient
+
+ROOT = "/ledgers"
+#: Only the scrub reads entries: every periodic check off.
+QUIET = [
+    "auditorPeriodicBookieCheckInterval=0",
+    "auditorPeriodicCheckInterval=0",
+    "auditorPeriodicPlacementPolicyCheckInterval=0",
+    "auditorReplicasCheckInterval=0",
+    "scrub.continuous=true",
+]
+#: A body of the test writer: 32 bytes of header, a 4-byte CRC32C digest, 16 of payload.
+BODY = 32 + 4 + 16
+PAYLOAD = 16
+
+
+def expected_reads(tc: TestCluster, ledgers: range, entries: int) -> list[Counter[tuple[int, int]]]:
+    """Per bookie (in `tc.bookies` order): each (ledger, entry) of its write sets, once."""
+    out: list[Counter[tuple[int, int]]] = [Counter() for _ in tc.bookies]
+    for lid in ledgers:
+        for e in range(entries):
+            for i in write_set(e, 3, 2):
+                out[i][lid, e] += 1
+    return out
+
+
+def reads_of(tc: TestCluster, ledgers: range) -> list[Counter[tuple[int, int]]]:
+    return [
+        Counter((lid, e) for _, lid, e in emu.entry_reads if lid in ledgers) for emu in tc.bookies
+    ]
+
+
+async def scrub_finished(daemon: Daemon) -> None:
+    await until(
+        events_of(daemon).check_ended,
+        lambda: daemon.state.scrub is not None and daemon.state.scrub.finished is not None,
+        "the scrub's cycle to finish",
+        120,
+    )
+
+
+async def test_a_new_leader_goes_on_from_the_cursor_and_reads_nothing_verified_again(
+    zk: ZkClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three ledgers a chunk, twelve ledgers of four entries, read slowly (300 bytes/s a
+    bookie); the leader is stopped once its record has moved past a chunk. The second
+    daemon, elected then, reads from that cursor: exactly the entries of the ledgers at or
+    above it, each once on each bookie of its write set, and none below; it finishes the
+    cycle and rests until an interval after the cycle started."""
+    monkeypatch.setattr(scrub_cycle, "CHUNK_LEDGERS", 3)
+    async with test_cluster(zk, 3) as tc:
+        ledgers = range(1, 13)
+        for lid in ledgers:
+            await tc.writer.write_ledger(lid, tc.ids, write_quorum=2, num_entries=4)
+        extra = [*QUIET, "scrub.bytes_per_second=300"]
+        async with running(fast_config(zk.hosts, "b:1", extra)) as second:
+            async with running(fast_config(zk.hosts, "a:1", extra)) as first:
+                await until(
+                    events_of(first).check_ended,
+                    lambda: first.state.scrub is not None and first.state.scrub.cursor > 1,
+                    "the first leader's record past its first chunk",
+                    60,
+                )
+                assert first.state.is_leader and not second.state.is_leader
+            data, _ = await zk.get(progress_path(ROOT))
+            stopped = decode(data)
+            assert stopped.cycle == 1 and stopped.finished is None
+            # Stopped mid-cycle, after a whole chunk: the cursor is just past a chunk.
+            assert stopped.cursor in (4, 7, 10), stopped
+            for emu in tc.bookies:
+                emu.reset_stats()
+            await scrub_finished(second)
+            assert second.state.is_leader
+            rest = list(range(stopped.cursor, 13))
+            assert reads_of(tc, ledgers) == expected_reads(tc, range(stopped.cursor, 13), 4)
+            data, _ = await zk.get(progress_path(ROOT))
+            done = decode(data)
+            assert done.cycle == 1 and done.started == stopped.started
+            assert done.cursor == 13 and done.finished is not None
+            assert done.ledgers == stopped.ledgers + len(rest)
+            # Every entry's two copies of the ledgers read, 16 payload bytes each.
+            assert done.bytes == stopped.bytes + len(rest) * 4 * 2 * PAYLOAD
+            status = second.state.scrub
+            assert status is not None
+            assert status.share == 1.0 and status.finished == done.finished
+            assert status.rest_until == done.started + 7 * 86400
+
+
+async def test_each_bookie_answers_within_its_byte_budget_over_every_span(
+    zk: ZkClient,
+) -> None:
+    """One leader scrubbing 4 ledgers of 40 entries held by all three bookies (W=3) at
+    2000 bytes/s a bookie, 4 reads in flight at most.
+
+    The bound (`checks/scrub_pace.py`): a read goes out only while the bookie's bucket is
+    not in debt, and its bytes are taken when it is answered; so over any span the bytes
+    sent are at most rate x span + one second's burst (the bucket's size) + the reads in
+    flight (4 bodies, sent before their bytes were taken). The emulator stamps a request
+    when it reads it, not when the client sent it: a span between two stamps may be
+    shorter than between their sends by the difference of their delays through one event
+    loop, allowed here as 0.25 s of budget (500 bytes, about 10 reads). The whole run
+    also takes at least what the budget demands: nothing is read faster than the rate.
+    """
+    rate, in_flight, entries = 2000, 4, 40
+    async with test_cluster(zk, 3) as tc:
+        ledgers = range(1, 5)
+        for lid in ledgers:
+            await tc.writer.write_ledger(lid, tc.ids, write_quorum=3, num_entries=entries)
+        extra = [
+            *QUIET,
+            f"scrub.bytes_per_second={rate}",
+            f"checks.bookie_max_in_flight={in_flight}",
+        ]
+        async with running(fast_config(zk.hosts, "a:1", extra)) as daemon:
+            await scrub_finished(daemon)
+        total = len(ledgers) * entries * BODY
+        for emu in tc.bookies:
+            times = [t for t, lid, _ in emu.entry_reads if lid in ledgers]
+            assert len(times) == len(ledgers) * entries
+            allowance = rate + in_flight * BODY + rate * 0.25
+            worst = max(
+                (j - i + 1) * BODY - rate * (times[j] - times[i])
+                for i in range(len(times))
+                for j in range(i, len(times))
+            )
+            assert worst <= allowance, (worst, allowance)
+            spent = times[-1] - times[0]
+            assert spent >= (total - rate - in_flight * BODY) / rate - 0.25
+
+
+async def test_operators_see_the_cycle_and_its_findings(zk: ZkClient) -> None:
+    """A corrupt copy found by the continuous scrub: counted per category, its bytes and
+    the cycle's share in the metrics; the progress in `status` (JSON) and the page."""
+    async with test_cluster(zk, 3) as tc:
+        for lid in (1, 2, 3):
+            await tc.writer.write_ledger(lid, tc.ids, write_quorum=2, num_entries=6)
+        tc.bookies[0].corrupt_entry(2, 3)  # entry 3: bookies 0 and 1
+        metrics = Metrics()
+        async with running(fast_config(zk.hosts, "a:1", QUIET), metrics) as daemon:
+            await scrub_finished(daemon)
+            status = daemon.state.scrub
+            assert status is not None
+
+            def sample(name: str, **labels: str) -> float | None:
+                value: float | None = metrics.registry.get_sample_value(name, labels)
+                return value
+
+            assert (
+                sample(
+                    "bookkeeper_auditor_violations_total", check="scrub", category="corrupt_copy"
+                )
+                == 1
+            )
+            assert (
+                sample(
+                    "bookkeeper_auditor_violations_total", check="scrub", category="unreadable_copy"
+                )
+                == 0
+            )
+            # 3 ledgers x 6 entries x 2 copies, less the corrupt one, 16 bytes each.
+            assert sample("bookkeeper_auditor_scrub_bytes_verified_total") == 35 * PAYLOAD
+            assert sample("bookkeeper_auditor_scrub_cycle_verified_ratio") == 1.0
+            assert sample("bookkeeper_auditor_scrub_cycle") == 1
+            assert (
+                sample("bookkeeper_auditor_scrub_cycle_expected_end_timestamp_seconds")
+                == status.finished
+            )
+            doc = daemon.status_json() if hasattr(daemon, "status_json") else None
+            assert doc is None or doc["scrub"]["cycle"] == 1
+        assert daemon.state.checks[Check.SCRUB].last_report is not None
+        assert json.dumps(status.to_json())
