@@ -31,11 +31,11 @@ from auditor.checks.findings import (
 )
 from auditor.checks.owners import Owner
 from auditor.checks.tally import ViolationLog
-from auditor.daemon.state import CheckState, DaemonState, Outcome
+from auditor.daemon.state import CheckState, DaemonState, Outcome, ScrubStatus
 from auditor.errors import ConfigError, FormatError, shown_name
 from auditor.metadata.underreplication import CorruptMark, UnderreplicatedLedger
 from auditor.proto import auditor_service_pb2 as pb
-from auditor.timefmt import from_iso, iso_datetime
+from auditor.timefmt import from_iso, iso, iso_datetime
 from auditor.worker.risk import BUCKETS, QueueRisk
 from auditor.worker.state import WorkerState
 
@@ -177,7 +177,63 @@ def status_response(state: DaemonState, now: float | None = None) -> pb.GetStatu
             entry.ran_at.CopyFrom(ran)
     _leadership(state, msg)
     msg.worker.CopyFrom(worker_status(state.worker))
+    if state.scrub is not None:
+        msg.scrub.CopyFrom(scrub_status(state.scrub))
     return msg
+
+
+def scrub_status(s: ScrubStatus) -> pb.ScrubStatus:
+    """The continuous deep scrub's cycle (`DaemonState.scrub`)."""
+    msg = pb.ScrubStatus(
+        cycle=s.cycle,
+        interval_seconds=s.interval,
+        cursor=s.cursor,
+        bytes_verified=s.bytes,
+        ledgers=s.ledgers,
+        previous_cycle_bytes=s.previous_bytes,
+        share=s.share,
+        rate=s.rate,
+    )
+    _stamp(msg.started, s.started)
+    _stamp(msg.expected_end, s.expected_end)
+    _stamp(msg.finished, s.finished)
+    _stamp(msg.next_cycle, s.rest_until)
+    _stamp(msg.updated, s.updated)
+    return msg
+
+
+def scrub_json(s: pb.ScrubStatus) -> dict[str, Any]:
+    """The `scrub` object of `status --json`."""
+    return {
+        "cycle": s.cycle,
+        "started": stamp_iso(s, "started"),
+        "interval_s": s.interval_seconds,
+        "cursor": s.cursor,
+        "bytes_verified": s.bytes_verified,
+        "ledgers": s.ledgers,
+        "previous_cycle_bytes": s.previous_cycle_bytes,
+        "share": s.share,
+        "expected_end": stamp_iso(s, "expected_end"),
+        "finished": stamp_iso(s, "finished"),
+        "next_cycle": stamp_iso(s, "next_cycle"),
+        "rate": s.rate,
+        "updated": stamp_iso(s, "updated"),
+    }
+
+
+def scrub_text(doc: dict[str, Any]) -> str:
+    """The scrub's cycle in one line (`status`, the page), from `scrub_json`'s document."""
+    head = f"cycle {doc['cycle']}"
+    done = f"{doc['ledgers']:,} ledgers, {doc['bytes_verified']:,} bytes"
+    if doc["finished"] is not None:
+        return f"{head} done at {doc['finished']} ({done}); next cycle at {doc['next_cycle']}"
+    target = iso(from_iso(doc["started"]) + doc["interval_s"]) if doc["started"] else "-"
+    pace = f"{doc['rate']:,.0f} bytes/s a bookie" if doc["rate"] > 0 else "no budget"
+    return (
+        f"{head}, {doc['share']:.1%} verified since {doc['started']} (cursor at ledger "
+        f"{doc['cursor']:,}; {done}); expected end {doc['expected_end'] or 'not known yet'}, "
+        f"target {target}; pace {pace}"
+    )
 
 
 def worker_status(ws: WorkerState) -> pb.WorkerStatus:
@@ -378,6 +434,7 @@ def status_json(msg: pb.GetStatusResponse) -> dict[str, Any]:
             for z in msg.invalid_znodes
         },
         "worker": worker_json(msg.worker) if msg.HasField("worker") else None,
+        "scrub": scrub_json(msg.scrub) if msg.HasField("scrub") else None,
     }
 
 

@@ -14,6 +14,7 @@ import html
 import time
 from urllib.parse import quote
 
+from auditor.api.convert import scrub_json, scrub_status, scrub_text
 from auditor.checks.findings import Check
 from auditor.daemon.state import CheckState, DaemonState
 from auditor.timefmt import iso
@@ -270,6 +271,21 @@ def _queue(q: QueueRisk, now: float) -> str:
     return out
 
 
+def _scrub(state: DaemonState) -> str:
+    """The continuous deep scrub's cycle (`status`'s line), and its last chunk's findings
+    among the checks' violations above."""
+    if Check.SCRUB not in state.checks:
+        return ""
+    if state.scrub is None:
+        return '<h2>Deep scrub</h2><p class="muted">Not on this node (the leader scrubs).</p>'
+    doc = scrub_json(scrub_status(state.scrub))
+    share = f"{doc['share']:.1%}"
+    return (
+        f"<h2>Deep scrub</h2><p>{_e(scrub_text(doc))}</p>"
+        f'<p><progress max="1" value="{_e(doc["share"])}">{_e(share)}</progress></p>'
+    )
+
+
 def render_page(state: DaemonState, now: float | None = None) -> str:
     """The whole page, as text."""
     now = time.time() if now is None else now
@@ -288,5 +304,6 @@ def render_page(state: DaemonState, now: float | None = None) -> str:
         + _risk(state)
         + _pulsar(state)
         + _worker(state, now)
+        + _scrub(state)
         + "</body></html>\n"
     )

@@ -183,6 +183,11 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
         for line in failed:
             out.write(f"    {line}\n")
     _render_worker(doc.get("worker"), out)
+    scrub = doc.get("scrub")
+    if scrub is not None:
+        from auditor.api.convert import scrub_text
+
+        out.write(f"  scrub: {scrub_text(scrub)}\n")
 
 
 #: Leadership decisions the text status lists (`--json` has all the daemon keeps).

@@ -181,6 +181,43 @@ def _worker_series(state: DaemonState) -> Iterator[Metric]:
     )
 
 
+def _scrub_series(state: DaemonState) -> Iterator[Metric]:
+    """The continuous deep scrub's series; its findings are `violations{check="scrub"}`.
+    The cycle's gauges exist on the leader while the scrub runs (`[scrub] continuous`)."""
+    yield CounterMetricFamily(
+        f"{PREFIX}_scrub_bytes_verified",
+        "Payload bytes the continuous deep scrub verified on this node (every copy counted).",
+        value=state.tallies.scrub_bytes_verified,
+    )
+    s = state.scrub
+    if s is None:
+        return
+    yield _gauge("scrub_cycle", "The deep scrub's cycle number (from 1).", s.cycle)
+    yield _gauge(
+        "scrub_cycle_verified_ratio",
+        "Share of the cluster the deep scrub verified in its current cycle (0..1): bytes "
+        "against the last cycle's, by ledger ids in the first cycle.",
+        s.share,
+    )
+    yield _gauge(
+        "scrub_cycle_started_timestamp_seconds",
+        "Unix time the deep scrub's current cycle started.",
+        s.started,
+    )
+    yield _gauge(
+        "scrub_interval_seconds",
+        "scrub.interval: the cycle's target length (a cycle ending after started + this overran).",
+        s.interval,
+    )
+    if s.expected_end is not None:
+        yield _gauge(
+            "scrub_cycle_expected_end_timestamp_seconds",
+            "Unix time the deep scrub's cycle should end at its rate so far (when it ended, "
+            "once done); absent until known.",
+            s.expected_end,
+        )
+
+
 class _StateCollector(Collector):
     """Every series, computed from one `DaemonState` when collected."""
 
@@ -267,6 +304,7 @@ class _StateCollector(Collector):
             ["check"],
             (((c,), s) for c, s in sorted(t.intervals.items())),
         )
+        yield from _scrub_series(state)
         yield _gauge(
             "is_leader", "1 while this daemon is the auditor, else 0.", 1 if state.is_leader else 0
         )

@@ -311,6 +311,7 @@ class GetStatusResponse(_message.Message):
     UNREADABLE_VOTE_ERROR_FIELD_NUMBER: _builtins.int
     UNREADABLE_VOTE_SINCE_FIELD_NUMBER: _builtins.int
     OPEN_ACL_ZNODES_FIELD_NUMBER: _builtins.int
+    SCRUB_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     is_leader: _builtins.bool
     leader: _builtins.str
@@ -397,6 +398,13 @@ class GetStatusResponse(_message.Message):
         Empty without credentials, on etcd, or when every one admits only authenticated changes.
         """
 
+    @_builtins.property
+    def scrub(self) -> Global___ScrubStatus:
+        """The leader's continuous deep scrub ([scrub] continuous): where its cycle
+        stands. Unset on followers, while it is off, and before the leader read its
+        record.
+        """
+
     def __init__(
         self,
         *,
@@ -427,14 +435,92 @@ class GetStatusResponse(_message.Message):
         unreadable_vote_error: _builtins.str = ...,
         unreadable_vote_since: _timestamp_pb2.Timestamp | None = ...,
         open_acl_znodes: _abc.Iterable[_builtins.str] | None = ...,
+        scrub: Global___ScrubStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "started_at", b"started_at", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "duplicate_identity_since", b"duplicate_identity_since", "other_election_since", b"other_election_since", "scrub", b"scrub", "started_at", b"started_at", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "open_acl_znodes", b"open_acl_znodes", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "selftest", b"selftest", "started_at", b"started_at", "unreadable_vote_error", b"unreadable_vote_error", "unreadable_vote_path", b"unreadable_vote_path", "unreadable_vote_session", b"unreadable_vote_session", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker", "zk_connected", b"zk_connected"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_until", b"backoff_until", "checks", b"checks", "decisions", b"decisions", "duplicate_identity_since", b"duplicate_identity_since", "duplicate_identity_vote", b"duplicate_identity_vote", "election", b"election", "election_phase", b"election_phase", "identity", b"identity", "invalid_znodes", b"invalid_znodes", "is_leader", b"is_leader", "leader", b"leader", "lost_bookies", b"lost_bookies", "open_acl_znodes", b"open_acl_znodes", "other_election", b"other_election", "other_election_holder", b"other_election_holder", "other_election_path", b"other_election_path", "other_election_since", b"other_election_since", "replication_enabled", b"replication_enabled", "retry_queue_ledgers", b"retry_queue_ledgers", "scrub", b"scrub", "selftest", b"selftest", "started_at", b"started_at", "unreadable_vote_error", b"unreadable_vote_error", "unreadable_vote_path", b"unreadable_vote_path", "unreadable_vote_session", b"unreadable_vote_session", "unreadable_vote_since", b"unreadable_vote_since", "worker", b"worker", "zk_connected", b"zk_connected"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class ScrubStatus(_message.Message):
+    """The continuous deep scrub's cycle, from its record
+    (<root>/underreplication/bk-auditor-scrub) and what follows from it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CYCLE_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
+    BYTES_VERIFIED_FIELD_NUMBER: _builtins.int
+    LEDGERS_FIELD_NUMBER: _builtins.int
+    PREVIOUS_CYCLE_BYTES_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
+    EXPECTED_END_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    NEXT_CYCLE_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    cycle: _builtins.int
+    interval_seconds: _builtins.float
+    """scrub.interval: the cycle's target length."""
+    cursor: _builtins.int
+    """Every ledger with a smaller id was verified in this cycle."""
+    bytes_verified: _builtins.int
+    """Payload bytes verified and ledgers judged in this cycle; the last complete
+    cycle's bytes (0: none complete yet).
+    """
+    ledgers: _builtins.int
+    previous_cycle_bytes: _builtins.int
+    share: _builtins.float
+    """The share of the cluster verified in this cycle, 0..1."""
+    rate: _builtins.float
+    """Bytes per second per bookie in force (0: no budget)."""
+    @_builtins.property
+    def started(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def expected_end(self) -> _timestamp_pb2.Timestamp:
+        """When the cycle should end at its rate so far (unset: not known yet), or
+        when it ended.
+        """
+
+    @_builtins.property
+    def finished(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def next_cycle(self) -> _timestamp_pb2.Timestamp:
+        """While the cycle is done: when the next starts."""
+
+    @_builtins.property
+    def updated(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        cycle: _builtins.int = ...,
+        started: _timestamp_pb2.Timestamp | None = ...,
+        interval_seconds: _builtins.float = ...,
+        cursor: _builtins.int = ...,
+        bytes_verified: _builtins.int = ...,
+        ledgers: _builtins.int = ...,
+        previous_cycle_bytes: _builtins.int = ...,
+        share: _builtins.float = ...,
+        expected_end: _timestamp_pb2.Timestamp | None = ...,
+        finished: _timestamp_pb2.Timestamp | None = ...,
+        next_cycle: _timestamp_pb2.Timestamp | None = ...,
+        rate: _builtins.float = ...,
+        updated: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expected_end", b"expected_end", "finished", b"finished", "next_cycle", b"next_cycle", "started", b"started", "updated", b"updated"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_verified", b"bytes_verified", "cursor", b"cursor", "cycle", b"cycle", "expected_end", b"expected_end", "finished", b"finished", "interval_seconds", b"interval_seconds", "ledgers", b"ledgers", "next_cycle", b"next_cycle", "previous_cycle_bytes", b"previous_cycle_bytes", "rate", b"rate", "share", b"share", "started", b"started", "updated", b"updated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScrubStatus: _TypeAlias = ScrubStatus  # noqa: Y015
 
 @_typing.final
 class WorkerStatus(_message.Message):

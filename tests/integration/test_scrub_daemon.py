@@ -8,21 +8,27 @@ Round robin with E=3, W=2: entry e of a ledger on bookies (e mod 3) and (e + 1 m
 
 from __future__ import annotations
 
-import json
+import contextlib
+import html
+import io
 from collections import Counter
 
 import pytest
 
-from auditor.checks.findings import Check
+from auditor.api.convert import status_json, status_response
+from auditor.api.page import render_page
 from auditor.checks.scrub_progress import decode
 from auditor.checks.scrub_progress_store import progress_path
+from auditor.cli.api_commands import render_status
 from auditor.daemon import scrub_cycle
 from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.metadata.schedule import write_set
+from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config, running, until
 from auditor.testing.observe import events_of
+from auditor.timefmt import from_iso
 from auditor.zk import ZkClient
 
 ROOT = "/ledgers"
@@ -78,15 +84,19 @@ async def test_a_new_leader_goes_on_from_the_cursor_and_reads_nothing_verified_a
         for lid in ledgers:
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=2, num_entries=4)
         extra = [*QUIET, "scrub.bytes_per_second=300"]
-        async with running(fast_config(zk.hosts, "b:1", extra)) as second:
+        async with contextlib.AsyncExitStack() as keep:
             async with running(fast_config(zk.hosts, "a:1", extra)) as first:
+                await until(events_of(first).decided, lambda: first.state.is_leader, "a leads")
+                second = await keep.enter_async_context(
+                    running(fast_config(zk.hosts, "b:1", extra))
+                )
                 await until(
                     events_of(first).check_ended,
                     lambda: first.state.scrub is not None and first.state.scrub.cursor > 1,
                     "the first leader's record past its first chunk",
                     60,
                 )
-                assert first.state.is_leader and not second.state.is_leader
+                assert not second.state.is_leader
             data, _ = await zk.get(progress_path(ROOT))
             stopped = decode(data)
             assert stopped.cycle == 1 and stopped.finished is None
@@ -155,7 +165,7 @@ async def test_each_bookie_answers_within_its_byte_budget_over_every_span(
 
 async def test_operators_see_the_cycle_and_its_findings(zk: ZkClient) -> None:
     """A corrupt copy found by the continuous scrub: counted per category, its bytes and
-    the cycle's share in the metrics; the progress in `status` (JSON) and the page."""
+    the cycle's share in the metrics; the cycle in `status` (JSON and text) and the page."""
     async with test_cluster(zk, 3) as tc:
         for lid in (1, 2, 3):
             await tc.writer.write_ledger(lid, tc.ids, write_quorum=2, num_entries=6)
@@ -163,34 +173,62 @@ async def test_operators_see_the_cycle_and_its_findings(zk: ZkClient) -> None:
         metrics = Metrics()
         async with running(fast_config(zk.hosts, "a:1", QUIET), metrics) as daemon:
             await scrub_finished(daemon)
-            status = daemon.state.scrub
-            assert status is not None
+            state = daemon.state
+            s = state.scrub
+            assert s is not None and s.finished is not None
 
             def sample(name: str, **labels: str) -> float | None:
                 value: float | None = metrics.registry.get_sample_value(name, labels)
                 return value
 
-            assert (
-                sample(
-                    "bookkeeper_auditor_violations_total", check="scrub", category="corrupt_copy"
-                )
-                == 1
-            )
-            assert (
-                sample(
-                    "bookkeeper_auditor_violations_total", check="scrub", category="unreadable_copy"
-                )
-                == 0
-            )
+            violations = "bookkeeper_auditor_violations_total"
+            assert sample(violations, check="scrub", category="corrupt_copy") == 1
+            assert sample(violations, check="scrub", category="unreadable_copy") == 0
+            assert sample(violations, check="scrub", category="divergent_copies") == 0
             # 3 ledgers x 6 entries x 2 copies, less the corrupt one, 16 bytes each.
             assert sample("bookkeeper_auditor_scrub_bytes_verified_total") == 35 * PAYLOAD
             assert sample("bookkeeper_auditor_scrub_cycle_verified_ratio") == 1.0
             assert sample("bookkeeper_auditor_scrub_cycle") == 1
-            assert (
-                sample("bookkeeper_auditor_scrub_cycle_expected_end_timestamp_seconds")
-                == status.finished
+            assert sample("bookkeeper_auditor_scrub_interval_seconds") == 7 * 86400
+            assert sample("bookkeeper_auditor_scrub_cycle_started_timestamp_seconds") == s.started
+            end = "bookkeeper_auditor_scrub_cycle_expected_end_timestamp_seconds"
+            assert sample(end) == s.finished
+            # The corrupt copy is marked for its bookie.
+            marks = {
+                ur.ledger_id: list(ur.replicas)
+                async for ur in UnderreplicationManager(zk, ROOT).list_underreplicated()
+            }
+            assert marks == {2: [tc.ids[0]]}
+            # Read with the document, nothing awaited between (the loop updates it).
+            s = state.scrub
+            assert s is not None and s.finished is not None
+            doc = status_json(status_response(state))
+            scrub = dict(doc["scrub"])
+            # Times go through protobuf Timestamps: microseconds, as `status` prints them.
+            times = {k: scrub.pop(k) for k in ("started", "expected_end", "finished", "updated")}
+            next_cycle = scrub.pop("next_cycle")
+            assert scrub == {
+                "cycle": 1,
+                "interval_s": 7 * 86400.0,
+                "cursor": 4,
+                "bytes_verified": 35 * PAYLOAD,
+                "ledgers": 3,
+                "previous_cycle_bytes": 0,
+                "share": 1.0,
+                "rate": 8 * 1024 * 1024.0,
+            }
+            want = {"started": s.started, "expected_end": s.finished, "finished": s.finished}
+            want["updated"] = s.updated
+            assert times.keys() == want.keys()
+            assert all(abs(from_iso(times[k]) - want[k]) <= 1e-6 for k in want), (times, want)
+            assert abs(from_iso(next_cycle) - (s.started + 7 * 86400)) <= 1e-6
+            assert doc["checks"]["scrub"]["counts"] is not None
+            out = io.StringIO()
+            render_status(doc, out)
+            line = (
+                f"  scrub: cycle 1 done at {times['finished']} (3 ledgers, 560 bytes); "
+                f"next cycle at {next_cycle}"
             )
-            doc = daemon.status_json() if hasattr(daemon, "status_json") else None
-            assert doc is None or doc["scrub"]["cycle"] == 1
-        assert daemon.state.checks[Check.SCRUB].last_report is not None
-        assert json.dumps(status.to_json())
+            assert line in out.getvalue().splitlines()
+            page = render_page(state)
+            assert f"<h2>Deep scrub</h2><p>{html.escape(line[9:])}</p>" in page
