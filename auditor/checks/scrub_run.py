@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import cast
@@ -63,6 +63,7 @@ from auditor.checks.scrub import (
     ABSENT,
     Body,
     Copy,
+    EntryVerdict,
     Failed,
     LedgerScrub,
     Silent,
@@ -200,8 +201,11 @@ class ScrubRun:
                     listing.cancel()
         return out
 
-    async def scrub(self, md: LedgerMetadata) -> LedgerScrub:
-        """Every copy of every entry of a closed ledger, read and judged."""
+    async def scrub(
+        self, md: LedgerMetadata, on_verdict: Callable[[EntryVerdict], None] | None = None
+    ) -> LedgerScrub:
+        """Every copy of every entry of a closed ledger, read and judged; `on_verdict` is
+        told each entry's verdict (`explain --scrub` accounts for each copy with it)."""
         bk = self.cfg.bookkeeper
         digest: DigestType = md.digest_type or bk.recovery_digest_type
         password = md.password if md.password is not None else bk.recovery_password
@@ -214,11 +218,12 @@ class ScrubRun:
             entry_id, bookies = item
             asked = [b for b in bookies if b not in held]
             copies = await asyncio.gather(*(self.read_copy(b, lid, entry_id) for b in asked))
-            out.add(
-                judge_entry(
-                    lid, entry_id, dict(zip(asked, copies, strict=True)), digest, password, listings
-                )
+            verdict = judge_entry(
+                lid, entry_id, dict(zip(asked, copies, strict=True)), digest, password, listings
             )
+            out.add(verdict)
+            if on_verdict is not None:
+                on_verdict(verdict)
 
         await bounded(entry_write_sets(md), entry, self.cfg.checks.bookie_max_in_flight)
         return out

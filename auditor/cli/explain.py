@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from auditor.cli.api_commands import api_client, api_client_args
 from auditor.cli.options import bind, cluster_args, config_args
 from auditor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from auditor.checks.context import CheckContext
 
 
 def add_parsers(sub: Any) -> None:
@@ -28,6 +31,12 @@ def add_parsers(sub: Any) -> None:
     config_args(p)
     api_client_args(
         p, "ask a daemon's gRPC API instead of the metadata store and the bookies directly"
+    )
+    p.add_argument(
+        "--scrub",
+        action="store_true",
+        help="also read every copy of every entry now and give each bookie's verdict (the deep "
+        "scrub's judge; paced by scrub.bytes_per_second; not with --target)",
     )
     # The flag's name before --target was everywhere: kept, hidden, and quiet (scripts that
     # compare stderr keep working).
@@ -110,6 +119,11 @@ def render_text(doc: dict[str, Any], out: TextIO) -> None:
         cats = ",".join(sorted({v["category"] for v in verdict["violations"]}))
         out.write(f"    {name:<10} {verdict['outcome']:<9} {cats + ': ' if cats else ''}")
         out.write(f"{verdict['reason']}\n")
+    if doc.get("scrub") is not None:
+        from auditor.analysis.scrub_explain import ScrubAccount
+
+        for line in ScrubAccount.text(doc["scrub"]):
+            out.write(line + "\n")
 
 
 # --- the command -------------------------------------------------------------------------
@@ -137,6 +151,8 @@ async def cmd_explain(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
         if target:
             raise ConfigError("give --target alone (--api is its deprecated name)")
         target = args.api_deprecated
+    if target and args.scrub:
+        raise ConfigError("--scrub reads the bookies from here: give --zk, not --target")
     if target:
         async with api_client(args, target) as api:
             resp = await api.explain(ledger_id)
@@ -168,4 +184,27 @@ async def _explain_direct(args: argparse.Namespace, ledger_id: int) -> dict[str,
         connect(target) as (store, manager),
         open_context(store, target.root, manager, config) as ctx,
     ):
-        return await explain_ledger(ctx, ledger_id)
+        doc = await explain_ledger(ctx, ledger_id)
+        if args.scrub:
+            await _scrub_now(ctx, doc, ledger_id)
+        return doc
+
+
+async def _scrub_now(ctx: CheckContext, doc: dict[str, Any], ledger_id: int) -> None:
+    """`--scrub`: each copy's verdict, read now by the scrub's own reads and judge, added as
+    `scrub` (null for a ledger the scrub does not read: open, or its metadata unreadable);
+    its categories join the document's (`explain` exits 1 on them)."""
+    from auditor.analysis.scrub_explain import ScrubAccount
+    from auditor.checks.replicas import skip_reason
+    from auditor.checks.scrub_run import ScrubRun
+    from auditor.metadata.walk import LedgerWalker
+
+    rec = await LedgerWalker(ctx.store, ctx.root, ctx.manager).read(ledger_id)
+    md = None if rec is None else rec.metadata
+    if md is None or skip_reason(md) is not None:
+        doc["scrub"] = None
+        return
+    account = ScrubAccount()
+    await ScrubRun(ctx).scrub(md, account.add)
+    doc["scrub"] = account.to_json()
+    doc["categories"] = sorted({*doc["categories"], *account.categories()})

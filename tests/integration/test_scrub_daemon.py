@@ -25,6 +25,7 @@ from auditor.daemon.metrics import Metrics
 from auditor.daemon.service import Daemon
 from auditor.metadata.schedule import write_set
 from auditor.metadata.underreplication import UnderreplicationManager
+from auditor.testing.cli import bk, one_json
 from auditor.testing.harness import TestCluster, test_cluster
 from auditor.testing.inprocess import fast_config, running, until
 from auditor.testing.observe import events_of
@@ -232,3 +233,76 @@ async def test_operators_see_the_cycle_and_its_findings(zk: ZkClient) -> None:
             assert line in out.getvalue().splitlines()
             page = render_page(state)
             assert f"<h2>Deep scrub</h2><p>{html.escape(line[9:])}</p>" in page
+
+
+async def test_explain_scrub_gives_each_bookies_copies_read_now(zk: ZkClient) -> None:
+    """`explain LEDGER --scrub`: every copy read now by the scrub's reads and judged by its
+    judge, accounted per bookie; a finding joins the categories (exit 1); nothing marked.
+    E=3, W=2, 6 entries: each bookie holds 4."""
+    async with test_cluster(zk, 3) as tc:
+        b = tc.ids
+        await tc.writer.write_ledger(1, b, write_quorum=2, num_entries=6)
+        await tc.writer.write_ledger(2, b, write_quorum=2, num_entries=6)
+        tc.bookies[0].corrupt_entry(1, 3)  # entry 3 is on bookies 0 and 1
+        tc.bookies[1].make_unreadable(1, [4])  # entry 4 is on bookies 1 and 2
+        args = ["--zk", zk.hosts, "--set", "checks.retry_delay=0.1"]
+        code, out, err = await bk("explain", "1", "--scrub", "--json", *args)
+        assert code == 1, err
+        doc = one_json(out)
+        # The other checks' verdicts stay (no racks here: placement; the ledger check's
+        # read of entry 4 on bookie 1), the scrub's join them.
+        assert doc["categories"] == [
+            "corrupt_copy",
+            "placement_not_adhering",
+            "unreadable_copy",
+            "unreadable_fragments",
+        ]
+        assert doc["scrub"] == {
+            "entries": 6,
+            "bytes_verified": 10 * PAYLOAD,
+            "categories": ["corrupt_copy", "unreadable_copy"],
+            "bookies": {
+                b[0]: {
+                    "verified": 3,
+                    "absent": 0,
+                    "silent": 0,
+                    "silent_reason": None,
+                    "corrupt_copy": {
+                        "count": 1,
+                        "entries": [[3, 3]],
+                        "reasons": {"3": "CRC32C digest mismatch for ledger 1 entry 3"},
+                    },
+                },
+                b[1]: {
+                    "verified": 3,
+                    "absent": 0,
+                    "silent": 0,
+                    "silent_reason": None,
+                    "unreadable_copy": {"count": 1, "entries": [[4, 4]], "reasons": {"4": "EIO"}},
+                },
+                b[2]: {"verified": 4, "absent": 0, "silent": 0, "silent_reason": None},
+            },
+        }
+        assert await UnderreplicationManager(zk, ROOT).count_underreplicated() == 0
+        code, out, err = await bk("explain", "1", "--scrub", *args)
+        assert code == 1, err
+        lines = out.splitlines()
+        i = lines.index(
+            "  scrub (read now): 6 entries, 160 bytes verified; corrupt_copy, unreadable_copy"
+        )
+        per_bookie = {
+            b[0]: "verified 3; corrupt_copy 1 [3]",
+            b[1]: "verified 3; unreadable_copy 1 [4]",
+            b[2]: "verified 4",
+        }
+        # In bookie id order.
+        assert lines[i + 1 : i + 4] == [f"    {x:<24} {per_bookie[x]}" for x in sorted(per_bookie)]
+        # A sound ledger: no scrub category; without --scrub, no `scrub` key at all.
+        code, out, err = await bk("explain", "2", "--scrub", "--json", *args)
+        doc = one_json(out)
+        assert doc["scrub"]["categories"] == []
+        assert doc["categories"] == ["placement_not_adhering"]
+        code, out, err = await bk("explain", "2", "--json", *args)
+        assert "scrub" not in one_json(out)
+        code, out, err = await bk("explain", "2", "--scrub", "--target", "127.0.0.1:1")
+        assert code == 2 and "--scrub reads the bookies from here" in err
