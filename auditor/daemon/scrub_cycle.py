@@ -102,6 +102,7 @@ class ScrubCycle:
         self.interval = cfg.scrub.interval
         self.ceiling = cfg.scrub.bytes_per_second
         self.gates = Gates(cfg.checks.bookie_max_in_flight, self.ceiling)
+        self._path = progress_path(ctx.root)
 
     async def run(self) -> None:
         while True:
@@ -123,12 +124,12 @@ class ScrubCycle:
             if self.state.znode_invalid(ZNODE, shown(stored.data), USING_NEW_CYCLE, time.time()):
                 self.log.warning(
                     "scrub progress record is unusable; a new cycle writes over it",
-                    path=progress_path(self.ctx.root),
+                    path=self._path,
                     value=shown(stored.data),
                     error=stored.invalid,
                 )
         elif self.state.znode_valid(ZNODE):
-            self.log.info("scrub progress record usable again", path=progress_path(self.ctx.root))
+            self.log.info("scrub progress record usable again", path=self._path)
         return stored
 
     async def _turn(self, stored: Stored, step: Read) -> None:
@@ -137,6 +138,8 @@ class ScrubCycle:
             if step.new:
                 version = await write_progress(self.ctx.store, self.ctx.root, progress, version)
                 self.log.info("scrub cycle started", cycle=progress.cycle)
+                if self.state.znode_valid(ZNODE):  # written over: usable again
+                    self.log.info("scrub progress record written over", path=self._path)
             rate = pace(
                 progress, self.ctx.clock(), self.interval, self.ceiling, await self._bookies()
             )

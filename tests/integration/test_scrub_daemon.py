@@ -12,6 +12,8 @@ import contextlib
 import html
 import io
 from collections import Counter
+from collections.abc import MutableMapping
+from typing import Any
 
 import pytest
 
@@ -306,3 +308,27 @@ async def test_explain_scrub_gives_each_bookies_copies_read_now(zk: ZkClient) ->
         assert "scrub" not in one_json(out)
         code, out, err = await bk("explain", "2", "--scrub", "--target", "127.0.0.1:1")
         assert code == 2 and "--scrub reads the bookies from here" in err
+
+
+async def test_an_unusable_record_is_named_and_a_new_cycle_writes_over_it(
+    zk: ZkClient, info_logs: list[MutableMapping[str, Any]]
+) -> None:
+    """What another writer might leave in the record: the leader warns once naming it, starts
+    cycle 1 from ledger 0, and the record it writes is good again (and no longer named)."""
+    async with test_cluster(zk, 3) as tc:
+        for lid in (1, 2):
+            await tc.writer.write_ledger(lid, tc.ids, write_quorum=2, num_entries=3)
+        await zk.create(progress_path(ROOT), b"\xffnot ours", makepath=True)
+        async with running(fast_config(zk.hosts, "a:1", QUIET)) as daemon:
+            await scrub_finished(daemon)
+            assert daemon.state.invalid_znodes == {}
+        data, _ = await zk.get(progress_path(ROOT))
+        record = decode(data)
+        assert (record.cycle, record.cursor, record.ledgers) == (1, 3, 2)
+        warned = [
+            e for e in info_logs if e["event"].startswith("scrub progress record is unusable")
+        ]
+        assert [(e["value"], e["path"]) for e in warned] == [
+            ("b'\\xffnot ours'", progress_path(ROOT))
+        ]
+        assert warned[0]["error"].startswith("not JSON")

@@ -1,11 +1,13 @@
 """The scrub's progress rules (`checks/scrub_progress.py`): a cycle from its first read to
 its rest and the next, the cursor past each chunk, the pace that ends a cycle in time,
-the share and the expected end, and a record that does not decode named, never used."""
+the share and the expected end, and a record that does not decode named, never used; and
+the budget taking a new pace between chunks (`scrub_pace.ByteBudget.set_rate`)."""
 
 from __future__ import annotations
 
 import pytest
 
+from auditor.checks.scrub_pace import ByteBudget
 from auditor.checks.scrub_progress import (
     MIN_RATE,
     ProgressFormatError,
@@ -112,3 +114,30 @@ def test_the_record_round_trips_small_and_a_bad_one_is_named() -> None:
         with pytest.raises(ProgressFormatError) as err:
             decode(bad)
         assert message in str(err.value), (bad[:40], str(err.value))
+
+
+def test_a_new_rate_keeps_what_the_old_one_earned_up_to_the_new_burst() -> None:
+    """`ByteBudget.set_rate`, as the daemon's pace changes between chunks, on a clock of
+    the test's own."""
+    now = [0.0]
+    budget = ByteBudget(1000.0, clock=lambda: now[0])
+    budget.spend(3000)  # 2000 bytes of debt: two seconds at 1000/s
+    assert budget.delay() == 2.0
+    now[0] = 1.0  # 1000 earned: 1000 of debt left
+    budget.set_rate(500.0)  # the debt stays, now repaid at 500/s
+    assert budget.delay() == 2.0
+    now[0] = 10.0  # earned far more than the burst: capped at one second's worth (500)
+    budget.set_rate(250.0)  # and a smaller burst caps it again (250)
+    budget.spend(250)
+    assert budget.delay() == 0.0
+    budget.spend(250)
+    assert budget.delay() == 1.0
+    # From no budget (0) to one: nothing earned while unlimited, a full bucket... of 0.
+    free = ByteBudget(0.0, clock=lambda: now[0])
+    free.spend(10**9)
+    assert free.delay() == 0.0
+    free.set_rate(100.0)
+    free.spend(100)
+    assert free.delay() == 1.0
+    with pytest.raises(ValueError):
+        free.set_rate(-1.0)
