@@ -103,6 +103,14 @@ class ScrubCycle:
         self.ceiling = cfg.scrub.bytes_per_second
         self.gates = Gates(cfg.checks.bookie_max_in_flight, self.ceiling)
         self._path = progress_path(ctx.root)
+        # The walk reads metadata ahead by its window (a thousand ledgers by default): a
+        # chunk's walk reads no further ahead than the chunk it scrubs.
+        checks = dataclasses.replace(
+            cfg.checks,
+            walk_read_ahead=min(cfg.checks.walk_read_ahead, self.chunk),
+            ledger_concurrency=min(cfg.checks.ledger_concurrency, self.chunk),
+        )
+        self._chunk_config = dataclasses.replace(cfg, checks=checks)
 
     async def run(self) -> None:
         while True:
@@ -188,7 +196,9 @@ class ScrubCycle:
     async def _chunk(self, progress: ScrubProgress) -> tuple[CheckReport, ScrubRun]:
         """`chunk` ledgers from the cursor, scrubbed; the report and the run (where its
         walk stopped)."""
-        ctx = dataclasses.replace(self.ctx, id_range=IdRange(progress.cursor, LONG_MAX + 1))
+        ctx = dataclasses.replace(
+            self.ctx, id_range=IdRange(progress.cursor, LONG_MAX + 1), config=self._chunk_config
+        )
         run = ScrubRun(ctx, limit=self.chunk, gates=self.gates)
         with ctx.reporting_progress(Check.SCRUB):
             report = await run.run()
