@@ -43,9 +43,11 @@ from typing import Any, Final
 from auditor.bookie.availability import Availability
 from auditor.bookie.protocol import (
     BookieProtocolError,
+    Status,
     decode_entry_body,
     verify_entry_body,
 )
+from auditor.bookie.results import EntryRead, ErrorStatus, Ok, Outcome
 from auditor.checks.findings import Category, Violation
 from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.metadata.schedule import write_set
@@ -62,6 +64,7 @@ __all__ = [
     "Failed",
     "LedgerScrub",
     "Silent",
+    "as_copy",
     "entry_write_sets",
     "judge_entry",
     "scrub_ledger",
@@ -102,6 +105,23 @@ class Silent:
 
 
 Copy = Body | Absent | Failed | Silent
+
+_ABSENT_STATUSES: Final = frozenset({Status.ENOENTRY, Status.ENOLEDGER})
+
+
+def as_copy(out: Outcome[EntryRead]) -> Copy:
+    """What a READ_ENTRY came to, as the judge takes it: the scrub and the replication
+    worker's re-verification (`worker/reverify.py`) must read an answer the same way.
+    Only EIO is the bookie failing on an entry it has; any other error status (a
+    throttle, an authorisation refusal) says nothing about the copy, like no answer."""
+    if isinstance(out, Ok):
+        return Body(out.value.body)
+    if isinstance(out, ErrorStatus):
+        if out.status in _ABSENT_STATUSES:
+            return ABSENT
+        if out.status is Status.EIO:
+            return Failed(str(out))
+    return Silent(str(out))
 
 
 @dataclass(frozen=True, slots=True)
