@@ -11,8 +11,8 @@ Re-verifying one bookie's copies of one ledger: read each entry it should hold, 
   is not closed, whose tail may still be written), with a plain READ_ENTRY (never
   fencing). Only that bookie is read: the other copies are read by the copy, which
   verifies each one and skips a bad source for another.
-* **How it is judged.** By the deep scrub's own judgement (`checks/scrub.judge_entry`,
-  `as_copy`), with the ledger's digest type and password (BookKeeper's `digestType`
+* **How it is judged.** By the deep scrub's own judgement of a copy (`checks/scrub.
+  judge_copy`, `as_copy`), with the ledger's digest type and password (BookKeeper's `digestType`
   and `passwd` when the metadata names none, as the copy reads it): a body whose digest
   or ids fail is `corrupt_copy`; EIO, or "no such entry" for an entry the bookie lists,
   is `unreadable_copy`. "No such entry" for an entry it does not list is a missing copy
@@ -26,7 +26,9 @@ Re-verifying one bookie's copies of one ledger: read each entry it should hold, 
   bookie client's `readEntryTimeout`, so one bookie's share of one ledger costs at most
   ceil(entries / window) timeouts, and the first silent read ends it. The share is what
   the copy would read anyway were the bookie replaced, and it is read once per take of a
-  mark that would otherwise be removed: cheap next to a wrong unmark.
+  mark that would otherwise be removed: cheap next to a wrong unmark. The reads are
+  driven by their answers (`start_read_entry`), as the copy's are: no task or future
+  per entry, since a ledger's share may be tens of thousands of entries.
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from auditor.bookie.availability import Availability
 from auditor.bookie.client import BookieClient
+from auditor.bookie.results import Outcome
 from auditor.checks.findings import Category
-from auditor.checks.pool import bounded
-from auditor.checks.scrub import as_copy, judge_entry
+from auditor.checks.scrub import Body, CopyFinding, Silent, as_copy, judge_copy
 from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.worker.copy import stored_entries
 from auditor.worker.plan import CORRUPT_COPY, MISSING_ENTRIES, UNREADABLE_COPY
@@ -119,34 +122,99 @@ async def reverify_bookie(
 
     `listing` is what the bookie listed of the ledger (None: it could not list), so
     that "no such entry" for a listed entry is told from a missing one."""
-    out = Reverified(bookie)
-    listings = {bookie: listing} if listing is not None else None
-    lid = md.ledger_id
-    stop = asyncio.Event()
+    run = _Run(client, md, bookie, listing, digest_type, password, max(1, window), read_timeout)
+    try:
+        run.fill()
+        if run.in_flight:
+            await run.done
+    finally:
+        run.stopped = True  # cancelled: no read is sent after this
+    return run.out
 
-    async def one(duty: tuple[int, int, int]) -> None:
+
+class _Run:
+    """One re-verification's sliding window, driven by the answers (`start_read_entry`:
+    no task or future per read, as the copy reads; the whole ledger's share is read)."""
+
+    def __init__(
+        self,
+        client: BookieClient,
+        md: LedgerMetadata,
+        bookie: str,
+        listing: Availability | None,
+        digest_type: DigestType,
+        password: bytes,
+        window: int,
+        read_timeout: float,
+    ) -> None:
+        self.client = client
+        self.lid = md.ledger_id
+        self.bookie = bookie
+        self.listing = listing
+        self.digest_type = digest_type
+        self.password = password
+        self.window = window
+        self.read_timeout = read_timeout
+        self.duties = _duties(md, bookie)
+        self.out = Reverified(bookie)
+        self.in_flight = 0
+        self.stopped = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def fill(self) -> None:
+        """Sends reads until `window` are in flight or none is left to send."""
+        while self.in_flight < self.window and not self.stopped:
+            duty = next(self.duties, None)
+            if duty is None:
+                return
+            self.in_flight += 1
+            self.client.start_read_entry(
+                self.bookie,
+                self.lid,
+                duty[2],
+                partial(self._answered, duty),
+                request_timeout=self.read_timeout,
+            )
+
+    def _answered(self, duty: tuple[int, int, int], answer: Outcome[bytes]) -> None:
+        self.in_flight -= 1
+        try:
+            self._judge(duty, answer)
+            self.fill()
+        except Exception as exc:  # a callback must not raise: the awaiting caller does
+            self.stopped = True
+            if not self.done.done():
+                self.done.set_exception(exc)
+            return
+        if self.in_flight == 0 and not self.done.done():
+            self.done.set_result(None)
+
+    def _judge(self, duty: tuple[int, int, int], answer: Outcome[bytes]) -> None:
+        if self.stopped:
+            return
         k, i, entry = duty
-        if stop.is_set():
-            return
-        copy = as_copy(await client.read_entry(bookie, lid, entry, request_timeout=read_timeout))
-        verdict = judge_entry(lid, entry, {bookie: copy}, digest_type, password, listings)
-        if verdict.silent:
-            if out.silent is None:
-                out.silent = f"entry {entry}: {verdict.silent[bookie]}"
-            stop.set()
-            return
-        if verdict.verified:
+        out = self.out
+        judged = judge_copy(
+            self.lid,
+            entry,
+            self.bookie,
+            as_copy(answer),
+            self.digest_type,
+            self.password,
+            self.listing,
+        )
+        if isinstance(judged, Body):
             out.sound += 1
+            return
+        if isinstance(judged, Silent):
+            out.silent = f"entry {entry}: {judged.reason}"
+            self.stopped = True
             return
         bad = out.bad.get(k)
         if bad is None:
             bad = out.bad[k] = BadSegment(k, i)
-        if verdict.findings:
-            f = verdict.findings[0]
-            why = CORRUPT_COPY if f.category is Category.CORRUPT_COPY else UNREADABLE_COPY
-            bad.add(entry, why, f.reason)
+        if isinstance(judged, CopyFinding):
+            why = CORRUPT_COPY if judged.category is Category.CORRUPT_COPY else UNREADABLE_COPY
+            bad.add(entry, why, judged.reason)
         else:  # absent and not listed: gone since the listing
             bad.add(entry, MISSING_ENTRIES, "no such entry, not listed")
-
-    await bounded(_duties(md, bookie), one, window)
-    return out
