@@ -293,7 +293,8 @@ def main() -> None:
 
     with cProfile.Profile(time.process_time) as prof:
         asyncio.run(side_main(args))
-    prof.dump_stats(str(Path(out) / f"reverify-{args.side}.pstats"))
+    wide = "-wide" if args.set else ""
+    prof.dump_stats(str(Path(out) / f"reverify-{args.side}{wide}.pstats"))
 
 
 if __name__ == "__main__":
