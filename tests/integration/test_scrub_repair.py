@@ -18,10 +18,13 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.bookie.protocol import Operation, verify_entry_body
 from auditor.checks.findings import CheckReport
 from auditor.checks.scrub_run import run_scrub_check
+from auditor.daemon.metrics import Metrics
+from auditor.daemon.state import DaemonState
 from auditor.metadata.model import DigestType, Segment
 from auditor.metadata.schedule import stores_entry
 from auditor.metadata.serde import decode_ledger_metadata
@@ -124,6 +127,17 @@ async def test_a_corrupt_copy_is_replaced_in_exactly_its_segment(zk: ZkClient) -
             assert w.state.fragments_by_reason == Counter({"corrupt_copy": 1})
             # b0's shares of both segments were read back: 0, 2, 3, 5 and 6, 8, 9, 11.
             assert w.state.entries_reverified == 8
+            # The metrics say why the bookie was replaced.
+            samples = {
+                (x.name, x.labels.get("reason", "")): x.value
+                for f in text_string_to_metric_families(
+                    Metrics(DaemonState(identity="", worker=w.state)).exposition().decode()
+                )
+                for x in f.samples
+            }
+            reasons = "bookkeeper_auditor_worker_fragments_replicated_by_reason_total"
+            assert samples[reasons, "corrupt_copy"] == 1
+            assert samples["bookkeeper_auditor_worker_entries_reverified_total", ""] == 8
         segments, after = await metadata(zk, written.path)
         assert segments == (Segment(0, (b[0], b[1], b[2])), Segment(6, (b[2], b[1], b[3])))
         assert after == version + 1
