@@ -1,9 +1,10 @@
 """Exponential back-off, capped, with optional jitter: one rule for every retry that waits.
 
 Why: the daemon's leader (stepping down after failures), the bookie client (no new
-connection to a bookie that just refused one) and the standby index (started again
-after it failed) each used to compute their own doubling wait; one tested rule keeps
-them from drifting apart. Each keeps its own numbers, given as parameters.
+connection to a bookie that just refused one), the standby index (started again
+after it failed) and the replication worker (a failed ledger's lock held before it is
+let go, upstream's schedule) each used to compute their own doubling wait; one tested
+rule keeps them from drifting apart. Each keeps its own numbers, given as parameters.
 
 Pure: no clock, no asyncio, no global random state. The caller counts failures in a
 row (1 for the first) and asks what to wait; a draw with jitter takes the caller's

@@ -44,6 +44,7 @@ from bench import (
     bench_marks,
     bench_memory,
     bench_rereplication,
+    bench_reverify,
     bench_scrutiny,
     bench_small_ledgers,
     bench_spark,
@@ -126,6 +127,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("spark", ("spark",), _spark),
     ("marks", ("marks",), _marks),
     ("compiled", ("compiled-pieces",), _compiled_pieces),
+    ("reverify", ("reverify",), lambda n: [asyncio.run(bench_reverify.measure(n))]),
 ]
 FIGURES = [f for _, figures, _ in BENCHMARKS for f in figures]
 

@@ -78,7 +78,7 @@ def _leader(state: DaemonState) -> str:
         ["This node", _e(state.identity)],
         ["Election", f"{_e(state.election)}, phase {_e(state.phase)}"],
         [
-            "ZooKeeper",
+            "Metadata store",
             "connected" if state.zk_connected else '<span class="bad">disconnected</span>',
         ],
         [

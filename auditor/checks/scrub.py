@@ -43,9 +43,11 @@ from typing import Any, Final
 from auditor.bookie.availability import Availability
 from auditor.bookie.protocol import (
     BookieProtocolError,
+    Status,
     decode_entry_body,
     verify_entry_body,
 )
+from auditor.bookie.results import EntryRead, ErrorStatus, Ok, Outcome
 from auditor.checks.findings import Category, Violation
 from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.metadata.schedule import write_set
@@ -62,7 +64,9 @@ __all__ = [
     "Failed",
     "LedgerScrub",
     "Silent",
+    "as_copy",
     "entry_write_sets",
+    "judge_copy",
     "judge_entry",
     "scrub_ledger",
 ]
@@ -102,6 +106,25 @@ class Silent:
 
 
 Copy = Body | Absent | Failed | Silent
+
+_ABSENT_STATUSES: Final = frozenset({Status.ENOENTRY, Status.ENOLEDGER})
+
+
+def as_copy(out: Outcome[EntryRead] | Outcome[bytes]) -> Copy:
+    """What a READ_ENTRY came to, as the judge takes it: the scrub and the replication
+    worker's re-verification (`worker/reverify.py`) must read an answer the same way.
+    Only EIO is the bookie failing on an entry it has; any other error status (a
+    throttle, an authorisation refusal) says nothing about the copy, like no answer.
+    (`read_entry` answers an `EntryRead`; `start_read_entry`, the body alone.)"""
+    if isinstance(out, Ok):
+        value = out.value
+        return Body(value if isinstance(value, bytes) else value.body)
+    if isinstance(out, ErrorStatus):
+        if out.status in _ABSENT_STATUSES:
+            return ABSENT
+        if out.status is Status.EIO:
+            return Failed(str(out))
+    return Silent(str(out))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +179,42 @@ def _body_fault(
     return None, body.payload
 
 
+def judge_copy(
+    ledger_id: int,
+    entry_id: int,
+    bookie: str,
+    copy: Copy,
+    digest_type: DigestType,
+    password: bytes = b"",
+    listing: Availability | None = None,
+) -> CopyFinding | Body | Absent | Silent:
+    """One copy's judgement: a finding (corrupt or unreadable), `Body` of the sound copy's
+    payload, `ABSENT` (a missing copy: not listed, or no listing), or `Silent`.
+
+    The deep scrub judges each copy of an entry with it (`judge_entry`), and the worker's
+    re-verification of one bookie's copies (`worker/reverify.py`) calls it alone: one
+    judgement of a copy for both, and no per-entry verdict built where one copy is read.
+    """
+    if isinstance(copy, Body):
+        fault, payload = _body_fault(ledger_id, entry_id, copy.data, digest_type, password)
+        if fault is None:
+            return Body(payload)
+        return CopyFinding(ledger_id, entry_id, bookie, Category.CORRUPT_COPY, fault)
+    if copy is ABSENT:
+        if listing is not None and listing.contains(entry_id):
+            return CopyFinding(
+                ledger_id,
+                entry_id,
+                bookie,
+                Category.UNREADABLE_COPY,
+                "listed by the bookie, but read as no such entry",
+            )
+        return ABSENT
+    if isinstance(copy, Failed):
+        return CopyFinding(ledger_id, entry_id, bookie, Category.UNREADABLE_COPY, copy.reason)
+    return copy
+
+
 def judge_entry(
     ledger_id: int,
     entry_id: int,
@@ -174,35 +233,18 @@ def judge_entry(
     absent: list[str] = []
     silent: dict[str, str] = {}
     for bookie in sorted(copies):
-        copy = copies[bookie]
-        if isinstance(copy, Body):
-            fault, payload = _body_fault(ledger_id, entry_id, copy.data, digest_type, password)
-            if fault is None:
-                payloads[bookie] = payload
-            else:
-                findings.append(
-                    CopyFinding(ledger_id, entry_id, bookie, Category.CORRUPT_COPY, fault)
-                )
-        elif copy is ABSENT:
-            listing = None if listings is None else listings.get(bookie)
-            if listing is not None and listing.contains(entry_id):
-                findings.append(
-                    CopyFinding(
-                        ledger_id,
-                        entry_id,
-                        bookie,
-                        Category.UNREADABLE_COPY,
-                        "listed by the bookie, but read as no such entry",
-                    )
-                )
-            else:
-                absent.append(bookie)
-        elif isinstance(copy, Failed):
-            findings.append(
-                CopyFinding(ledger_id, entry_id, bookie, Category.UNREADABLE_COPY, copy.reason)
-            )
-        elif isinstance(copy, Silent):
-            silent[bookie] = copy.reason
+        listing = None if listings is None else listings.get(bookie)
+        judged = judge_copy(
+            ledger_id, entry_id, bookie, copies[bookie], digest_type, password, listing
+        )
+        if isinstance(judged, Body):
+            payloads[bookie] = judged.data
+        elif isinstance(judged, CopyFinding):
+            findings.append(judged)
+        elif judged is ABSENT:
+            absent.append(bookie)
+        elif isinstance(judged, Silent):
+            silent[bookie] = judged.reason
     findings.extend(_divergent(ledger_id, entry_id, payloads))
     return EntryVerdict(
         entry_id,

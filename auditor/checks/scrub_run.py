@@ -60,13 +60,10 @@ from auditor.checks.replicas import listing_duties, skip_reason
 from auditor.checks.replicas_retry import NO_SILENCE, RecheckRule, RetryQueue, Silence
 from auditor.checks.reread import Reread, Suspect
 from auditor.checks.scrub import (
-    ABSENT,
-    Body,
     Copy,
     EntryVerdict,
-    Failed,
     LedgerScrub,
-    Silent,
+    as_copy,
     entry_write_sets,
     judge_entry,
 )
@@ -79,8 +76,6 @@ __all__ = ["LEDGERS_AT_ONCE", "Gates", "ScrubRun", "run_scrub_check"]
 #: Ledgers scrubbed at once: enough that small ledgers keep every bookie's gate busy;
 #: the gates, not this, bound what each bookie sees.
 LEDGERS_AT_ONCE = 4
-
-_ABSENT_STATUSES = (Status.ENOENTRY, Status.ENOLEDGER)
 
 
 class _Gate:
@@ -174,13 +169,7 @@ class ScrubRun:
             out = await self.ctx.bookies.read_entry(bookie, ledger_id, entry_id)
         if isinstance(out, Ok):
             gate.budget.spend(len(out.value.body))
-            return Body(out.value.body)
-        if isinstance(out, ErrorStatus):
-            if out.status in _ABSENT_STATUSES:
-                return ABSENT
-            if out.status is Status.EIO:
-                return Failed(str(out))
-        return Silent(str(out))
+        return as_copy(out)
 
     async def _listings(
         self, md: LedgerMetadata, bookies: Iterable[str]

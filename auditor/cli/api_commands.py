@@ -133,7 +133,7 @@ def render_status(doc: dict[str, Any], out: TextIO) -> None:
         else "none known"
     )
     out.write(
-        f"{doc['identity']}: {role} (auditor: {leader}); zookeeper "
+        f"{doc['identity']}: {role} (auditor: {leader}); metadata store "
         f"{'connected' if doc['zk_connected'] else 'DISCONNECTED'}; auto-recovery "
         f"{'enabled' if doc['replication_enabled'] else 'DISABLED'}\n"
     )

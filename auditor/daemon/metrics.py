@@ -132,8 +132,21 @@ def _worker_series(state: DaemonState) -> Iterator[Metric]:
             w.lock_seconds,
         ),
         ("worker_locks_released", "Replication locks released.", w.locks_released),
+        (
+            "worker_entries_reverified",
+            "Entries read back from bookies a mark names before calling a ledger whole.",
+            w.entries_reverified,
+        ),
     ]:
         yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    yield _labelled(
+        CounterMetricFamily,
+        "worker_fragments_replicated_by_reason",
+        "Fragments committed, by why their bookie was replaced (lost, missing_entries, "
+        "requested, not_adhering, corrupt_copy, unreadable_copy).",
+        ["reason"],
+        (((why,), n) for why, n in sorted(w.fragments_by_reason.items())),
+    )
     yield _labelled(
         CounterMetricFamily,
         "worker_failures",

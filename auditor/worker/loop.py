@@ -65,6 +65,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from auditor.backoff import Backoff
 from auditor.checks.context import CheckContext
 from auditor.logs import get_logger
 from auditor.metadata.replication import ReplicationQueue, TakenLedger
@@ -106,11 +107,14 @@ def default_lock_holder() -> str:
 
 
 def failed_delay(grace_ms: int, failures: int) -> float:
-    """Upstream's failed-ledger delay (s): grace/32 doubled per earlier failure, capped."""
+    """Upstream's failed-ledger delay (s): grace/32 (whole milliseconds) doubled per
+    earlier failure, and the whole grace from the fifth on (the house's one doubling rule,
+    `auditor.backoff`; the cap is upstream's grace itself, which the doubled floor of
+    grace/32 can fall just short of)."""
+    if failures >= BACKOFF_STEPS:
+        return grace_ms / 1000.0
     base = (grace_ms // 2**BACKOFF_STEPS) / 1000.0
-    if failures < BACKOFF_STEPS:
-        return float(base * 2**failures)
-    return grace_ms / 1000.0
+    return Backoff(initial=base, maximum=grace_ms / 1000.0).ceiling(failures + 1)
 
 
 class ReplicationWorker:

@@ -75,6 +75,12 @@ REQUESTED = "requested"
 MISSING_ENTRIES = "missing_entries"
 #: `Repair.why`: healthy, moved so that the segment adheres to the placement policy.
 NOT_ADHERING = "not_adhering"
+#: `Repair.why`: registered and listing its share, but a copy read back fails its digest
+#: or ids (`worker/reverify.py`; the deep scrub's category of the same name).
+CORRUPT_COPY = "corrupt_copy"
+#: `Repair.why`: registered and listing its share, but a listed copy cannot be read (EIO,
+#: or "no such entry" for an entry it lists).
+UNREADABLE_COPY = "unreadable_copy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +107,8 @@ class Repair:
     #: hold part of their share (only they may hold an entry another bad position
     #: also lost). Lost bookies are never listed; a `REQUESTED` bookie comes last.
     sources: tuple[str, ...]
-    #: `LOST`, `REQUESTED`, `MISSING_ENTRIES` or `NOT_ADHERING`.
+    #: `LOST`, `REQUESTED`, `MISSING_ENTRIES`, `NOT_ADHERING`, `CORRUPT_COPY` or
+    #: `UNREADABLE_COPY`.
     why: str
 
     @property
@@ -279,3 +286,32 @@ def placement_repairs(
             )
         )
     return tuple(out)
+
+
+def bad_copy_repair(
+    md: LedgerMetadata, segment_index: int, position: int, why: str, registered: Set[str]
+) -> Repair:
+    """The copy that replaces the bookie at `position` of closed segment `segment_index`,
+    whose copies there were read back bad (`why`: `CORRUPT_COPY`, `UNREADABLE_COPY`, or
+    `MISSING_ENTRIES` for one gone since its listing). The new bookie must hold the
+    position's whole share; the registered members that share entries with it are read
+    first, and the bookie itself last: most of its copies may be sound, and the copy
+    verifies every body it reads, so its bad ones are skipped, never written."""
+    e, w = md.ensemble_size, md.write_quorum
+    seg = list(md.segment_ranges())[segment_index]
+    old = seg.bookies[position]
+    others = tuple(
+        b
+        for j, b in enumerate(seg.bookies)
+        if j != position and b in registered and _may_share(position, j, e, w)
+    )
+    return Repair(
+        segment_index,
+        seg.first,
+        seg.last,
+        position,
+        old,
+        stored_ranges(seg.first, seg.last, e, w, position),
+        (*others, old),
+        why,
+    )

@@ -11,6 +11,13 @@ and moves them (`replace`).
 * **Plan** with the replicas check's own analysis (`worker/plan.py`): a position is
   bad when its bookie is lost or lacks entries it must hold (or is to be replaced); a
   registered bookie that did not answer is unknown, not bad, and the ledger waits.
+* **Re-verify** the bookies the mark names that the plan found holding everything
+  (`worker/reverify.py`, `_reverify`): a listing cannot show a corrupt or unreadable copy
+  (the deep scrub's marks), so each such bookie's share is read back and judged as the
+  scrub judges it; a segment where its copy is bad gets a new bookie like any other bad
+  position (`why` `corrupt_copy`, `unreadable_copy`), and a bookie that stops answering
+  keeps the mark (`unknown_bookies`, the failed-ledger delay), never "healthy". Marks
+  written by Java's auditor are treated alike: nothing in a mark says who wrote it.
 * **Copy** only what the bad position must hold, verified, unchanged, to a target the
   placement policy allows (`worker/targets.py`, `worker/copy.py`). The copy stops the
   moment the ZooKeeper connection is suspended: a worker that may have lost its lock
@@ -51,7 +58,7 @@ from typing import Any, Protocol, TypeVar
 
 from auditor.checks.context import CheckContext
 from auditor.checks.placement_run import placement_policy
-from auditor.checks.replicas import BookieAnswer, expectations
+from auditor.checks.replicas import BookieAnswer, Listed, expectations
 from auditor.checks.replicas_run import bookie_answers
 from auditor.errors import AuditorError
 from auditor.metadata.ledger_update import (
@@ -73,12 +80,14 @@ from auditor.worker.copy import CopyResult, CopyTask, FragmentCopier
 from auditor.worker.plan import (
     LedgerPlan,
     Repair,
+    bad_copy_repair,
     not_adhering_segments,
     placement_repairs,
     plan_ledger,
 )
 from auditor.worker.recovery import Recovered, TailLostError, lost_tail, recover_open_ledger
 from auditor.worker.registry_view import RegistryView
+from auditor.worker.reverify import reverify_bookie
 from auditor.worker.state import Failure, InHand, WorkerState
 from auditor.worker.targets import (
     CannotAdhereError,
@@ -379,14 +388,24 @@ class LedgerRepairer:
                 removed=unmarked,
             )
             return Outcome(True, unmarked=unmarked)
-        plan = await self.plan(md, taken, replace, registered)
+        answers = await bookie_answers(self.ctx, md)
+        plan = await self.plan(md, taken, replace, registered, answers)
         if plan.skipped is not None and not plan.repairs and not plan.open_tail:
             return Outcome(False, Failure.ERROR, f"cannot be planned: {plan.skipped}")
-        if not plan.repairs and not plan.open_tail:
-            if plan.unknown:
-                return Outcome(
-                    False, Failure.UNKNOWN_BOOKIES, f"no answer from {', '.join(plan.unknown)}"
+        if not plan.repairs and not plan.open_tail and plan.unknown:
+            return Outcome(
+                False, Failure.UNKNOWN_BOOKIES, f"no answer from {', '.join(plan.unknown)}"
+            )
+        if plan.skipped is None:
+            bad, failed = await self._reverify(taken, md, plan, registered, answers, replace)
+            if failed is not None:
+                return failed
+            if bad:
+                merged = sorted(
+                    (*plan.repairs, *bad), key=lambda r: (r.segment_index, r.bookie_index)
                 )
+                plan = dataclasses.replace(plan, repairs=tuple(merged))
+        if not plan.repairs and not plan.open_tail:
             placed = await self._place(taken, md, replace, registered)
             if placed is not None:
                 committed, failed = placed
@@ -409,6 +428,89 @@ class LedgerRepairer:
                 committed,
             )
         return await self.verify(taken, committed, replace)
+
+    async def _reverify(
+        self,
+        taken: TakenLedger,
+        md: LedgerMetadata,
+        plan: LedgerPlan,
+        registered: BookieSet,
+        answers: Mapping[str, BookieAnswer],
+        replace: Set[str],
+    ) -> tuple[tuple[Repair, ...], Outcome | None]:
+        """The repairs for the bad copies of the bookies the mark names that the plan
+        found with nothing missing (`worker/reverify.py`), or the failure that keeps the
+        mark: a bookie that stopped answering (`unknown_bookies`, the failed-ledger delay).
+
+        A mark names the bookies it is about; one that is registered and lists its share
+        may still hold it rotten (the deep scrub marks corrupt and unreadable copies). A
+        mark names a bookie for a reason, and Java's auditor and ours write the same mark
+        (no field says why), so every mark naming a live bookie of the ledger is
+        re-verified before the ledger is called whole, whoever wrote it: one read of that
+        bookie's share of the ledger costs less than unmarking a ledger with a bad copy
+        left in place. Bookies not registered (lost: the plan replaces them), silent in
+        the plan (unknown: the mark stays anyway) or being emptied (`replace`) are not
+        read."""
+        up = registered.available
+        members = md.bookies()
+        suspects = [
+            b
+            for b in dict.fromkeys(taken.missing_replicas)
+            if b in members and b in up and b not in replace and b not in plan.unknown
+        ]
+        if not suspects:
+            return (), None
+        lid = taken.ledger_id
+        bk = self.config.bookkeeper
+        digest = md.digest_type if md.digest_type is not None else bk.recovery_digest_type
+        password = md.password if md.password is not None else bk.recovery_password
+        planned = {(r.segment_index, r.old) for r in (*plan.repairs, *plan.open_tail)}
+        out: list[Repair] = []
+        self.step(lid, "re-verifying")
+        for bookie in suspects:
+            answer = answers.get(bookie)
+            found = await self._while_connected(
+                reverify_bookie(
+                    self.ctx.bookies,
+                    md,
+                    bookie,
+                    listing=answer.availability if isinstance(answer, Listed) else None,
+                    digest_type=digest,
+                    password=password,
+                    window=max(1, bk.rereplicationEntryBatchSize),
+                    read_timeout=float(bk.readEntryTimeout),
+                ),
+                "re-verification",
+            )
+            self.state.entries_reverified += found.sound + sum(
+                sum(b.counts.values()) for b in found.bad.values()
+            )
+            if found.silent is not None:
+                detail = (
+                    f"re-verifying the copies on {bookie}, named by the mark: no answer "
+                    f"({found.silent}); the mark stays"
+                )
+                return (), Outcome(False, Failure.UNKNOWN_BOOKIES, detail)
+            for k, bad in sorted(found.bad.items()):
+                self.log.warning(
+                    "bad copies found on a bookie the mark names; it is replaced there",
+                    ledger=lid,
+                    bookie=bookie,
+                    segment=k,
+                    reason=bad.why,
+                    bad_copies=dict(bad.counts),
+                    evidence={str(e): why for e, why in bad.evidence.items()},
+                )
+                if (k, bookie) not in planned:
+                    out.append(bad_copy_repair(md, k, bad.bookie_index, bad.why, up))
+            if not found.bad:
+                self.log.info(
+                    "copies re-verified sound on a bookie the mark names",
+                    ledger=lid,
+                    bookie=bookie,
+                    entries=found.sound,
+                )
+        return tuple(out), None
 
     async def _repair_segments(
         self,
@@ -510,11 +612,13 @@ class LedgerRepairer:
             if result.written:
                 committed += len(seg_repairs)
                 self.state.fragments_replicated += len(seg_repairs)
+                self.state.fragments_by_reason.update(r.why for r in seg_repairs)
                 self.log.info(
                     "fragments committed",
                     ledger=lid,
                     segment_first_entry=first,
                     replaced=replacements,
+                    reasons={r.old: r.why for r in seg_repairs},
                     metadata_version=result.version,
                 )
             md = result.metadata

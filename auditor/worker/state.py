@@ -38,7 +38,8 @@ class InHand:
 
     ledger_id: int
     since: float
-    #: "planning", "copying", "committing", "verifying", "deferred" (lock held until
+    #: "planning", "re-verifying" (reading back the copies of the bookies a mark names),
+    #: "copying", "committing", "verifying", "deferred" (lock held until
     #: `until`), "recovering" (an open ledger being fenced and closed).
     step: str
     #: One line per fragment: "segment 0 [0-99] position 1 bookie-3:3181 -> bookie-7:3181".
@@ -68,6 +69,12 @@ class WorkerState:
     #: Ledgers whose mark was removed with nothing to copy (their bookies came back).
     ledgers_found_healthy: int = 0
     fragments_replicated: int = 0
+    #: The same fragments by why their bookie was replaced (`Repair.why`: lost,
+    #: missing_entries, requested, not_adhering, corrupt_copy, unreadable_copy).
+    fragments_by_reason: Counter[str] = field(default_factory=Counter)
+    #: Entries read back from the bookies a mark names, before calling a ledger whole
+    #: (`worker/reverify.py`).
+    entries_reverified: int = 0
     #: Open ledgers this worker fenced, recovered and closed; recoveries that failed.
     ledgers_recovered: int = 0
     recoveries_failed: int = 0

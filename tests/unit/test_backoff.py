@@ -7,6 +7,7 @@ import random
 import pytest
 
 from auditor.backoff import Backoff
+from auditor.worker.loop import failed_delay
 
 
 def test_without_jitter_the_wait_doubles_exactly_up_to_the_cap() -> None:
@@ -84,3 +85,19 @@ def test_nonsense_settings_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match="back-off"):
         Backoff(initial, maximum, factor, jitter)
+
+
+def test_the_workers_failed_ledger_delay_is_upstreams_schedule_through_the_one_rule() -> None:
+    """Upstream's ReplicationWorker waits grace/32 (whole ms), doubling per earlier failure,
+    then the whole grace: at its default grace of 300,000 ms, 9.375 s to 150 s, then 300 s;
+    a grace whose 32nd is not whole caps at the grace, not at the doubled floor."""
+    assert [failed_delay(300_000, n) for n in range(7)] == [
+        9.375,
+        18.75,
+        37.5,
+        75.0,
+        150.0,
+        300.0,
+        300.0,
+    ]
+    assert [failed_delay(1_000, n) for n in range(6)] == [0.031, 0.062, 0.124, 0.248, 0.496, 1.0]
