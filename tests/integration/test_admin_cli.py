@@ -237,7 +237,9 @@ async def test_status(daemon: Api) -> None:
     run = await bk("status", BK_AUDITOR_API_TARGET=daemon.target)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert lines[0] == (f"{ME}: leader (auditor: {ME}); metadata store connected; auto-recovery enabled")
+    assert lines[0] == (
+        f"{ME}: leader (auditor: {ME}); metadata store connected; auto-recovery enabled"
+    )
     replicas = next(line for line in lines if line.strip().startswith("replicas"))
     assert "violations" in replicas and "no_replica=1" in replicas
     assert "last error: ZooKeeper unavailable" in run.stdout
