@@ -13,7 +13,8 @@ re-replication has it in hand):
   entries of the ledger at a time, and no bookie is sent more than that many of the
   scrub's reads at once (a gate per bookie, beside the client's own cap), each read let
   go only while the bookie's byte budget (`scrub.bytes_per_second`, `scrub_pace`) is not
-  in debt; each entry is judged as soon as its copies are in, and its bodies dropped;
+  in debt; each entry is judged as soon as its copies are in, and its bodies dropped
+  (reads sent from the answers' callbacks: no task, coroutine or future per read);
 - a ledger with a bookie that did not answer waits `checks.retry_delay` and is scrubbed
   again (`replicas_retry`: the re-checks are owed per (ledger, bookie)); a bookie still
   silent after them is logged and left to the replicas check, which reports silent
@@ -33,13 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from functools import partial
 
 from auditor.bookie.availability import EMPTY, Availability
 from auditor.bookie.protocol import Status
-from auditor.bookie.results import ErrorStatus, Ok
+from auditor.bookie.results import ErrorStatus, Ok, Outcome
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import (
     Check,
@@ -79,13 +81,146 @@ _ABSENT_STATUSES = (Status.ENOENTRY, Status.ENOLEDGER)
 
 
 class _Gate:
-    """One bookie's share of the scrub: reads in flight, and its byte budget."""
+    """One bookie's share of the scrub: reads in flight, reads waiting, its byte budget.
 
-    __slots__ = ("budget", "slots")
+    A read goes out (`BookieClient.start_read_entry`: no task, coroutine or future per
+    read) while fewer than `in_flight` of the scrub's reads are out to the bookie and
+    its budget is not in debt; otherwise it waits here, in the order it came, and goes
+    when an answer returns a slot or the budget's timer fires."""
+
+    __slots__ = ("budget", "free", "timer", "waiting")
 
     def __init__(self, in_flight: int, rate: float) -> None:
-        self.slots = asyncio.Semaphore(max(1, in_flight))
+        self.free = max(1, in_flight)
         self.budget = ByteBudget(rate)
+        self.waiting: deque[tuple[_LedgerReads, _Entry, str]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def submit(self, reads: _LedgerReads, entry: _Entry, bookie: str) -> None:
+        self.waiting.append((reads, entry, bookie))
+        self.pump()
+
+    def settle(self, size: int) -> None:
+        """An answer came: its slot back, its bytes taken from the budget."""
+        self.free += 1
+        if size:
+            self.budget.spend(size)
+        self.pump()
+
+    def pump(self) -> None:
+        while self.waiting and self.free > 0 and self.timer is None:
+            reads, entry, bookie = self.waiting.popleft()
+            if reads.ended:
+                continue
+            wait = self.budget.delay()
+            if wait > 0:
+                # The wait is the point: the bookie's byte budget is spent until then.
+                self.waiting.appendleft((reads, entry, bookie))
+                self.timer = asyncio.get_running_loop().call_later(wait, self._wake)
+                return
+            self.free -= 1
+            reads.send(self, entry, bookie)
+
+    def _wake(self) -> None:
+        self.timer = None
+        self.pump()
+
+
+class _Entry:
+    """One entry being read: what its bookies returned so far, how many are still out."""
+
+    __slots__ = ("copies", "entry_id", "left")
+
+    def __init__(self, entry_id: int, left: int) -> None:
+        self.entry_id = entry_id
+        self.copies: dict[str, Copy] = {}
+        self.left = left
+
+
+def _copy(out: Outcome[bytes]) -> Copy:
+    """A read's outcome as the core takes it."""
+    if isinstance(out, Ok):
+        return Body(out.value)
+    if isinstance(out, ErrorStatus):
+        if out.status in _ABSENT_STATUSES:
+            return ABSENT
+        if out.status is Status.EIO:
+            return Failed(str(out))
+    return Silent(str(out))
+
+
+class _LedgerReads:
+    """Every copy of a ledger's entries read through the bookies' gates, `limit` entries at
+    a time, each entry judged as soon as its copies are in and its bodies dropped; driven
+    by the answers' callbacks, `done` once the last entry is judged."""
+
+    def __init__(
+        self,
+        run: ScrubRun,
+        md: LedgerMetadata,
+        held: frozenset[str],
+        listings: dict[str, Availability],
+    ) -> None:
+        bk = run.cfg.bookkeeper
+        self.run = run
+        self.lid = md.ledger_id
+        self.digest: DigestType = md.digest_type or bk.recovery_digest_type
+        self.password = md.password if md.password is not None else bk.recovery_password
+        self.held = held
+        self.listings = listings
+        self.todo = entry_write_sets(md)
+        self.limit = max(1, run.cfg.checks.bookie_max_in_flight)
+        self.open = 0
+        self.ended = False
+        self.out = LedgerScrub(md.ledger_id)
+        self.done: asyncio.Future[LedgerScrub] = asyncio.get_running_loop().create_future()
+
+    def fill(self) -> None:
+        """Entries started until `limit` are open or none is left; done when all are judged."""
+        while self.open < self.limit:
+            item = next(self.todo, None)
+            if item is None:
+                break
+            entry_id, bookies = item
+            asked = [b for b in bookies if b not in self.held]
+            entry = _Entry(entry_id, len(asked))
+            if not asked:
+                self._judge(entry)
+                continue
+            self.open += 1
+            for bookie in asked:
+                self.run._gate(bookie).submit(self, entry, bookie)
+        if self.open == 0 and not self.done.done():
+            self.ended = True
+            self.done.set_result(self.out)
+
+    def send(self, gate: _Gate, entry: _Entry, bookie: str) -> None:
+        self.run.ctx.bookies.start_read_entry(
+            bookie, self.lid, entry.entry_id, partial(self._answered, gate, entry, bookie)
+        )
+
+    def _answered(self, gate: _Gate, entry: _Entry, bookie: str, out: Outcome[bytes]) -> None:
+        try:
+            gate.settle(len(out.value) if isinstance(out, Ok) else 0)
+            if self.ended:
+                return
+            entry.copies[bookie] = _copy(out)
+            entry.left -= 1
+            if entry.left == 0:
+                self.open -= 1
+                self._judge(entry)
+                self.fill()
+        except Exception as exc:  # a callback must not raise: the scrub does, from `done`
+            self.ended = True
+            if not self.done.done():
+                self.done.set_exception(exc)
+
+    def _judge(self, entry: _Entry) -> None:
+        self.out.add(
+            judge_entry(
+                self.lid, entry.entry_id, entry.copies, self.digest, self.password, self.listings
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,25 +270,6 @@ class ScrubRun:
             )
         return gate
 
-    async def read_copy(self, bookie: str, ledger_id: int, entry_id: int) -> Copy:
-        """One copy, read within the bookie's gate and budget, as the core takes it."""
-        gate = self._gate(bookie)
-        async with gate.slots:
-            wait = gate.budget.delay()
-            if wait > 0:
-                # The wait is the point: the bookie's byte budget is spent until then.
-                await asyncio.sleep(wait)
-            out = await self.ctx.bookies.read_entry(bookie, ledger_id, entry_id)
-        if isinstance(out, Ok):
-            gate.budget.spend(len(out.value.body))
-            return Body(out.value.body)
-        if isinstance(out, ErrorStatus):
-            if out.status in _ABSENT_STATUSES:
-                return ABSENT
-            if out.status is Status.EIO:
-                return Failed(str(out))
-        return Silent(str(out))
-
     async def _listings(
         self, md: LedgerMetadata, bookies: Iterable[str]
     ) -> dict[str, Availability]:
@@ -175,26 +291,15 @@ class ScrubRun:
 
     async def scrub(self, md: LedgerMetadata) -> LedgerScrub:
         """Every copy of every entry of a closed ledger, read and judged."""
-        bk = self.cfg.bookkeeper
-        digest: DigestType = md.digest_type or bk.recovery_digest_type
-        password = md.password if md.password is not None else bk.recovery_password
         held = self.ctx.held_bookies()
         listings = await self._listings(md, [b for b in listing_duties(md) if b not in held])
-        out = LedgerScrub(md.ledger_id)
-        lid = md.ledger_id
-
-        async def entry(item: tuple[int, tuple[str, ...]]) -> None:
-            entry_id, bookies = item
-            asked = [b for b in bookies if b not in held]
-            copies = await asyncio.gather(*(self.read_copy(b, lid, entry_id) for b in asked))
-            out.add(
-                judge_entry(
-                    lid, entry_id, dict(zip(asked, copies, strict=True)), digest, password, listings
-                )
-            )
-
-        await bounded(entry_write_sets(md), entry, self.cfg.checks.bookie_max_in_flight)
-        return out
+        reads = _LedgerReads(self, md, held, listings)
+        try:
+            reads.fill()
+            return await reads.done
+        finally:
+            # Cancelled: reads not sent are dropped, answers still due only return slots.
+            reads.ended = True
 
     # --- one ledger ------------------------------------------------------------------------
 
