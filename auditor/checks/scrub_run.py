@@ -10,8 +10,10 @@ re-replication has it in hand):
 - each bookie with duties in it is asked once for its listing (what its index holds),
   so that "no such entry" for an entry it lists is told apart from a missing copy;
 - every entry is read from every bookie of its write set, `checks.bookie_max_in_flight`
-  entries of the ledger at a time, and no bookie is sent more than that many of the
-  scrub's reads at once (a gate per bookie, beside the client's own cap), each read let
+  entries of the ledger at a time and `ENTRIES_OPEN` times that across the run (ledgers
+  waiting for room served in turn), and no bookie is sent more than
+  `checks.bookie_max_in_flight` of the scrub's reads at once (a gate per bookie, beside
+  the client's own cap), each read let
   go only while the bookie's byte budget (`scrub.bytes_per_second`, `scrub_pace`) is not
   in debt; each entry is judged as soon as its copies are in, and its bodies dropped
   (reads sent from the answers' callbacks: no task, coroutine or future per read);
@@ -71,11 +73,15 @@ from auditor.checks.scrub_pace import ByteBudget
 from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.metadata.walk import LedgerRecord
 
-__all__ = ["LEDGERS_AT_ONCE", "ScrubRun", "run_scrub_check"]
+__all__ = ["ENTRIES_OPEN", "LEDGERS_AT_ONCE", "ScrubRun", "run_scrub_check"]
 
-#: Ledgers scrubbed at once: enough that small ledgers keep every bookie's gate busy;
-#: the gates, not this, bound what each bookie sees.
-LEDGERS_AT_ONCE = 4
+#: Ledgers scrubbed at once: enough that their ensembles spread over the bookies and one
+#: ledger's last reads or list round trip do not leave its bookies idle; the gates, not
+#: this, bound what each bookie sees, and `ENTRIES_OPEN` what is held.
+LEDGERS_AT_ONCE = 16
+#: Entries open at once across the run (read, not yet judged), in units of
+#: `checks.bookie_max_in_flight`: their bodies are what the scrub holds in memory.
+ENTRIES_OPEN = 4
 
 _ABSENT_STATUSES = (Status.ENOENTRY, Status.ENOLEDGER)
 
@@ -149,6 +155,28 @@ def _copy(out: Outcome[bytes]) -> Copy:
     return Silent(str(out))
 
 
+class _Room:
+    """Room for open entries across the run, and the ledgers waiting for it, served in
+    the order they came (a ledger that just closed an entry goes behind them)."""
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, entries: int) -> None:
+        self.free = max(1, entries)
+        self.waiting: deque[_LedgerReads] = deque()
+
+    def queue(self, reads: _LedgerReads) -> None:
+        if not reads.queued:
+            reads.queued = True
+            self.waiting.append(reads)
+
+    def serve(self) -> None:
+        while self.free > 0 and self.waiting:
+            reads = self.waiting.popleft()
+            reads.queued = False
+            reads.fill()
+
+
 class _LedgerReads:
     """Every copy of a ledger's entries read through the bookies' gates, `limit` entries at
     a time, each entry judged as soon as its copies are in and its bodies dropped; driven
@@ -172,14 +200,26 @@ class _LedgerReads:
         self.limit = max(1, run.cfg.checks.bookie_max_in_flight)
         self.open = 0
         self.ended = False
+        #: In the run's `_Room` queue.
+        self.queued = False
+        #: Every entry started.
+        self.exhausted = False
         self.out = LedgerScrub(md.ledger_id)
         self.done: asyncio.Future[LedgerScrub] = asyncio.get_running_loop().create_future()
 
     def fill(self) -> None:
-        """Entries started until `limit` are open or none is left; done when all are judged."""
-        while self.open < self.limit:
+        """Entries started until `limit` are open, the run has no room, or none is left;
+        done when all are judged."""
+        if self.ended:
+            return
+        room = self.run.room
+        while self.open < self.limit and not self.exhausted:
+            if room.free <= 0:
+                room.queue(self)
+                return
             item = next(self.todo, None)
             if item is None:
+                self.exhausted = True
                 break
             entry_id, bookies = item
             asked = [b for b in bookies if b not in self.held]
@@ -188,9 +228,10 @@ class _LedgerReads:
                 self._judge(entry)
                 continue
             self.open += 1
+            room.free -= 1
             for bookie in asked:
                 self.run._gate(bookie).submit(self, entry, bookie)
-        if self.open == 0 and not self.done.done():
+        if self.exhausted and self.open == 0 and not self.done.done():
             self.ended = True
             self.done.set_result(self.out)
 
@@ -207,13 +248,29 @@ class _LedgerReads:
             entry.copies[bookie] = _copy(out)
             entry.left -= 1
             if entry.left == 0:
+                room = self.run.room
                 self.open -= 1
+                room.free += 1
                 self._judge(entry)
-                self.fill()
+                if self.exhausted:
+                    self.fill()  # done when it was the last
+                else:
+                    room.queue(self)
+                room.serve()
         except Exception as exc:  # a callback must not raise: the scrub does, from `done`
-            self.ended = True
             if not self.done.done():
                 self.done.set_exception(exc)
+            self.end()
+
+    def end(self) -> None:
+        """No more reads or judgements; the room of its open entries back to the run."""
+        if self.ended:
+            return
+        self.ended = True
+        room = self.run.room
+        room.free += self.open
+        self.open = 0
+        room.serve()
 
     def _judge(self, entry: _Entry) -> None:
         self.out.add(
@@ -245,6 +302,7 @@ class ScrubRun:
         self.retry = RetryQueue()
         self.marked: set[int] = set()
         self.gates: dict[str, _Gate] = {}
+        self.room = _Room(ENTRIES_OPEN * self.cfg.checks.bookie_max_in_flight)
         self.reread: Reread[_Found] = Reread(
             self.recorder, self.walker, self._report, marked=self._fresh_mark
         )
@@ -299,7 +357,7 @@ class ScrubRun:
             return await reads.done
         finally:
             # Cancelled: reads not sent are dropped, answers still due only return slots.
-            reads.ended = True
+            reads.end()
 
     # --- one ledger ------------------------------------------------------------------------
 

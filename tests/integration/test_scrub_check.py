@@ -13,7 +13,7 @@ import time
 
 from auditor.bookie.protocol import Operation, Status
 from auditor.checks.findings import CheckReport, ScrubCoverage
-from auditor.checks.scrub_run import ScrubRun, run_scrub_check
+from auditor.checks.scrub_run import ENTRIES_OPEN, ScrubRun, run_scrub_check
 from auditor.metadata.model import DigestType, LedgerState
 from auditor.metadata.underreplication import UnderreplicatedLedger
 from auditor.store import MetadataStore
@@ -233,6 +233,9 @@ async def test_a_cancelled_scrub_gives_the_gates_back(store: MetadataStore) -> N
         # The cancelled scrub's 2 reads a bookie, then every copy once.
         assert [emu.received[Operation.READ_ENTRY] for emu in tc.bookies] == [8, 8, 8]
         assert [emu.max_in_flight for emu in tc.bookies] == [2, 2, 2]
+        # Every slot and all the room for open entries back.
+        assert [g.free for g in scrub_run.gates.values()] == [2, 2, 2]
+        assert scrub_run.room.free == ENTRIES_OPEN * 2
 
 
 async def test_marked_ledgers_are_skipped_unread(store: MetadataStore) -> None:
