@@ -36,7 +36,9 @@ each side's best run is the figure:
 
 Each side reports the copies it read and the payload bytes (copies x payload size, the
 bytes the scrub verifies); CPU is the measured process's (getrusage), in microseconds
-per MB of payload and per copy.
+per MB of payload and per copy, with the bookies' CPU during the run beside it. Not the
+figure: `ours_narrow`, one more run of ours with four ledgers at once (`LEDGERS_AT_ONCE`
+before issue 35), to tell the ledgers' spread over the bookies from our own costs.
 
     python -m bench.bench_scrub floor|ours --zk HOSTS --entries N
 
