@@ -4,7 +4,8 @@
 
 Figures: codec, floor, replicas-cold, placement, index-load, warm-replicas,
 naive, memory, bookie-load, naive-latency, failover, memory-1m, failover-1m,
-rereplication, rereplication-64k, rereplication-small, etcd-floor, etcd-replicas,
+rereplication, rereplication-64k, rereplication-small, scrub, scrub-64k, etcd-floor,
+etcd-replicas,
 spark, marks, compiled-pieces. BENCH_ONLY picks some (by figure name, or by
 benchmark name for all its figures: scrutiny, big, etcd, rereplication-all); a
 benchmark whose figures are all left out does not run. The first line
@@ -45,6 +46,7 @@ from bench import (
     bench_memory,
     bench_rereplication,
     bench_reverify,
+    bench_scrub,
     bench_scrutiny,
     bench_small_ledgers,
     bench_spark,
@@ -93,6 +95,16 @@ def _small_ledgers(n: int) -> Figures:
     return [asyncio.run(bench_small_ledgers.measure(bench_small_ledgers.small_n()))]
 
 
+def _scrub(n: int) -> Figures:
+    wanted = selected()
+    out: Figures = []
+    if "scrub" in wanted:
+        out.append(asyncio.run(bench_scrub.measure(n)))
+    if "scrub-64k" in wanted:
+        out.append(asyncio.run(bench_scrub.measure_64k(n)))
+    return out
+
+
 def _etcd(n: int) -> Figures:
     return asyncio.run(bench_etcd.measure(bench_etcd.bench_etcd_n()))
 
@@ -123,6 +135,7 @@ BENCHMARKS: list[tuple[str, tuple[str, ...], Callable[[int], Figures]]] = [
     ("big", ("memory-1m", "failover-1m"), _big),
     ("rereplication-all", ("rereplication", "rereplication-64k"), _rereplication),
     ("rereplication-small", ("rereplication-small",), _small_ledgers),
+    ("scrub", ("scrub", "scrub-64k"), _scrub),
     ("etcd", ("etcd-floor", "etcd-replicas"), _etcd),
     ("spark", ("spark",), _spark),
     ("marks", ("marks",), _marks),

@@ -10,10 +10,13 @@ re-replication has it in hand):
 - each bookie with duties in it is asked once for its listing (what its index holds),
   so that "no such entry" for an entry it lists is told apart from a missing copy;
 - every entry is read from every bookie of its write set, `checks.bookie_max_in_flight`
-  entries of the ledger at a time, and no bookie is sent more than that many of the
-  scrub's reads at once (a gate per bookie, beside the client's own cap), each read let
+  entries of the ledger at a time and `ENTRIES_OPEN` times that across the run (ledgers
+  waiting for room served in turn), and no bookie is sent more than
+  `checks.bookie_max_in_flight` of the scrub's reads at once (a gate per bookie, beside
+  the client's own cap), each read let
   go only while the bookie's byte budget (`scrub.bytes_per_second`, `scrub_pace`) is not
-  in debt; each entry is judged as soon as its copies are in, and its bodies dropped;
+  in debt; each entry is judged as soon as its copies are in, and its bodies dropped
+  (reads sent from the answers' callbacks: no task, coroutine or future per read);
 - a ledger with a bookie that did not answer waits `checks.retry_delay` and is scrubbed
   again (`replicas_retry`: the re-checks are owed per (ledger, bookie)); a bookie still
   silent after them is logged and left to the replicas check, which reports silent
@@ -36,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -43,7 +47,7 @@ from typing import cast
 
 from auditor.bookie.availability import EMPTY, Availability
 from auditor.bookie.protocol import Status
-from auditor.bookie.results import ErrorStatus, Ok
+from auditor.bookie.results import ErrorStatus, Ok, Outcome
 from auditor.checks.context import CheckContext
 from auditor.checks.findings import (
     Check,
@@ -71,21 +75,200 @@ from auditor.checks.scrub_pace import ByteBudget
 from auditor.metadata.model import DigestType, LedgerMetadata
 from auditor.metadata.walk import LedgerRecord
 
-__all__ = ["LEDGERS_AT_ONCE", "Gates", "ScrubRun", "run_scrub_check"]
+__all__ = ["ENTRIES_OPEN", "LEDGERS_AT_ONCE", "Gates", "ScrubRun", "run_scrub_check"]
 
-#: Ledgers scrubbed at once: enough that small ledgers keep every bookie's gate busy;
-#: the gates, not this, bound what each bookie sees.
-LEDGERS_AT_ONCE = 4
+#: Ledgers scrubbed at once: enough that their ensembles spread over the bookies and one
+#: ledger's last reads or list round trip do not leave its bookies idle; the gates, not
+#: this, bound what each bookie sees, and `ENTRIES_OPEN` what is held.
+LEDGERS_AT_ONCE = 16
+#: Entries open at once across the run (read, not yet judged), in units of
+#: `checks.bookie_max_in_flight`: their bodies are what the scrub holds in memory.
+ENTRIES_OPEN = 4
 
 
 class _Gate:
-    """One bookie's share of the scrub: reads in flight, and its byte budget."""
+    """One bookie's share of the scrub: reads in flight, reads waiting, its byte budget.
 
-    __slots__ = ("budget", "slots")
+    A read goes out (`BookieClient.start_read_entry`: no task, coroutine or future per
+    read) while fewer than `in_flight` of the scrub's reads are out to the bookie and
+    its budget is not in debt; otherwise it waits here, in the order it came, and goes
+    when an answer returns a slot or the budget's timer fires."""
+
+    __slots__ = ("budget", "free", "timer", "waiting")
 
     def __init__(self, in_flight: int, rate: float) -> None:
-        self.slots = asyncio.Semaphore(max(1, in_flight))
+        self.free = max(1, in_flight)
         self.budget = ByteBudget(rate)
+        self.waiting: deque[tuple[_LedgerReads, _Entry, str]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def submit(self, reads: _LedgerReads, entry: _Entry, bookie: str) -> None:
+        self.waiting.append((reads, entry, bookie))
+        self.pump()
+
+    def settle(self, size: int) -> None:
+        """An answer came: its slot back, its bytes taken from the budget."""
+        self.free += 1
+        if size:
+            self.budget.spend(size)
+        self.pump()
+
+    def pump(self) -> None:
+        while self.waiting and self.free > 0 and self.timer is None:
+            reads, entry, bookie = self.waiting.popleft()
+            if reads.ended:
+                continue
+            wait = self.budget.delay()
+            if wait > 0:
+                # The wait is the point: the bookie's byte budget is spent until then.
+                self.waiting.appendleft((reads, entry, bookie))
+                self.timer = asyncio.get_running_loop().call_later(wait, self._wake)
+                return
+            self.free -= 1
+            reads.send(self, entry, bookie)
+
+    def _wake(self) -> None:
+        self.timer = None
+        self.pump()
+
+
+class _Entry:
+    """One entry being read: what its bookies returned so far, how many are still out."""
+
+    __slots__ = ("copies", "entry_id", "left")
+
+    def __init__(self, entry_id: int, left: int) -> None:
+        self.entry_id = entry_id
+        self.copies: dict[str, Copy] = {}
+        self.left = left
+
+
+class _Room:
+    """Room for open entries across the run, and the ledgers waiting for it, served in
+    the order they came (a ledger that just closed an entry goes behind them)."""
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, entries: int) -> None:
+        self.free = max(1, entries)
+        self.waiting: deque[_LedgerReads] = deque()
+
+    def queue(self, reads: _LedgerReads) -> None:
+        if not reads.queued:
+            reads.queued = True
+            self.waiting.append(reads)
+
+    def serve(self) -> None:
+        while self.free > 0 and self.waiting:
+            reads = self.waiting.popleft()
+            reads.queued = False
+            reads.fill()
+
+
+class _LedgerReads:
+    """Every copy of a ledger's entries read through the bookies' gates, `limit` entries at
+    a time, each entry judged as soon as its copies are in and its bodies dropped; driven
+    by the answers' callbacks, `done` once the last entry is judged."""
+
+    def __init__(
+        self,
+        run: ScrubRun,
+        md: LedgerMetadata,
+        held: frozenset[str],
+        listings: dict[str, Availability],
+        on_verdict: Callable[[EntryVerdict], None] | None = None,
+    ) -> None:
+        bk = run.cfg.bookkeeper
+        self.run = run
+        self.on_verdict = on_verdict
+        self.lid = md.ledger_id
+        self.digest: DigestType = md.digest_type or bk.recovery_digest_type
+        self.password = md.password if md.password is not None else bk.recovery_password
+        self.held = held
+        self.listings = listings
+        self.todo = entry_write_sets(md)
+        self.limit = max(1, run.cfg.checks.bookie_max_in_flight)
+        self.open = 0
+        self.ended = False
+        #: In the run's `_Room` queue.
+        self.queued = False
+        #: Every entry started.
+        self.exhausted = False
+        self.out = LedgerScrub(md.ledger_id)
+        self.done: asyncio.Future[LedgerScrub] = asyncio.get_running_loop().create_future()
+
+    def fill(self) -> None:
+        """Entries started until `limit` are open, the run has no room, or none is left;
+        done when all are judged."""
+        if self.ended:
+            return
+        room = self.run.room
+        while self.open < self.limit and not self.exhausted:
+            if room.free <= 0:
+                room.queue(self)
+                return
+            item = next(self.todo, None)
+            if item is None:
+                self.exhausted = True
+                break
+            entry_id, bookies = item
+            asked = [b for b in bookies if b not in self.held]
+            entry = _Entry(entry_id, len(asked))
+            if not asked:
+                self._judge(entry)
+                continue
+            self.open += 1
+            room.free -= 1
+            for bookie in asked:
+                self.run.gates.of(bookie).submit(self, entry, bookie)
+        if self.exhausted and self.open == 0 and not self.done.done():
+            self.ended = True
+            self.done.set_result(self.out)
+
+    def send(self, gate: _Gate, entry: _Entry, bookie: str) -> None:
+        self.run.ctx.bookies.start_read_entry(
+            bookie, self.lid, entry.entry_id, partial(self._answered, gate, entry, bookie)
+        )
+
+    def _answered(self, gate: _Gate, entry: _Entry, bookie: str, out: Outcome[bytes]) -> None:
+        try:
+            gate.settle(len(out.value) if isinstance(out, Ok) else 0)
+            if self.ended:
+                return
+            entry.copies[bookie] = as_copy(out)
+            entry.left -= 1
+            if entry.left == 0:
+                room = self.run.room
+                self.open -= 1
+                room.free += 1
+                self._judge(entry)
+                if self.exhausted:
+                    self.fill()  # done when it was the last
+                else:
+                    room.queue(self)
+                room.serve()
+        except Exception as exc:  # a callback must not raise: the scrub does, from `done`
+            if not self.done.done():
+                self.done.set_exception(exc)
+            self.end()
+
+    def end(self) -> None:
+        """No more reads or judgements; the room of its open entries back to the run."""
+        if self.ended:
+            return
+        self.ended = True
+        room = self.run.room
+        room.free += self.open
+        self.open = 0
+        room.serve()
+
+    def _judge(self, entry: _Entry) -> None:
+        verdict = judge_entry(
+            self.lid, entry.entry_id, entry.copies, self.digest, self.password, self.listings
+        )
+        self.out.add(verdict)
+        if self.on_verdict is not None:
+            self.on_verdict(verdict)
 
 
 class Gates:
@@ -141,6 +324,7 @@ class ScrubRun:
         self.gates = gates or Gates(
             self.cfg.checks.bookie_max_in_flight, self.cfg.scrub.bytes_per_second
         )
+        self.room = _Room(ENTRIES_OPEN * self.cfg.checks.bookie_max_in_flight)
         self.reread: Reread[_Found] = Reread(
             self.recorder, self.walker, self._report, marked=self._fresh_mark
         )
@@ -157,19 +341,6 @@ class ScrubRun:
         return cov
 
     # --- reading ---------------------------------------------------------------------------
-
-    async def read_copy(self, bookie: str, ledger_id: int, entry_id: int) -> Copy:
-        """One copy, read within the bookie's gate and budget, as the core takes it."""
-        gate = self.gates.of(bookie)
-        async with gate.slots:
-            wait = gate.budget.delay()
-            if wait > 0:
-                # The wait is the point: the bookie's byte budget is spent until then.
-                await asyncio.sleep(wait)
-            out = await self.ctx.bookies.read_entry(bookie, ledger_id, entry_id)
-        if isinstance(out, Ok):
-            gate.budget.spend(len(out.value.body))
-        return as_copy(out)
 
     async def _listings(
         self, md: LedgerMetadata, bookies: Iterable[str]
@@ -195,27 +366,15 @@ class ScrubRun:
     ) -> LedgerScrub:
         """Every copy of every entry of a closed ledger, read and judged; `on_verdict` is
         told each entry's verdict (`explain --scrub` accounts for each copy with it)."""
-        bk = self.cfg.bookkeeper
-        digest: DigestType = md.digest_type or bk.recovery_digest_type
-        password = md.password if md.password is not None else bk.recovery_password
         held = self.ctx.held_bookies()
         listings = await self._listings(md, [b for b in listing_duties(md) if b not in held])
-        out = LedgerScrub(md.ledger_id)
-        lid = md.ledger_id
-
-        async def entry(item: tuple[int, tuple[str, ...]]) -> None:
-            entry_id, bookies = item
-            asked = [b for b in bookies if b not in held]
-            copies = await asyncio.gather(*(self.read_copy(b, lid, entry_id) for b in asked))
-            verdict = judge_entry(
-                lid, entry_id, dict(zip(asked, copies, strict=True)), digest, password, listings
-            )
-            out.add(verdict)
-            if on_verdict is not None:
-                on_verdict(verdict)
-
-        await bounded(entry_write_sets(md), entry, self.cfg.checks.bookie_max_in_flight)
-        return out
+        reads = _LedgerReads(self, md, held, listings, on_verdict)
+        try:
+            reads.fill()
+            return await reads.done
+        finally:
+            # Cancelled: reads not sent are dropped, answers still due only return slots.
+            reads.end()
 
     # --- one ledger ------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import time
 
 from auditor.bookie.protocol import Operation, Status
 from auditor.checks.findings import CheckReport, ScrubCoverage
-from auditor.checks.scrub_run import run_scrub_check
+from auditor.checks.scrub_run import ENTRIES_OPEN, ScrubRun, run_scrub_check
 from auditor.metadata.model import DigestType, LedgerState
 from auditor.metadata.underreplication import UnderreplicatedLedger
 from auditor.store import MetadataStore
@@ -205,6 +205,37 @@ async def test_reads_are_pipelined_up_to_the_in_flight_cap(store: MetadataStore)
         assert found(report) == []
         assert report.scrub is not None and report.scrub.copies_verified == 90
         assert [emu.max_in_flight for emu in tc.bookies] == [5, 5, 5]
+
+
+async def test_a_cancelled_scrub_gives_the_gates_back(store: MetadataStore) -> None:
+    """A ledger's scrub cancelled with reads out: their answers still return the gates'
+    slots (their copies are dropped) and the reads not yet sent are never sent, so the
+    run's next scrub of the ledger reads every copy once, still no more than the cap at
+    once per bookie."""
+    async with test_cluster(store, 3) as tc:
+        written = await tc.writer.write_ledger(1, tc.ids, write_quorum=3, num_entries=6)
+        for emu in tc.bookies:
+            # Long enough that no answer comes back before the cancellation.
+            emu.set_latency(0.5, Operation.READ_ENTRY)
+            emu.reset_stats()
+        overrides = [*FAST, "readEntryTimeout=5", "checks.bookie_max_in_flight=2"]
+        async with tc.context(overrides=overrides) as ctx:
+            scrub_run = ScrubRun(ctx)
+            first = asyncio.ensure_future(scrub_run.scrub(written.metadata))
+            for emu in tc.bookies:
+                await emu.wait_requests(2, Operation.READ_ENTRY)
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            assert first.cancelled()
+            async with asyncio.timeout(30):
+                scrub = await scrub_run.scrub(written.metadata)
+        assert (scrub.entries, scrub.copies_verified, scrub.found) == (6, 18, False)
+        # The cancelled scrub's 2 reads a bookie, then every copy once.
+        assert [emu.received[Operation.READ_ENTRY] for emu in tc.bookies] == [8, 8, 8]
+        assert [emu.max_in_flight for emu in tc.bookies] == [2, 2, 2]
+        # Every slot and all the room for open entries back.
+        assert [scrub_run.gates.of(b).free for b in tc.ids] == [2, 2, 2]
+        assert scrub_run.room.free == ENTRIES_OPEN * 2
 
 
 async def test_marked_ledgers_are_skipped_unread(store: MetadataStore) -> None:
