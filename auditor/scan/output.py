@@ -13,7 +13,9 @@ Layout of DIR (the same from every engine):
 - `summary.json`: exactly the document `check all --json` prints, for the
   checks the scan ran;
 - `marks.json`: the under-replication marks the checks asked for, and
-  whether they were written (`--mark`).
+  whether they were written (`--mark`);
+- `_partial/`: the datasets while they are written (`PARTIAL`), moved into place
+  just before `summary.json`; only an interrupted scan leaves it behind.
 
 The columns are declared once here and turned into a pyarrow schema (the
 in-process engine) or a Spark schema (the Spark engine), so the two engines
