@@ -29,6 +29,8 @@ from auditor.scan.output import (
     arrow_schema,
     arrow_table,
     coverage_row,
+    partial,
+    publish_datasets,
 )
 from auditor.scan.partition import (
     PartitionResult,
@@ -102,7 +104,7 @@ class LocalEngine:
         if self.out is None:
             return None
         if self._coverage is None:
-            self._coverage = ParquetSink(self.out / COVERAGE, COVERAGE_COLUMNS)
+            self._coverage = ParquetSink(partial(self.out, COVERAGE), COVERAGE_COLUMNS)
         return self._coverage.add_outcome
 
     def progress(self) -> StageTally | None:
@@ -179,11 +181,15 @@ class LocalEngine:
         import pyarrow.parquet as pq
 
         _ = self.sink  # a scan without coverage rows still leaves an empty dataset
-
-        (self.out / VIOLATIONS).mkdir(parents=True, exist_ok=True)
-        pq.write_table(
-            arrow_table(VIOLATION_COLUMNS, rows), str(self.out / VIOLATIONS / "part-00000.parquet")
-        )
+        # Closed (its footer written) before it is published: the summary, written next,
+        # must never stand beside a coverage file that cannot be read yet.
+        assert self._coverage is not None
+        self._coverage.close()
+        self._coverage = None
+        violations = partial(self.out, VIOLATIONS)
+        violations.mkdir(parents=True, exist_ok=True)
+        pq.write_table(arrow_table(VIOLATION_COLUMNS, rows), str(violations / "part-00000.parquet"))
+        publish_datasets(self.out)
 
     async def close(self) -> None:
         if self._coverage is not None:

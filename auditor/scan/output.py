@@ -13,7 +13,9 @@ Layout of DIR (the same from every engine):
 - `summary.json`: exactly the document `check all --json` prints, for the
   checks the scan ran;
 - `marks.json`: the under-replication marks the checks asked for, and
-  whether they were written (`--mark`).
+  whether they were written (`--mark`);
+- `_partial/`: the datasets while they are written (`PARTIAL`), moved into place
+  just before `summary.json`; only an interrupted scan leaves it behind.
 
 The columns are declared once here and turned into a pyarrow schema (the
 in-process engine) or a Spark schema (the Spark engine), so the two engines
@@ -48,6 +50,12 @@ COVERAGE = "coverage"
 SUMMARY = "summary.json"
 MARKS = "marks.json"
 SCAN_OUTPUT = (VIOLATIONS, COVERAGE, SUMMARY, MARKS)
+#: Where a scan's datasets are written while it runs (`DIR/_partial/coverage`, ...). Parquet
+#: readers (Spark, Hadoop, pyarrow, DuckDB's globs of DIR/coverage/) never see it: a name
+#: starting with '_' is skipped, and it is not under the datasets' own directories. The
+#: scan's last write moves them into place (`publish_datasets`), just before summary.json;
+#: an interrupted scan leaves only this, which the next scan into DIR removes.
+PARTIAL = "_partial"
 
 #: (name, type, nullable); types are "long", "int", "string", "bool", and two nested ones
 #: of the snapshot: "kv_list" (list of key string / value binary) and "segment_list"
@@ -256,18 +264,41 @@ def check_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> list[s
 
 
 def prepare_out_dir(out: Path, names: Sequence[str], *, overwrite: bool) -> None:
-    """Makes DIR, proves it writable (a file created and removed), and clears old output."""
+    """Makes DIR, proves it writable (a file created and removed), and clears old output.
+
+    The datasets an interrupted scan left in `DIR/_partial/` are removed whatever
+    `overwrite` says: they were never output (nothing read them as such), and appending
+    to them would mix two scans' rows."""
     old = check_out_dir(out, names, overwrite=overwrite)
     with writing_to(out):
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".bk-auditor-probe-"):
             pass
+        if (out / PARTIAL).is_dir():
+            shutil.rmtree(out / PARTIAL)
         for name in old:
             target = out / name
             if target.is_dir():
                 shutil.rmtree(target)
             else:
                 target.unlink()
+
+
+def partial(out: Path, dataset: str) -> Path:
+    """Where `dataset` of a scan into `out` is written until `publish_datasets`."""
+    return out / PARTIAL / dataset
+
+
+def publish_datasets(out: Path, names: Sequence[str] = (COVERAGE, VIOLATIONS)) -> None:
+    """Moves the scan's finished datasets from `DIR/_partial/` to `DIR/` (a rename each, on
+    one file system) and removes `_partial/`. Called once every row is written, before
+    summary.json: a reader then never finds a dataset that is still growing, nor one that
+    an interrupted scan left half-written."""
+    for name in names:
+        source = partial(out, name)
+        if source.exists():
+            source.replace(out / name)
+    shutil.rmtree(out / PARTIAL, ignore_errors=True)
 
 
 def summary_document(

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from auditor.checks.findings import LedgerOutcome
 from auditor.errors import AuditorError
 from auditor.metadata.ledger_tree import IdRange
+from auditor.scan.anchor import anchored
 from auditor.scan.engine import EngineOptions, EngineUnavailableError, chunks
 from auditor.scan.output import (
     COVERAGE,
@@ -40,6 +41,8 @@ from auditor.scan.output import (
     CoverageRow,
     ViolationRow,
     coverage_row,
+    partial,
+    publish_datasets,
     spark_schema,
 )
 from auditor.scan.partition import (
@@ -299,12 +302,18 @@ class SparkEngine:
     def _append(self, rows: Any, dataset: str, columns: Sequence[Column]) -> None:
         assert self.out is not None
         df = self.spark.createDataFrame(rows, spark_schema(columns or COVERAGE_COLUMNS))
-        df.write.mode("append").parquet(_uri(self.out / dataset))
+        # Coverage grows by one append per stage (each with its own _SUCCESS): it stays
+        # in DIR/_partial/ until the scan's last write. A snapshot's ledgers/ is one
+        # append, which Spark's committer publishes whole.
+        target = partial(self.out, dataset) if dataset == COVERAGE else self.out / dataset
+        df.write.mode("append").parquet(_uri(target))
         if dataset == COVERAGE:
             self._coverage_written = True
 
     async def snapshot_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[SnapshotPart]:
-        rdd = self.sc.parallelize(ranges, len(ranges)).mapPartitions(_snapshot_task(spec))
+        # Executors work in directories of their own: relative paths must not reach them.
+        task = _snapshot_task(anchored(spec))
+        rdd = self.sc.parallelize(ranges, len(ranges)).mapPartitions(task)
         return await self._stage(
             f"snapshot of {len(ranges)} id ranges", rdd, LEDGERS, LEDGER_COLUMNS
         )
@@ -315,14 +324,16 @@ class SparkEngine:
         return await self._stage(f"judge snapshot {directory}", rdd)
 
     async def scan_ranges(self, spec: ScanSpec, ranges: list[IdRange]) -> list[PartitionResult]:
-        rdd = self.sc.parallelize(ranges, len(ranges)).mapPartitions(_range_task(spec))
+        task = _range_task(anchored(spec))
+        rdd = self.sc.parallelize(ranges, len(ranges)).mapPartitions(task)
         return await self._stage(f"scan of {len(ranges)} id ranges", rdd)
 
     async def recheck(
         self, spec: ScanSpec, ledger_ids: list[int], attempt: int, partitions: int
     ) -> list[PartitionResult]:
         parts = len(chunks(ledger_ids, partitions))
-        rdd = self.sc.parallelize(ledger_ids, parts).mapPartitions(_recheck_task(spec, attempt))
+        task = _recheck_task(anchored(spec), attempt)
+        rdd = self.sc.parallelize(ledger_ids, parts).mapPartitions(task)
         return await self._stage(f"re-check {attempt} of {len(ledger_ids)} ledgers", rdd)
 
     async def write_violations(self, rows: list[ViolationRow]) -> None:
@@ -334,11 +345,12 @@ class SparkEngine:
             # The driver's own rows (the grace check) join the executors' coverage.
             if self._driver_rows or not self._coverage_written:
                 df = self.spark.createDataFrame(self._driver_rows, spark_schema(COVERAGE_COLUMNS))
-                df.coalesce(1).write.mode("append").parquet(_uri(out / COVERAGE))
+                df.coalesce(1).write.mode("append").parquet(_uri(partial(out, COVERAGE)))
                 self._driver_rows.clear()
                 self._coverage_written = True
             frame = self.spark.createDataFrame(rows, spark_schema(VIOLATION_COLUMNS))
-            frame.coalesce(1).write.mode("overwrite").parquet(_uri(out / VIOLATIONS))
+            frame.coalesce(1).write.mode("overwrite").parquet(_uri(partial(out, VIOLATIONS)))
+            publish_datasets(out)
 
         await self._job("write violations", write)
 

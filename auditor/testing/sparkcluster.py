@@ -8,6 +8,11 @@ started from PySpark's own distribution (`bin/spark-class` under the installed `
 package, the same Spark the driver's `spark-submit` is) on loopback, with ports from
 `free_port` and a work directory per worker.
 
+Each worker has a loopback address of its own (127.0.0.2, 127.0.0.3, ...; the master and
+the driver 127.0.0.1), so its executors are on a host of their own as Spark sees it: Spark
+never runs a speculative copy of a task on the host of a running attempt, and with one
+address for all there would be no other host.
+
 Every process is a session leader of its own (`start_new_session`), so a worker and the
 executor JVMs it launches share its process group; PySpark's Python daemons leave that group
 (`setpgid`), so stopping or killing a worker also walks its descendants in /proc. Readiness
@@ -105,13 +110,15 @@ class SparkDaemon:
     port: int
     web_port: int
     directory: Path
+    #: The loopback address it binds (its executors too).
+    host: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
     #: Every pid that belonged to it when it was last stopped or killed (for the tests).
     killed: list[int] = field(default_factory=list)
 
     @property
     def web(self) -> str:
-        return f"http://127.0.0.1:{self.web_port}"
+        return f"http://{self.host}:{self.web_port}"
 
     @property
     def log(self) -> Path:
@@ -161,7 +168,13 @@ class SparkStandalone:
         self.memory = memory
         self.master = SparkDaemon("master", free_port(), free_port(), self.base_dir / "master")
         self.workers = [
-            SparkDaemon(f"worker{i}", free_port(), free_port(), self.base_dir / f"worker{i}")
+            SparkDaemon(
+                f"worker{i}",
+                free_port(),
+                free_port(),
+                self.base_dir / f"worker{i}",
+                host=f"127.0.0.{i + 2}",
+            )
             for i in range(workers)
         ]
         #: Seconds from the first JVM's start to every worker ALIVE at the master.
@@ -237,7 +250,7 @@ class SparkStandalone:
             [
                 "org.apache.spark.deploy.worker.Worker",
                 "--host",
-                "127.0.0.1",
+                w.host,
                 "--port",
                 str(w.port),
                 "--webui-port",
@@ -250,8 +263,9 @@ class SparkStandalone:
                 str(w.directory / "work"),
                 self.url,
             ],
-            # Executors' block manager and shuffle files: the worker's own directory.
-            {"SPARK_LOCAL_DIRS": str(local)},
+            # Executors' block manager and shuffle files: the worker's own directory; the
+            # worker, its web UI and its executors bind its own address.
+            {"SPARK_LOCAL_DIRS": str(local), "SPARK_LOCAL_IP": w.host},
         )
 
     def status(self) -> dict[str, Any]:

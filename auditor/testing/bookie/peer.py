@@ -58,6 +58,8 @@ class Peer(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         #: Between the START_TLS answer and the end of the handshake: nothing may be sent.
         self.upgrading = False
+        #: What arrived over TLS before the upgrade's coroutine saw the handshake end.
+        self._early: list[bytes] = []
         #: The cipher suite negotiated, once this connection speaks TLS.
         self.tls_cipher: str | None = None
         #: The client certificate presented (as `SSLSocket.getpeercert()`), if any.
@@ -76,6 +78,14 @@ class Peer(asyncio.Protocol):
         self._host.peer_closed(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.upgrading:
+            # asyncio's TLS layer hands on what came with the client's last handshake
+            # message (its first requests) as soon as the handshake ends, before
+            # `start_tls` returns to `_upgrade`: the requests of a client that writes at
+            # once (ours does; with a client certificate they often share a segment) wait
+            # here for the TLS transport, instead of being dropped unanswered.
+            self._early.append(bytes(data))
+            return
         try:
             payloads = self._parser.feed(data)
         except BookieProtocolError:
@@ -124,6 +134,7 @@ class Peer(asyncio.Protocol):
             return
         finally:
             self.upgrading = False
+            early, self._early = self._early, []
         if upgraded is None:
             host.tls_failures.append("connection lost during the handshake")
             return
@@ -131,6 +142,8 @@ class Peer(asyncio.Protocol):
         self.tls_cipher = cipher_name(upgraded)
         self.client_cert = upgraded.get_extra_info("peercert") or None
         host.tls_handshakes += 1
+        for data in early:
+            self.data_received(data)
 
     def send(self, response: pb.Response) -> bool:
         if not self.open:
