@@ -239,7 +239,10 @@ def _break(msg: LedgerMetadataFormat, how: str, draw: st.DrawFn) -> None:
     seg = msg.segment[draw(st.integers(0, len(msg.segment) - 1))] if msg.segment else None
     if how.startswith("no ") and how != "no segments":
         field = how[3:]
-        (seg if field == "firstEntryId" else msg).ClearField(field)  # type: ignore[union-attr,arg-type]
+        if field != "firstEntryId":
+            msg.ClearField(field)  # type: ignore[arg-type]
+        elif seg is not None:  # "no segments" may have come first: nothing to clear then
+            seg.ClearField("firstEntryId")
     elif how == "write quorum above ensemble":
         msg.quorumSize = msg.ensembleSize + 1
     elif how == "ack quorum 0":
