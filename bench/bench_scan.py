@@ -57,7 +57,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -277,20 +277,44 @@ DRIVER_PY, DRIVER_JVM, EXEC_JVM, EXEC_PY, WORKER_JVM, OTHER = (
     "worker_jvm",
     "other",
 )
+#: A JVM's child between its fork and its exec (how the JVM starts a process): the same
+#: program and memory as its parent for a moment; neither an executor nor memory of its own.
+FORK = "fork"
 
 
-def roles(driver: int, workers: list[int], procs: dict[int, tuple[str, int]]) -> dict[int, str]:
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _forked(pid: int, ppid: int) -> bool:
+    line = _cmdline(pid)
+    return bool(line) and line == _cmdline(ppid)
+
+
+def roles(
+    driver: int,
+    workers: list[int],
+    procs: dict[int, tuple[str, int]],
+    forked: Callable[[int, int], bool] = _forked,
+) -> dict[int, str]:
     """What each process of a run is, from where it sits.
 
     Below the driver's process: under the CLI (`local`, asyncio) the root is the Python
     driver, its JVM a child, and Python below the JVM the executors' workers; under
     spark-submit the root is the driver's JVM and its Python child the driver. Below a
-    standalone worker's JVM: executor JVMs and their Python daemons and workers.
+    standalone worker's JVM: executor JVMs and their Python daemons and workers. A JVM's
+    child with its parent's command line is a fork not yet exec'd (`FORK`).
     """
     out: dict[int, str] = {}
     for pid in _tree(driver, procs):
         name, ppid = procs[pid]
-        if name == "java":
+        if name == "java" and procs.get(ppid, ("", 0))[0] == "java" and forked(pid, ppid):
+            out[pid] = FORK
+        elif name == "java":
             out[pid] = DRIVER_JVM
         elif name.startswith("python"):
             root_is_jvm = procs[driver][0] == "java"
@@ -300,9 +324,11 @@ def roles(driver: int, workers: list[int], procs: dict[int, tuple[str, int]]) ->
             out[pid] = OTHER
     for w in workers:
         for pid in _tree(w, procs):
-            name = procs[pid][0]
+            name, ppid = procs[pid]
             if pid == w:
                 out[pid] = WORKER_JVM
+            elif name == "java" and forked(pid, ppid):
+                out[pid] = FORK
             elif name == "java":
                 out[pid] = EXEC_JVM
             elif name.startswith("python"):
@@ -351,6 +377,8 @@ class TreeSampler:
         sums: dict[str, int] = {}
         total = 0
         for pid, role in seen.items():
+            if role == FORK:
+                continue
             rss = _status_kb(pid, "VmRSS")
             hwm = _status_kb(pid, "VmHWM")
             self.hwm[pid] = (role, max(self.hwm.get(pid, (role, 0))[1], hwm))

@@ -17,6 +17,7 @@ from bench.bench_scan import (
     DRIVER_PY,
     EXEC_JVM,
     EXEC_PY,
+    FORK,
     OTHER,
     WORKER_JVM,
     _event_files,
@@ -131,12 +132,19 @@ def test_roles_under_the_cli_and_under_spark_submit() -> None:
         301: ("java", 300),
         302: ("python", 301),
         303: ("bash", 300),
+        304: ("java", 301),  # the executor starting `bash -c "gzip | tar"`: not exec'd yet
+        305: ("java", 101),  # the local driver's JVM starting its Python daemon
         400: ("java", 1),  # ZooKeeper, nobody's
     }
-    assert roles(100, [], procs) == {
-        100: DRIVER_PY, 101: DRIVER_JVM, 102: EXEC_PY, 103: EXEC_PY,
+    forks = {(304, 301), (305, 101)}
+
+    def forked(pid: int, ppid: int) -> bool:
+        return (pid, ppid) in forks
+
+    assert roles(100, [], procs, forked) == {
+        100: DRIVER_PY, 101: DRIVER_JVM, 102: EXEC_PY, 103: EXEC_PY, 305: FORK,
     }  # fmt: skip
-    assert roles(200, [300], procs) == {
+    assert roles(200, [300], procs, forked) == {
         200: DRIVER_JVM, 201: DRIVER_PY, 300: WORKER_JVM, 301: EXEC_JVM, 302: EXEC_PY,
-        303: OTHER,
+        303: OTHER, 304: FORK,
     }  # fmt: skip
