@@ -383,7 +383,10 @@ class TreeSampler:
             hwm = _status_kb(pid, "VmHWM")
             self.hwm[pid] = (role, max(self.hwm.get(pid, (role, 0))[1], hwm))
             sums[role] = sums.get(role, 0) + rss
-            if role != WORKER_JVM:
+            # Not the workers' own JVMs (reported apart), nor the short-lived helpers a JVM
+            # starts (jspawnhelper, `bash -c "gzip | tar"`): between spawn and exec those
+            # show their parent's memory, counted twice in a sum.
+            if role not in (WORKER_JVM, OTHER):
                 total += rss
             self._cpu[pid] = (role, max(self._cpu.get(pid, (role, 0.0))[1], _cpu_s(pid)))
         for role, kb in sums.items():
