@@ -22,14 +22,19 @@ from bench.common import bench_n, emit
 
 
 def to_figures(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One figure per scan run and per Spark session probe; the rest of the
-    document (machine, counts) rides along on the first."""
+    """One figure per scan run (with its mode's description: slots, workers, memory), per
+    Spark session probe, and one of the set-up (the cluster's build, the standalone
+    clusters' start, the archive's packing); the counts ride along on the first."""
     shared = {"ledgers": doc.get("ledgers"), "checks": doc.get("checks")}
+    modes = doc.get("modes", {})
     figures: list[dict[str, Any]] = []
     for run in doc.get("runs", []):
-        figures.append({"bench": "spark", "figure": "scan", **shared, **run})
+        mode = {"mode_is": modes[run["mode"]]} if run.get("mode") in modes else {}
+        figures.append({"bench": "spark", "figure": "scan", **shared, **mode, **run})
     for master, probe in sorted(doc.get("spark_probe", {}).items()):
         figures.append({"bench": "spark", "figure": "session", "master": master, **probe})
+    if doc.get("setup"):
+        figures.append({"bench": "spark", "figure": "setup", **shared, **doc["setup"]})
     if figures and "counts" in doc:
         figures[0]["counts"] = doc["counts"]
     return figures
