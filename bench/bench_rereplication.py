@@ -43,7 +43,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -350,21 +350,7 @@ async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
             ledgers_in_parallel=args.parallel,
         )
         await phase("ready")
-        started = time.monotonic()
-        task = asyncio.ensure_future(worker.run())
-        try:
-            while state.ledgers_replicated < args.expect:
-                if task.done():
-                    task.result()
-                    raise RuntimeError("the worker ended")
-                worker.released.clear()
-                if state.ledgers_replicated >= args.expect:
-                    break
-                await asyncio.wait_for(worker.released.wait(), 120)
-            seconds = time.monotonic() - started
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        seconds = await run_worker_until(worker, lambda: state.ledgers_replicated >= args.expect)
     await phase(
         "copy",
         seconds=round(seconds, 4),
@@ -373,6 +359,27 @@ async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
         ledgers=state.ledgers_replicated,
         failures={str(k): v for k, v in state.failures.items()},
     )
+
+
+async def run_worker_until(worker: ReplicationWorker, done: Callable[[], bool]) -> float:
+    """Runs `worker` until `done()` holds, looked at each time it lets a ledger go (its
+    `released` event: no polling); the seconds that took. The worker ending first is an
+    error, with its own if it had one."""
+    started = time.monotonic()
+    task = asyncio.ensure_future(worker.run())
+    try:
+        while not done():
+            if task.done():
+                task.result()
+                raise RuntimeError("the worker ended")
+            worker.released.clear()
+            if done():
+                break
+            await asyncio.wait_for(worker.released.wait(), 120)
+        return time.monotonic() - started
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def side_main(args: argparse.Namespace) -> None:

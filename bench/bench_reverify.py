@@ -55,6 +55,7 @@ from bench.bench_rereplication import (
     MANAGER,
     MAX_LEDGERS,
     RereplicationCluster,
+    run_worker_until,
 )
 from bench.cluster import Measured
 from bench.common import ROOT, E, W, bench_n, emit, env_int, rate, say
@@ -162,21 +163,7 @@ async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
             ctx, WorkerConnection(connected, disconnected), state, holder="bench"
         )
         await phase("ready")
-        started = time.monotonic()
-        task = asyncio.ensure_future(worker.run())
-        try:
-            while state.ledgers_found_healthy < args.expect:
-                if task.done():
-                    task.result()
-                    raise RuntimeError("the worker ended")
-                worker.released.clear()
-                if state.ledgers_found_healthy >= args.expect:
-                    break
-                await asyncio.wait_for(worker.released.wait(), 120)
-            seconds = time.monotonic() - started
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        seconds = await run_worker_until(worker, lambda: state.ledgers_found_healthy >= args.expect)
     await phase(
         "reverify",
         seconds=round(seconds, 4),
