@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.checks.scrub import EVIDENCE_LIMIT, EntryVerdict
+from auditor.checks.scrub import EVIDENCE_LIMIT, EntryVerdict, entry_ranges
 
 __all__ = ["CopyAccount", "ScrubAccount"]
 
@@ -46,20 +46,10 @@ class CopyAccount:
             kept = sorted(self.bad[category])[:EVIDENCE_LIMIT]
             out[category] = {
                 "count": self.counts[category],
-                "entries": _ranges(kept),
+                "entries": entry_ranges(kept),
                 "reasons": {str(e): self.bad[category][e] for e in kept},
             }
         return out
-
-
-def _ranges(entries: list[int]) -> list[list[int]]:
-    ranges: list[list[int]] = []
-    for e in entries:
-        if ranges and ranges[-1][1] == e - 1:
-            ranges[-1][1] = e
-        else:
-            ranges.append([e, e])
-    return ranges
 
 
 @dataclass(slots=True)

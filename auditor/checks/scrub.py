@@ -65,6 +65,7 @@ __all__ = [
     "LedgerScrub",
     "Silent",
     "as_copy",
+    "entry_ranges",
     "entry_write_sets",
     "judge_copy",
     "judge_entry",
@@ -310,13 +311,19 @@ class _Bad:
     def evidence(self) -> tuple[list[list[int]], dict[str, str]]:
         """The smallest entries kept, as inclusive ranges, and their reasons."""
         entries = sorted(self.kept)[:EVIDENCE_LIMIT]
-        ranges: list[list[int]] = []
-        for e in entries:
-            if ranges and ranges[-1][1] == e - 1:
-                ranges[-1][1] = e
-            else:
-                ranges.append([e, e])
-        return ranges, {str(e): self.kept[e] for e in entries}
+        return entry_ranges(entries), {str(e): self.kept[e] for e in entries}
+
+
+def entry_ranges(entries: list[int]) -> list[list[int]]:
+    """Sorted entry ids as inclusive `[first, last]` runs: what a finding's evidence and
+    `explain --scrub` show."""
+    ranges: list[list[int]] = []
+    for e in entries:
+        if ranges and ranges[-1][1] == e - 1:
+            ranges[-1][1] = e
+        else:
+            ranges.append([e, e])
+    return ranges
 
 
 @dataclass(slots=True)
