@@ -43,7 +43,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -336,21 +336,12 @@ async def floor_side(zk: ZkClient, args: argparse.Namespace) -> None:
 
 
 async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
-    sets = ["checks.progress_interval=3600", f"checks.racks_file={args.racks}", *args.set]
-    config = load_config(None, sets)
-    state = WorkerState()
-    connected, disconnected = asyncio.Event(), asyncio.Event()
-    connected.set()
-    async with open_context(zk, ROOT, MANAGER, config) as ctx:
-        worker = ReplicationWorker(
-            ctx,
-            WorkerConnection(connected, disconnected),
-            state,
-            holder="bench",
-            ledgers_in_parallel=args.parallel,
-        )
-        await phase("ready")
-        seconds = await run_worker_until(worker, lambda: state.ledgers_replicated >= args.expect)
+    seconds, state = await run_bench_worker(
+        zk,
+        args,
+        lambda state: state.ledgers_replicated >= args.expect,
+        ledgers_in_parallel=args.parallel,
+    )
     await phase(
         "copy",
         seconds=round(seconds, 4),
@@ -359,6 +350,29 @@ async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
         ledgers=state.ledgers_replicated,
         failures={str(k): v for k, v in state.failures.items()},
     )
+
+
+async def run_bench_worker(
+    zk: ZkClient,
+    args: argparse.Namespace,
+    done: Callable[[WorkerState], bool],
+    **options: Any,
+) -> tuple[float, WorkerState]:
+    """The worker benches' measured side: a replication worker on the bench's cluster
+    (its rack file, `--set`), `options` to `ReplicationWorker`, phase `ready` said, run
+    until `done(state)`; the seconds and the worker's counters."""
+    sets = ["checks.progress_interval=3600", f"checks.racks_file={args.racks}", *args.set]
+    config = load_config(None, sets)
+    state = WorkerState()
+    connected, disconnected = asyncio.Event(), asyncio.Event()
+    connected.set()
+    async with open_context(zk, ROOT, MANAGER, config) as ctx:
+        worker = ReplicationWorker(
+            ctx, WorkerConnection(connected, disconnected), state, holder="bench", **options
+        )
+        await phase("ready")
+        seconds = await run_worker_until(worker, lambda: done(state))
+    return seconds, state
 
 
 async def run_worker_until(worker: ReplicationWorker, done: Callable[[], bool]) -> float:
@@ -383,11 +397,18 @@ async def run_worker_until(worker: ReplicationWorker, done: Callable[[], bool]) 
 
 
 async def side_main(args: argparse.Namespace) -> None:
+    await run_side(args, floor_side, ours_side)
+
+
+async def run_side(
+    args: argparse.Namespace,
+    floor: Callable[[ZkClient, argparse.Namespace], Awaitable[None]],
+    ours: Callable[[ZkClient, argparse.Namespace], Awaitable[None]],
+) -> None:
+    """A side process of a worker bench: `floor` or `ours` (as `args.side` says) on a
+    ZooKeeper session, then the `done` phase with the process's usage."""
     async with ZkClient(args.zk, timeout=60) as zk:
-        if args.side == "floor":
-            await floor_side(zk, args)
-        else:
-            await ours_side(zk, args)
+        await (floor if args.side == "floor" else ours)(zk, args)
     print(json.dumps({"phase": "done", **usage()}), flush=True)
 
 

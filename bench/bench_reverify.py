@@ -32,21 +32,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from typing import Any
 
 from auditor.bookie.protocol import FrameParser, encode_message, read_entry_request
-from auditor.checks.context import open_context
-from auditor.config import load_config
 from auditor.logs import configure_logging
 from auditor.metadata.underreplication import UnderreplicationManager
 from auditor.metadata.walk import LedgerWalker
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 from auditor.worker.copy import stored_entries
-from auditor.worker.loop import ReplicationWorker, WorkerConnection
-from auditor.worker.state import WorkerState
 from auditor.zk import ZkClient
 from bench.bench_rereplication import (
     ENTRIES,
@@ -55,11 +50,12 @@ from bench.bench_rereplication import (
     MANAGER,
     MAX_LEDGERS,
     RereplicationCluster,
-    run_worker_until,
+    run_bench_worker,
+    run_side,
 )
 from bench.cluster import Measured
 from bench.common import ROOT, E, W, bench_n, emit, env_int, rate, say
-from bench.worker import phase, usage
+from bench.worker import phase
 
 #: The extra run's options (not defaults): a window of 64 reads.
 WIDE = ("--set", "rereplicationEntryBatchSize=64")
@@ -153,17 +149,9 @@ async def floor_side(zk: ZkClient, args: argparse.Namespace) -> None:
 
 
 async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
-    sets = ["checks.progress_interval=3600", f"checks.racks_file={args.racks}", *args.set]
-    config = load_config(None, sets)
-    state = WorkerState()
-    connected, disconnected = asyncio.Event(), asyncio.Event()
-    connected.set()
-    async with open_context(zk, ROOT, MANAGER, config) as ctx:
-        worker = ReplicationWorker(
-            ctx, WorkerConnection(connected, disconnected), state, holder="bench"
-        )
-        await phase("ready")
-        seconds = await run_worker_until(worker, lambda: state.ledgers_found_healthy >= args.expect)
+    seconds, state = await run_bench_worker(
+        zk, args, lambda state: state.ledgers_found_healthy >= args.expect
+    )
     await phase(
         "reverify",
         seconds=round(seconds, 4),
@@ -175,12 +163,7 @@ async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
 
 
 async def side_main(args: argparse.Namespace) -> None:
-    async with ZkClient(args.zk, timeout=60) as zk:
-        if args.side == "floor":
-            await floor_side(zk, args)
-        else:
-            await ours_side(zk, args)
-    print(json.dumps({"phase": "done", **usage()}), flush=True)
+    await run_side(args, floor_side, ours_side)
 
 
 def _figure(m: Measured) -> dict[str, Any]:

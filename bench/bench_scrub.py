@@ -70,11 +70,11 @@ from auditor.logs import configure_logging
 from auditor.metadata.walk import LedgerWalker
 from auditor.proto import bookkeeper_protocol_pb2 as pb
 from auditor.zk import ZkClient
-from bench.bench_rereplication import MANAGER, RereplicationCluster
+from bench.bench_rereplication import MANAGER, RereplicationCluster, run_side
 from bench.cluster import Measured, WorkerRun
 from bench.common import ROOT, W, emit, env_int, rate, say
 from bench.profile import PhaseProfiler
-from bench.worker import phase, usage
+from bench.worker import phase
 
 #: `scrub`: entries per ledger, payload bytes, most ledgers.
 ENTRIES, PAYLOAD, MAX_LEDGERS = 256, 1024, 200
@@ -280,12 +280,7 @@ async def ours_side(zk: ZkClient, args: argparse.Namespace) -> None:
 
 
 async def side_main(args: argparse.Namespace) -> None:
-    async with ZkClient(args.zk, timeout=60) as zk:
-        if args.side == "floor":
-            await floor_side(zk, args)
-        else:
-            await ours_side(zk, args)
-    print(json.dumps({"phase": "done", **usage()}), flush=True)
+    await run_side(args, floor_side, ours_side)
 
 
 # --- the bench ----------------------------------------------------------------------------------
